@@ -1,0 +1,162 @@
+"""The `tpguard` command: one typer app; each command's work lives in tpguard/commands/.
+
+Exit codes (docs/diagnose.md, docs/harness.md): 0 ok/clean, 1 diverged, 2 bad input or
+arguments (one line on stderr, never a traceback), 3 aborted on divergence, 4 rank timeout.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+
+try:  # typer >= 0.20 vendors click as typer._click
+    from typer._click import exceptions as click_exc
+except ImportError:  # pragma: no cover - older typer
+    from click import exceptions as click_exc
+
+from tpguard.errors import EXIT_BAD_INPUT, TPGuardError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Find and fix tensor-parallel rank divergence in speculative decoding.",
+)
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print numbers (GPU where present).")
+app.add_typer(bench_app, name="bench")
+
+PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@app.command()
+def diagnose(
+    paths: List[str] = typer.Argument(..., help="trace files or directories (per-rank, merged, mixed)"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+    run: Optional[str] = typer.Option(None, "--run", help="the run to read when the files hold several"),
+    html: Optional[str] = typer.Option(None, "--html", help="also write a self-contained HTML report"),
+):
+    """Name the first divergence in traces: step, site, quantity, culprit rank, cause and fix."""
+    from tpguard.commands.diagnose import run_diagnose
+
+    raise typer.Exit(run_diagnose(paths, as_json=json_out, run=run, html_path=html))
+
+
+@app.command(context_settings=PASSTHROUGH)
+def launch(ctx: typer.Context,
+           nproc_per_node: int = typer.Option(2, "--nproc-per-node", help="ranks to start")):
+    """Run the TP harness on N ranks through torch.distributed.run (options: docs/harness.md)."""
+    from tpguard.launch.runner import launch_via_torchrun
+
+    raise typer.Exit(launch_via_torchrun(nproc_per_node, list(ctx.args)))
+
+
+@app.command(context_settings=PASSTHROUGH)
+def demo(ctx: typer.Context):
+    """The README demo: divergence caught and named, diagnosed, then fixed two ways (CPU, 2 ranks)."""
+    from tpguard.launch.demo import run_demo
+
+    raise typer.Exit(run_demo(list(ctx.args)))
+
+
+@app.command()
+def audit(
+    calls: int = typer.Option(20, "--calls", help="repeated calls per kernel on identical input"),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
+    rows: int = typer.Option(0, "--rows", help="rows per input (0: a default for the device)"),
+    vocab: int = typer.Option(0, "--vocab", help="vocabulary size (0: a default for the device)"),
+):
+    """Determinism and batch-invariance table of every renorm/sampling kernel found here."""
+    from tpguard.audit import main as audit_main
+
+    kwargs = {"n_calls": calls, "device": device}
+    if rows:
+        kwargs["rows"] = rows
+    if vocab:
+        kwargs["vocab"] = vocab
+    raise typer.Exit(audit_main(**kwargs) or 0)
+
+
+@app.command()
+def doctor():
+    """Installed sglang/flashinfer/torch versions and which hook points tpguard found."""
+    from tpguard.commands.doctor import doctor as doctor_main
+
+    raise typer.Exit(doctor_main())
+
+
+@app.command(context_settings=PASSTHROUGH)
+def serve(
+    ctx: typer.Context,
+    mode: str = typer.Option("on", "--mode", help="on | audit | off"),
+    trace_dir: Optional[str] = typer.Option(None, "--trace-dir"),
+    every: int = typer.Option(1, "--every", help="check every N verify steps"),
+    on_divergence: str = typer.Option("record", "--on-divergence", help="record | heal | abort"),
+    renorm: str = typer.Option("default", "--renorm", help="default | deterministic"),
+    dump: bool = typer.Option(False, "--dump"),
+):
+    """Run an SGLang launch command with the tpguard plugin enabled: tpguard serve -- python -m sglang..."""
+    from tpguard.commands.serve import serve as serve_main
+
+    raise typer.Exit(serve_main(list(ctx.args), mode=mode, trace_dir=trace_dir, every=every,
+                                on_divergence=on_divergence, renorm=renorm, dump=dump))
+
+
+@bench_app.command("kernels", context_settings=PASSTHROUGH)
+def bench_kernels(ctx: typer.Context):
+    """Renorm kernels: tpguard vs flashinfer (default, deterministic) vs torch (docs/benchmarks.md)."""
+    from tpguard.bench.kernels import main as bench_main
+
+    raise typer.Exit(bench_main(list(ctx.args)) or 0)
+
+
+@bench_app.command("fingerprint", context_settings=PASSTHROUGH)
+def bench_fingerprint(ctx: typer.Context):
+    """Fingerprint kernel throughput and the guard's per-step fingerprint cost."""
+    from tpguard.bench.fingerprint import main as bench_main
+
+    raise typer.Exit(bench_main(list(ctx.args)) or 0)
+
+
+@bench_app.command("guard", context_settings=PASSTHROUGH)
+def bench_guard(ctx: typer.Context):
+    """Guard cost per verify step, guard off vs on, in one process (and fused heal vs broadcasts)."""
+    from tpguard.bench.guard import main as bench_main
+
+    raise typer.Exit(bench_main(list(ctx.args)) or 0)
+
+
+@bench_app.command("diagnose", context_settings=PASSTHROUGH)
+def bench_diagnose(ctx: typer.Context):
+    """Diagnose throughput on a generated long trace (1,000,000 steps x 2 ranks by default)."""
+    from tpguard.bench.diagnose import main as bench_main
+
+    raise typer.Exit(bench_main(list(ctx.args)) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: usage errors and tpguard errors become one line on stderr and exit code 2."""
+    try:
+        rv = app(args=argv, standalone_mode=False, prog_name="tpguard")
+        return int(rv or 0)
+    except typer.Exit as e:
+        return int(e.exit_code)
+    except typer.Abort:
+        print("tpguard: aborted", file=sys.stderr)
+        return 130
+    except click_exc.NoArgsIsHelpError:
+        return 0  # help was printed
+    except click_exc.ClickException as e:  # usage errors included
+        print(f"tpguard: error: {e.format_message()}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except TPGuardError as e:
+        print(f"tpguard: {e}", file=sys.stderr)
+        return e.exit_code
+    except ModuleNotFoundError as e:
+        print(f"tpguard: error: a component is not installed ({e.name})", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

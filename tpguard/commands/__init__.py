@@ -1,0 +1,1 @@
+"""CLI command implementations; tpguard/cli.py wires them into one typer app."""

@@ -1,0 +1,201 @@
+"""Fingerprints: a 64-bit hash of a tensor's dtype, shape and bytes (trace format v1).
+
+Definition (the numpy code below is the reference; `tpguard.kernels.fingerprint` is the
+GPU fast path and must match it bit for bit):
+
+* A tensor is viewed as rows: ``R = shape[0]`` rows of ``shape[1:]`` (a 0-d tensor is one row).
+* Each row is a sequence of 32-bit words: one word per element for 1- and 2-byte dtypes
+  (zero-extended), ``itemsize / 4`` little-endian words per element otherwise.
+* Row hash, for words ``w_j`` at position ``j`` and a seed ``s`` (64 bits, from dtype and
+  row shape, split into ``s_lo``/``s_hi``), all arithmetic modulo 2**32 / 2**64::
+
+      h_j = fmix32((w_j * C1) ^ (j * C2 + s_lo))
+      g_j = fmix32(h_j + s_hi)
+      L1 = sum_j h_j ; L2 = sum_j g_j               (uint64, wraps)
+      row_fp = fmix64(L1 ^ fmix64(L2 ^ s))
+
+  Sums are modular integer sums, so any reduction order gives the same bits; the position
+  ``j`` enters every term, so a permutation changes the value; ``h`` is a bijection of ``w``
+  at a fixed ``j``, so any single-word change always changes the value.
+* ``fingerprint_rows(t)[r]`` is the row hash of row ``r`` with ``s = seed(dtype, shape[1:])``.
+* ``fingerprint(t)`` is the row hash of the row fingerprints themselves (each as two words,
+  low then high) with ``s = seed(dtype, shape, "top")``: it covers dtype, full shape and
+  every byte, and costs one pass over the data plus a tiny second one.
+
+Fingerprints are held as int64 tensors carrying the uint64 bits (torch's uint64 has few ops);
+`fingerprint_rows` returns a ``torch.uint64`` view for callers.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import torch
+import xxhash
+
+FORMAT_VERSION = "tpguard.fp/1"
+
+M32 = 0xFFFFFFFF
+M64 = 0xFFFFFFFFFFFFFFFF
+C1 = 0x9E3779B1  # golden-ratio multiplier, spreads the value word
+C2 = 0x85EBCA77  # spreads the position
+FMIX32_A = 0x85EBCA6B  # murmur3 32-bit finaliser
+FMIX32_B = 0xC2B2AE35
+FMIX64_A = 0xFF51AFD7ED558CCD  # murmur3 64-bit finaliser
+FMIX64_B = 0xC4CEB9FE1A85EC53
+
+
+# --- seeds (host side, from dtype and shape; never from data) -------------------------------
+
+@lru_cache(maxsize=4096)
+def _seed(dtype: str, shape: tuple[int, ...], kind: str) -> int:
+    text = f"{FORMAT_VERSION}:{kind}:{dtype}:{','.join(str(int(d)) for d in shape)}"
+    return xxhash.xxh64_intdigest(text.encode())
+
+
+def row_seed(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    """Seed of each row of a tensor of this dtype and full shape."""
+    return _seed(str(dtype), tuple(shape[1:]), "row")
+
+
+def top_seed(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    """Seed of the hash over the row fingerprints."""
+    return _seed(str(dtype), tuple(shape), "top")
+
+
+def split_seed(seed: int) -> tuple[int, int]:
+    return seed & M32, (seed >> 32) & M32
+
+
+def to_signed(value: int) -> int:
+    """uint64 bits as the int64 a torch tensor stores."""
+    value &= M64
+    return value - (1 << 64) if value >= (1 << 63) else value
+
+
+def to_unsigned(value: int) -> int:
+    return int(value) & M64
+
+
+def format_fp(value: int) -> str:
+    """Trace format: 16 lower-case hex digits."""
+    return f"{int(value) & M64:016x}"
+
+
+def parse_fp(text: str) -> int:
+    if len(text) != 16:
+        raise ValueError(f"fingerprint must be 16 hex digits, got {text!r}")
+    return int(text, 16)
+
+
+# --- words ---------------------------------------------------------------------------------
+
+def words_per_element(dtype: torch.dtype) -> int:
+    size = torch.empty((), dtype=dtype).element_size()
+    return 1 if size < 4 else size // 4
+
+
+def row_words(t: torch.Tensor) -> np.ndarray:
+    """The tensor as a [rows, words] uint32 array (host copy; reference path)."""
+    t = t.detach()
+    rows = t.shape[0] if t.dim() >= 1 else 1
+    flat = t.reshape(-1).contiguous().cpu()
+    size = flat.element_size()
+    if size == 1:
+        words = flat.view(torch.uint8).numpy().astype(np.uint32)
+    elif size == 2:
+        words = flat.view(torch.int16).numpy().view(np.uint16).astype(np.uint32)
+    else:
+        words = flat.view(torch.uint8).numpy().view(np.uint32)
+    return words.reshape(rows, -1) if rows else words.reshape(0, 0)
+
+
+# --- the hash (numpy reference: uint32/uint64 arrays wrap modulo 2**32 / 2**64) -----------
+
+def _fmix32(x: np.ndarray) -> np.ndarray:
+    x = x ^ (x >> np.uint32(16))
+    x = x * np.uint32(FMIX32_A)
+    x = x ^ (x >> np.uint32(13))
+    x = x * np.uint32(FMIX32_B)
+    return x ^ (x >> np.uint32(16))
+
+
+def _fmix64(x: np.ndarray) -> np.ndarray:
+    x = x ^ (x >> np.uint64(33))
+    x = x * np.uint64(FMIX64_A)
+    x = x ^ (x >> np.uint64(33))
+    x = x * np.uint64(FMIX64_B)
+    return x ^ (x >> np.uint64(33))
+
+
+def hash_rows_reference(words: np.ndarray, seed: int) -> np.ndarray:
+    """Row hash of a [rows, n] uint32 array -> [rows] uint64."""
+    s_lo, s_hi = split_seed(seed)
+    n = words.shape[1]
+    with np.errstate(over="ignore"):
+        pos = np.arange(n, dtype=np.uint32) * np.uint32(C2) + np.uint32(s_lo)
+        h = _fmix32((words * np.uint32(C1)) ^ pos)
+        g = _fmix32(h + np.uint32(s_hi))
+        lane1 = h.astype(np.uint64).sum(axis=1, dtype=np.uint64)
+        lane2 = g.astype(np.uint64).sum(axis=1, dtype=np.uint64)
+        return _fmix64(lane1 ^ _fmix64(lane2 ^ np.uint64(seed)))
+
+
+def fingerprint_rows_reference(t: torch.Tensor) -> torch.Tensor:
+    """int64 [rows] (uint64 bits), computed on the host with numpy."""
+    out = hash_rows_reference(row_words(t), row_seed(t.dtype, tuple(t.shape)))
+    return torch.from_numpy(out.view(np.int64).copy())
+
+
+def combine_rows_reference(rows_fp: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    words = rows_fp.detach().cpu().contiguous().view(torch.int64).numpy().view(np.uint32)
+    out = hash_rows_reference(words.reshape(1, -1), top_seed(dtype, tuple(shape)))
+    return int(out[0])
+
+
+# --- public API ----------------------------------------------------------------------------
+
+def _use_kernel(t: torch.Tensor) -> bool:
+    if t.device.type != "cuda":
+        return False
+    from tpguard.kernels import fingerprint as fp_kernel
+
+    return fp_kernel.available()
+
+
+def fingerprint_rows_i64(t: torch.Tensor) -> torch.Tensor:
+    """Row fingerprints as int64 bits, on ``t``'s device (no host sync on GPU)."""
+    if _use_kernel(t):
+        from tpguard.kernels.fingerprint import fingerprint_rows_triton
+
+        return fingerprint_rows_triton(t)
+    return fingerprint_rows_reference(t).to(t.device)
+
+
+def fingerprint_rows(t: torch.Tensor) -> torch.Tensor:
+    """uint64 [rows]: one fingerprint per row (``shape[0]`` rows), to name diverging requests."""
+    return fingerprint_rows_i64(t).view(torch.uint64)
+
+
+def fingerprint_device(t: torch.Tensor) -> torch.Tensor:
+    """0-d int64 tensor (uint64 bits) on ``t``'s device; on GPU nothing waits for it."""
+    if _use_kernel(t):
+        from tpguard.kernels.fingerprint import fingerprint_triton
+
+        return fingerprint_triton(t)
+    rows = fingerprint_rows_reference(t)
+    value = combine_rows_reference(rows, t.dtype, tuple(t.shape))
+    return torch.tensor(to_signed(value), dtype=torch.int64, device=t.device)
+
+
+def fingerprint(t: torch.Tensor) -> int:
+    """64-bit fingerprint of dtype, shape and every byte, as a Python int in [0, 2**64)."""
+    if _use_kernel(t):
+        return to_unsigned(int(fingerprint_device(t).item()))
+    return combine_rows_reference(fingerprint_rows_reference(t), t.dtype, tuple(t.shape))
+
+
+def fingerprint_bytes(data: bytes) -> int:
+    """Host bytes (generator states, configs): xxhash64."""
+    return xxhash.xxh64_intdigest(data)

@@ -1,0 +1,435 @@
+"""StepGuard: per step, fingerprint the named quantities on every rank, compare, act.
+
+One guard per verify site. Per step: `record(name, tensor)` for each quantity (or None), then
+`check()`: one all-gather of a fixed-size int64 vector over the TP group, a comparison in causal
+order (`tpguard.divergence.first_divergence`), a trace record, and the policy:
+
+* ``record``: write the divergence and go on;
+* ``abort``: raise `RankDivergenceError` on every rank at the same step (they all saw the same
+  gathered vector), so nothing hangs afterwards;
+* ``heal``: broadcast rank 0's decision tensors (accept_index, accept_len, bonus, commit_lens,
+  out_tokens) in place, so the ranks continue in agreement.
+
+The gathered vector is ``[step, site id, present mask, fingerprint x Q, numel x Q]``: its size
+depends only on the number of quantities, never on a rank's state, so the guard's collective can
+never be the one that hangs. A rank that never arrives is named after `timeout_s` (see watchdog).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import xxhash
+
+from tpguard.divergence import Divergence, first_divergence
+from tpguard.errors import RankDivergenceError, RankTimeoutError
+from tpguard.fingerprint import fingerprint_device, fingerprint_rows_i64, format_fp, to_signed
+from tpguard.quantities import CANONICAL_ORDER, DECISION_QUANTITIES, validate_order
+from tpguard.records import EventRecord, Header, StepRecord, compact_fp
+from tpguard.trace import TraceWriter, merged_trace_path, rank_trace_path
+from tpguard.watchdog import Heartbeat, default_store, wait_with_deadline
+
+POLICIES = ("record", "heal", "abort")
+_HDR = 3  # step, site id, present mask
+
+
+def all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group=None, async_op: bool = False):
+    """All-gather into one flat tensor (`all_gather_single` where torch has it)."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(out, inp, group=group, async_op=async_op)
+
+
+def site_id(site: str) -> int:
+    return xxhash.xxh64_intdigest(site.encode()) & ((1 << 62) - 1)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(3).hex()
+
+
+class GroupInfo:
+    """Who we are in the compared group, and where its collectives' tensors must live."""
+
+    def __init__(self, group=None):
+        self.group = group
+        self.distributed = dist.is_available() and dist.is_initialized()
+        if not self.distributed:
+            self.rank, self.world_size, self.global_ranks = 0, 1, [0]
+            self.backend, self.device = "none", torch.device("cpu")
+            return
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.global_ranks = [dist.get_global_rank(group, r) if group is not None else r
+                             for r in range(self.world_size)]
+        self.backend = str(dist.get_backend(group)).lower()
+        uses_cuda = "nccl" in self.backend
+        self.device = torch.device("cuda", torch.cuda.current_device()) if uses_cuda else torch.device("cpu")
+
+    def src0(self) -> int:
+        return self.global_ranks[0]
+
+
+def agree_on_run_id(info: GroupInfo, run_id: str | None) -> str:
+    """Every rank of the group uses group rank 0's run id (one broadcast, at construction)."""
+    if run_id is not None or info.world_size == 1:
+        return run_id or new_run_id()
+    obj = [new_run_id() if info.rank == 0 else None]
+    dist.broadcast_object_list(obj, src=info.src0(), group=info.group,
+                               device=info.device if info.device.type == "cuda" else None)
+    return obj[0]
+
+
+def open_traces(trace_dir: str | os.PathLike, header: Header, rank: int, merged: bool,
+                max_bytes: int = 0) -> tuple[TraceWriter, TraceWriter | None]:
+    """This rank's trace file, and on rank 0 the merged file if asked for."""
+    own = TraceWriter(rank_trace_path(trace_dir, header.run_id, rank),
+                      Header(**{**header.__dict__, "ranks": [rank]}), max_bytes=max_bytes)
+    both = None
+    if merged and rank == 0:
+        both = TraceWriter(merged_trace_path(trace_dir, header.run_id),
+                           Header(**{**header.__dict__, "ranks": list(range(header.world_size))}),
+                           max_bytes=max_bytes)
+    return own, both
+
+
+class StepGuard:
+    """Fingerprint, all-gather, compare and act, once per verify step at one site."""
+
+    def __init__(
+        self,
+        group=None,
+        site: str = "synthetic.verify",
+        quantities: Sequence[str] = CANONICAL_ORDER,
+        policy: str = "record",
+        trace: TraceWriter | str | os.PathLike | None = None,
+        *,
+        merged_trace: TraceWriter | None = None,
+        merged: bool = False,
+        timeout_s: float = 60.0,
+        dump_dir: str | os.PathLike | None = None,
+        algo: str = "synthetic",
+        run_id: str | None = None,
+        every: int = 1,
+        clean_every: int = 1,
+        config: dict | None = None,
+        versions: dict | None = None,
+        background_heartbeat: bool = False,
+    ):
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {'|'.join(POLICIES)}, got {policy!r}")
+        self.info = GroupInfo(group)
+        self.site = site
+        self.quantities = validate_order(quantities)
+        if len(self.quantities) > 62:
+            raise ValueError("at most 62 quantities per guard")
+        self.index = {q: i for i, q in enumerate(self.quantities)}
+        self.policy = policy
+        self.timeout_s = float(timeout_s)
+        self.every = max(1, int(every))
+        self.clean_every = max(1, int(clean_every))
+        self.dump_dir = Path(dump_dir) if dump_dir else None
+        self.run_id = agree_on_run_id(self.info, run_id)
+        self.site_id = site_id(site)
+        self.step = 0  # next step number when check() is not told
+        self.last_checked: int | None = None
+        self.stats = {"checked": 0, "divergences": 0, "healed": 0, "aborted": 0, "timeouts": 0}
+        self.listeners: list[Callable[[Divergence], None]] = []
+        self.guard_seconds = 0.0  # time spent in record()+check(), for the harness summary
+        self._reset_step()
+
+        self._own_trace: TraceWriter | None = None
+        self.merged_trace = merged_trace
+        if isinstance(trace, (str, os.PathLike)):
+            header = Header(run_id=self.run_id, world_size=self.info.world_size, ranks=[self.info.rank],
+                            quantities=list(self.quantities), algo=algo, config=config or {},
+                            versions=versions or default_versions())
+            trace, own_merged = open_traces(trace, header, self.info.rank, merged)
+            self._own_trace = trace
+            self.merged_trace = self.merged_trace or own_merged
+        self.trace = trace
+        self.heartbeat = Heartbeat(default_store() if self.info.distributed else None, self.run_id, site,
+                                   self.info.global_ranks, self.info.global_ranks[self.info.rank],
+                                   background=background_heartbeat)
+
+    # --- per step --------------------------------------------------------------------------
+
+    def _reset_step(self) -> None:
+        self._fps: dict[str, torch.Tensor | int] = {}
+        self._numels: dict[str, int] = {}
+        self._tensors: dict[str, torch.Tensor] = {}
+
+    def wants(self, step: int | None = None) -> bool:
+        """Whether check() at this step will compare (every N steps; the same on all ranks)."""
+        step = self.step if step is None else step
+        return step % self.every == 0
+
+    def record(self, name: str, tensor: torch.Tensor | None) -> None:
+        """Fingerprint `tensor` now (it may be overwritten later); None means not captured."""
+        t0 = time.perf_counter()
+        if name not in self.index:
+            raise ValueError(f"unknown quantity {name!r} for site {self.site} (known: {list(self.quantities)})")
+        if tensor is None:
+            self._fps.pop(name, None)
+            self._tensors.pop(name, None)
+            return
+        self._fps[name] = fingerprint_device(tensor)
+        self._numels[name] = tensor.numel()
+        # Kept for heal (decisions are overwritten in place), row naming and dumps.
+        self._tensors[name] = tensor.detach().clone() if self.dump_dir else tensor
+        self.guard_seconds += time.perf_counter() - t0
+
+    def record_fingerprint(self, name: str, value: int | torch.Tensor, numel: int = 0) -> None:
+        """An already computed fingerprint (e.g. emitted by a kernel's write pass)."""
+        if name not in self.index:
+            raise ValueError(f"unknown quantity {name!r} for site {self.site}")
+        self._fps[name] = value if isinstance(value, torch.Tensor) else to_signed(int(value))
+        self._numels[name] = numel
+
+    def skip(self) -> None:
+        """Drop what was recorded for this step without checking (unchecked steps)."""
+        self._reset_step()
+        self.step += 1
+
+    def check(self, step: int | None = None) -> Divergence | None:
+        """Compare this step's fingerprints across ranks; act on a divergence per the policy."""
+        step = self.step if step is None else int(step)
+        self.step = step + 1
+        if not self.wants(step):
+            self._reset_step()
+            return None
+        t0 = time.perf_counter()
+        gathered = self._all_gather(self._vector(step), step)
+        div = self._compare(gathered, step)
+        self.guard_seconds += time.perf_counter() - t0
+        self.stats["checked"] += 1
+        self.last_checked = step
+        if div is not None:
+            self._act(div, gathered)
+        self._reset_step()
+        return div
+
+    # --- the collective ---------------------------------------------------------------------
+
+    def _vector(self, step: int) -> torch.Tensor:
+        q = len(self.quantities)
+        host = [step, self.site_id, 0] + [0] * (2 * q)
+        device_fps: list[tuple[int, torch.Tensor]] = []
+        mask = 0
+        for name, fp in self._fps.items():
+            i = self.index[name]
+            mask |= 1 << i
+            host[_HDR + q + i] = self._numels.get(name, 0)
+            if isinstance(fp, torch.Tensor):
+                device_fps.append((i, fp))
+            else:
+                host[_HDR + i] = fp
+        host[2] = mask
+        dev = self.info.device
+        vec = torch.tensor(host, dtype=torch.int64)
+        if device_fps:
+            idx = torch.tensor([_HDR + i for i, _ in device_fps], dtype=torch.long)
+            on_cpu = [fp for _, fp in device_fps if fp.device.type == "cpu"]
+            if len(on_cpu) == len(device_fps) or dev.type == "cpu":
+                vec[idx] = torch.stack([fp.to("cpu") for _, fp in device_fps])
+                vec = vec.to(dev)
+            else:
+                vec = vec.to(dev, non_blocking=True)
+                vec[idx.to(dev)] = torch.stack([fp.to(dev) for _, fp in device_fps])
+        return vec.to(dev)
+
+    def _all_gather(self, vec: torch.Tensor, step: int) -> torch.Tensor:
+        if self.info.world_size == 1:
+            return vec.view(1, -1).cpu()
+        self.heartbeat.beat(step)
+        out = torch.empty(self.info.world_size * vec.numel(), dtype=vec.dtype, device=vec.device)
+        work = all_gather_flat(out, vec, group=self.info.group, async_op=True)
+        event = torch.cuda.Event() if vec.is_cuda else None
+        if not wait_with_deadline(work, self.timeout_s, event):
+            self._on_timeout(step)
+        return out.view(self.info.world_size, -1).cpu()
+
+    def _on_timeout(self, step: int):
+        missing, last = self.heartbeat.missing(step)
+        err = RankTimeoutError(self.site, step, missing, last, self.timeout_s)
+        self.stats["timeouts"] += 1
+        self._write(EventRecord(run_id=self.run_id, kind="timeout", step=step, site=self.site,
+                                rank=self.info.rank, message=str(err),
+                                extra={"missing_ranks": missing,
+                                       "last_step_by_rank": {str(r): s for r, s in last.items()}}),
+                    both=True)
+        self.flush()
+        raise err
+
+    # --- comparison and report ----------------------------------------------------------------
+
+    def _compare(self, gathered: torch.Tensor, step: int) -> Divergence | None:
+        rows = gathered.tolist()
+        q = len(self.quantities)
+        by_quantity: dict[str, dict[int, str | None]] = {}
+        for i, name in enumerate(self.quantities):
+            by_quantity[name] = {
+                r: (format_fp(row[_HDR + i]) if (row[2] >> i) & 1 else None) for r, row in enumerate(rows)
+            }
+        self._last_by_quantity = by_quantity
+        steps = {row[0] for row in rows}
+        sites = {row[1] for row in rows}
+        if len(steps) > 1 or len(sites) > 1:
+            self._write(EventRecord(run_id=self.run_id, kind="misaligned", step=step, site=self.site,
+                                    rank=self.info.rank,
+                                    message="ranks checked different steps or sites in one collective",
+                                    extra={"step_by_rank": [row[0] for row in rows]}), both=True)
+        first, differing = first_divergence(self.quantities, by_quantity)
+        self._write_step(step, by_quantity, force=first is not None)
+        if first is None:
+            return None
+        div = Divergence(run_id=self.run_id, step=step, site=self.site, quantity=first.quantity,
+                         values=first.values, culprit_ranks=first.culprit_ranks,
+                         majority_ranks=first.majority_ranks, differing=differing)
+        div.rows = self._diverging_rows(first.quantity)
+        return div
+
+    def _write_step(self, step: int, by_quantity: dict[str, dict[int, str | None]], force: bool) -> None:
+        if not force and step % self.clean_every:
+            return
+        me = self.info.rank
+        if self.trace is not None:
+            self.trace.write(StepRecord(run_id=self.run_id, step=step, site=self.site, ranks=[me],
+                                        fp={q: v[me] for q, v in by_quantity.items()}))
+        if self.merged_trace is not None:
+            ranks = list(range(self.info.world_size))
+            self.merged_trace.write(StepRecord(
+                run_id=self.run_id, step=step, site=self.site, ranks=ranks,
+                fp={q: compact_fp([v[r] for r in ranks]) for q, v in by_quantity.items()}))
+
+    def _diverging_rows(self, name: str) -> list[int] | None:
+        """Which rows of the first differing tensor differ (two small fixed-size collectives)."""
+        tensor = self._tensors.get(name)
+        local = (fingerprint_rows_i64(tensor) if tensor is not None and tensor.dim() >= 1
+                 else torch.empty(0, dtype=torch.int64))
+        if self.info.world_size == 1:
+            return None
+        dev = self.info.device
+        count = torch.tensor([local.numel()], dtype=torch.int64, device=dev)
+        counts = torch.empty(self.info.world_size, dtype=torch.int64, device=dev)
+        all_gather_flat(counts, count, group=self.info.group)
+        n = int(counts.max().item())
+        if n == 0:
+            return None
+        padded = torch.zeros(n, dtype=torch.int64, device=dev)
+        padded[: local.numel()] = local.to(dev)
+        every = torch.empty(self.info.world_size * n, dtype=torch.int64, device=dev)
+        all_gather_flat(every, padded, group=self.info.group)
+        every = every.view(self.info.world_size, n).cpu()
+        have = counts.cpu()
+        present = [r for r in range(self.info.world_size) if have[r] > 0]
+        if len(present) < 2:
+            return None
+        ref = every[present[0]]
+        differs = torch.zeros(n, dtype=torch.bool)
+        for r in present[1:]:
+            differs |= every[r] != ref
+        return torch.nonzero(differs).flatten().tolist()[:64]
+
+    # --- policy -----------------------------------------------------------------------------
+
+    def _act(self, div: Divergence, gathered: torch.Tensor) -> None:
+        self.stats["divergences"] += 1
+        if self.dump_dir is not None:
+            div.dump = self._dump(div.step)
+        if self.policy == "heal":
+            self.heal(gathered)
+            div.action = "healed"
+            self.stats["healed"] += 1
+        elif self.policy == "abort":
+            div.action = "aborted"
+            self.stats["aborted"] += 1
+        self._write(div.to_record(), both=True)
+        self.flush()
+        for listener in self.listeners:
+            listener(div)
+        if self.policy == "abort":
+            raise RankDivergenceError(div)
+
+    def heal(self, gathered: torch.Tensor | None = None) -> list[str]:
+        """Broadcast rank 0's recorded decision tensors in place; returns the healed names.
+
+        Only quantities that every rank recorded with the same number of elements are sent
+        (known from the gathered vector), so the broadcasts themselves always match up.
+        """
+        if self.info.world_size == 1:
+            return []
+        q = len(self.quantities)
+        rows = gathered.tolist() if gathered is not None else None
+        healed = []
+        for name in DECISION_QUANTITIES:
+            if name not in self.index:
+                continue
+            i = self.index[name]
+            if rows is not None:
+                if not all((row[2] >> i) & 1 for row in rows):
+                    continue
+                if len({row[_HDR + q + i] for row in rows}) != 1:
+                    continue
+            tensor = self._tensors.get(name)
+            if tensor is None:
+                continue
+            buf = tensor if tensor.device == self.info.device else tensor.to(self.info.device)
+            dist.broadcast(buf, src=self.info.src0(), group=self.info.group)
+            if buf is not tensor:
+                tensor.copy_(buf)
+            healed.append(name)
+        return healed
+
+    def _dump(self, step: int) -> str | None:
+        """Each rank saves this step's tensors atomically; returns the path of this rank's file."""
+        from safetensors.torch import save_file
+
+        path = self.dump_dir / f"{self.run_id}.step{step}.{self.site}.rank{self.info.rank}.safetensors"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.detach().contiguous().cpu().clone() for k, v in self._tensors.items()}
+        tmp = path.with_suffix(".tmp")
+        save_file(tensors, str(tmp), metadata={"run_id": self.run_id, "step": str(step), "site": self.site})
+        os.replace(tmp, path)
+        return str(path)
+
+    # --- trace plumbing -----------------------------------------------------------------------
+
+    def _write(self, rec, both: bool = False) -> None:
+        if self.trace is not None:
+            self.trace.write(rec)
+        if both and self.merged_trace is not None:
+            self.merged_trace.write(rec)
+
+    def event(self, kind: str, message: str = "", **extra) -> None:
+        """Write an event (a fix switched on, a policy change...) to this rank's trace."""
+        self._write(EventRecord(run_id=self.run_id, kind=kind, step=self.last_checked, site=self.site,
+                                rank=self.info.rank, message=message, extra=extra), both=True)
+
+    def flush(self) -> None:
+        for w in (self.trace, self.merged_trace):
+            if w is not None:
+                w.flush()
+
+    def close(self) -> None:
+        self.heartbeat.close()
+        self.flush()
+        if self._own_trace is not None:
+            self._own_trace.close()
+            if self.merged_trace is not None:
+                self.merged_trace.close()
+
+
+def default_versions() -> dict:
+    import tpguard
+
+    versions = {"tpguard": tpguard.__version__, "torch": torch.__version__}
+    for name in ("triton", "flashinfer", "sglang"):
+        mod = __import__("sys").modules.get(name)
+        if mod is not None:
+            versions[name] = getattr(mod, "__version__", "?")
+    return versions

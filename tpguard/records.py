@@ -1,0 +1,176 @@
+"""Typed records of the trace format v1 (/shared/design/trace-format.md, docs/trace-format.md).
+
+Each record converts to and from the JSON object of one trace line. Readers ignore fields they
+do not know; `extra` keeps them so that a rewrite loses nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from tpguard.errors import TraceError
+from tpguard.quantities import CANONICAL_ORDER
+
+SCHEMA = "tpguard.trace/1"
+
+# A step record's fingerprint value: one hex string for every rank of the record, one entry per
+# rank, or null when not captured.
+FpValue = Union[str, list, None]
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class Header:
+    run_id: str
+    world_size: int
+    ranks: list[int]
+    quantities: list[str] = field(default_factory=lambda: list(CANONICAL_ORDER))
+    algo: str = "synthetic"
+    created: str = field(default_factory=now_iso)
+    versions: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+    type = "header"
+
+
+@dataclass
+class StepRecord:
+    run_id: str
+    step: int
+    site: str
+    ranks: list[int]
+    fp: dict[str, FpValue]
+    extra: dict = field(default_factory=dict)
+
+    type = "step"
+
+    def values_by_rank(self, quantity: str) -> dict[int, str | None]:
+        return expand_fp(self.fp.get(quantity), self.ranks)
+
+
+@dataclass
+class DivergenceRecord:
+    run_id: str
+    step: int
+    site: str
+    quantity: str
+    values: dict[str, list[int]]
+    culprit_ranks: list[int]
+    action: str = "recorded"
+    dump: str | None = None
+    # Fields beyond the spec (readers may ignore them).
+    majority_ranks: list[int] = field(default_factory=list)
+    differing: list[str] = field(default_factory=list)
+    rows: list[int] | None = None
+    extra: dict = field(default_factory=dict)
+
+    type = "divergence"
+
+
+@dataclass
+class EventRecord:
+    run_id: str
+    kind: str
+    step: int | None = None
+    site: str | None = None
+    rank: int | None = None
+    message: str = ""
+    extra: dict = field(default_factory=dict)
+
+    type = "event"
+
+
+Record = Union[Header, StepRecord, DivergenceRecord, EventRecord]
+
+_FIELDS = {
+    "header": ("run_id", "world_size", "ranks", "quantities", "algo", "created", "versions", "config"),
+    "step": ("run_id", "step", "site", "ranks", "fp"),
+    "divergence": (
+        "run_id", "step", "site", "quantity", "values", "culprit_ranks", "action", "dump",
+        "majority_ranks", "differing", "rows",
+    ),
+    "event": ("run_id", "kind", "step", "site", "rank", "message"),
+}
+_TYPES = {"header": Header, "step": StepRecord, "divergence": DivergenceRecord, "event": EventRecord}
+_REQUIRED = {
+    "header": ("schema", "run_id", "world_size", "ranks"),
+    "step": ("run_id", "step", "site", "ranks", "fp"),
+    "divergence": ("run_id", "step", "site", "quantity", "values", "culprit_ranks"),
+    "event": ("run_id", "kind"),
+}
+
+
+def to_json(rec: Record) -> dict[str, Any]:
+    """The JSON object of one line; `type` first, `fp` last (cheap to compare textually)."""
+    out: dict[str, Any] = {"type": rec.type}
+    if rec.type == "header":
+        out["schema"] = SCHEMA
+    for name in _FIELDS[rec.type]:
+        value = getattr(rec, name)
+        if value is None and name in ("rows", "step", "site", "rank") and rec.type != "step":
+            continue
+        out[name] = value
+    out.update(rec.extra)
+    if "fp" in out:
+        out["fp"] = out.pop("fp")
+    return out
+
+
+def from_json(obj: Any) -> Record:
+    """A typed record from one parsed line; TraceError if it is not a v1 record."""
+    if not isinstance(obj, dict):
+        raise TraceError("a trace line is not a JSON object")
+    kind = obj.get("type")
+    if kind not in _TYPES:
+        raise TraceError(f"unknown record type {kind!r}")
+    missing = [k for k in _REQUIRED[kind] if k not in obj]
+    if missing:
+        raise TraceError(f"{kind} record without {', '.join(missing)}")
+    if kind == "header" and obj["schema"] != SCHEMA:
+        raise TraceError(f"unknown schema {obj['schema']!r} (this tpguard reads {SCHEMA!r})")
+    known = set(_FIELDS[kind]) | {"type", "schema"}
+    kwargs = {k: obj[k] for k in _FIELDS[kind] if k in obj}
+    kwargs["extra"] = {k: v for k, v in obj.items() if k not in known}
+    try:
+        rec = _TYPES[kind](**kwargs)
+    except TypeError as e:
+        raise TraceError(f"bad {kind} record: {e}") from None
+    _validate(rec)
+    return rec
+
+
+def _validate(rec: Record) -> None:
+    if rec.type in ("step", "divergence") and not isinstance(rec.step, int):
+        raise TraceError(f"{rec.type} record with a non-integer step {rec.step!r}")
+    if rec.type in ("header", "step"):
+        if not isinstance(rec.ranks, list) or not all(isinstance(r, int) for r in rec.ranks):
+            raise TraceError(f"{rec.type} record with bad ranks {rec.ranks!r}")
+    if rec.type == "step":
+        if not isinstance(rec.fp, dict):
+            raise TraceError("step record whose fp is not an object")
+        for q, v in rec.fp.items():
+            if isinstance(v, list) and len(v) != len(rec.ranks):
+                raise TraceError(f"step {rec.step}: fp[{q!r}] has {len(v)} values for {len(rec.ranks)} ranks")
+    if rec.type == "header" and (not isinstance(rec.world_size, int) or rec.world_size < 1):
+        raise TraceError(f"header with bad world_size {rec.world_size!r}")
+
+
+def expand_fp(value: FpValue, ranks: list[int]) -> dict[int, str | None]:
+    """rank -> fingerprint hex (or None) from a step record's string-or-list value."""
+    if value is None or isinstance(value, str):
+        return {r: value for r in ranks}
+    return dict(zip(ranks, value))
+
+
+def compact_fp(values: list[str | None]) -> FpValue:
+    """The writer's form: a single string (or null) when every rank agrees, else the list."""
+    first = values[0] if values else None
+    if all(v == first for v in values):
+        return first
+    return list(values)

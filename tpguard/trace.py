@@ -1,0 +1,186 @@
+"""Trace writer and reader (format v1: docs/trace-format.md).
+
+Writer: one JSON object per line, line-buffered, so every completed record reaches the OS as it
+is written and a killed run keeps every completed step; also flushed at exit and on SIGTERM.
+Optional size rotation keeps a long-running server's trace bounded.
+
+Reader: streams records with constant memory; a torn last line is skipped with a warning;
+anything else that is not a v1 trace is a `TraceError` (one line, exit code 2 in the CLI).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import orjson
+
+from tpguard.errors import TraceError
+from tpguard.records import Header, Record, from_json, to_json
+
+# --- writer ----------------------------------------------------------------------------------
+
+_open_writers: "weakref.WeakSet[TraceWriter]" = weakref.WeakSet()
+_exit_hooks_installed = False
+
+
+def _flush_all() -> None:
+    for w in list(_open_writers):
+        w.flush()
+
+
+def _install_exit_hooks() -> None:
+    """Flush every open trace at interpreter exit and on SIGTERM (then die as SIGTERM would)."""
+    global _exit_hooks_installed
+    if _exit_hooks_installed:
+        return
+    _exit_hooks_installed = True
+    atexit.register(_flush_all)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum, frame):
+        _flush_all()
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:  # not the main interpreter
+        pass
+
+
+def rank_trace_path(trace_dir: str | os.PathLike, run_id: str, rank: int) -> Path:
+    return Path(trace_dir) / f"{run_id}.rank{rank}.jsonl"
+
+
+def merged_trace_path(trace_dir: str | os.PathLike, run_id: str) -> Path:
+    return Path(trace_dir) / f"{run_id}.merged.jsonl"
+
+
+class TraceWriter:
+    """Writes one trace file: the header first, then records as they come."""
+
+    def __init__(self, path: str | os.PathLike, header: Header, max_bytes: int = 0):
+        self.path = Path(path)
+        self.header = header
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._segment = 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._open(self.path)
+        _open_writers.add(self)
+        _install_exit_hooks()
+
+    def _open(self, path: Path) -> None:
+        self._file = open(path, "w", buffering=1, encoding="utf-8", newline="\n")
+        self._bytes = 0
+        self._write_line(to_json(self.header))
+
+    def _write_line(self, obj: dict) -> None:
+        line = orjson.dumps(obj).decode() + "\n"
+        self._file.write(line)
+        self._bytes += len(line)
+
+    def write(self, rec: Record) -> None:
+        with self._lock:
+            if self._file.closed:
+                return
+            if self.max_bytes and self._bytes >= self.max_bytes:
+                self._rotate()
+            self._write_line(to_json(rec))
+
+    def _rotate(self) -> None:
+        """Move the full file aside (path.1, path.2, ...) and start a new one with the header."""
+        self._file.close()
+        self._segment += 1
+        os.replace(self.path, self.path.with_name(f"{self.path.name}.{self._segment}"))
+        self._open(self.path)
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.flush()
+                try:
+                    os.fsync(self._file.fileno())
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.close()
+        _open_writers.discard(self)
+
+    def __enter__(self) -> "TraceWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# --- reader ----------------------------------------------------------------------------------
+
+Warn = Callable[[str], None]
+
+
+def iter_lines(path: str | os.PathLike, warn: Warn) -> Iterator[tuple[int, dict]]:
+    """(line number, parsed object) for every line; a torn last line is skipped with a warning."""
+    p = Path(path)
+    try:
+        f = open(p, "rb")
+    except OSError as e:
+        raise TraceError(f"{p}: cannot open ({e.strerror})") from None
+    with f:
+        prev: tuple[int, bytes] | None = None
+        for lineno, raw in enumerate(f, 1):
+            if prev is not None:
+                yield prev[0], _parse(p, prev[0], prev[1], last=False, warn=warn)
+            prev = (lineno, raw)
+        if prev is not None:
+            obj = _parse(p, prev[0], prev[1], last=True, warn=warn)
+            if obj is not None:
+                yield prev[0], obj
+
+
+def _parse(p: Path, lineno: int, raw: bytes, last: bool, warn: Warn) -> dict | None:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        if last:
+            warn(f"{p}:{lineno}: torn last line skipped (the writer was killed mid-write?)")
+            return None
+        if lineno == 1:
+            raise TraceError(f"{p}: not a tpguard trace (line 1 is not JSON)") from None
+        raise TraceError(f"{p}:{lineno}: line is not JSON (corrupt trace)") from None
+    if not isinstance(obj, dict):
+        if lineno == 1:
+            raise TraceError(f"{p}: not a tpguard trace (line 1 is not a JSON object)")
+        raise TraceError(f"{p}:{lineno}: line is not a JSON object")
+    return obj
+
+
+def read_trace(path: str | os.PathLike, warn: Warn | None = None) -> Iterator[Record]:
+    """Typed records of one file. The first record must be a header."""
+    warn = warn or (lambda msg: None)
+    first = True
+    for lineno, obj in iter_lines(path, warn):
+        if first:
+            if obj.get("type") != "header":
+                raise TraceError(f"{path}: no header (line {lineno} is a {obj.get('type')!r} record)")
+            first = False
+        try:
+            yield from_json(obj)
+        except TraceError as e:
+            raise TraceError(f"{path}:{lineno}: {e}") from None
+    if first:
+        raise TraceError(f"{path}: empty trace (no header)")
