@@ -140,33 +140,24 @@ def iter_lines(path: str | os.PathLike, warn: Warn) -> Iterator[tuple[int, dict]
         f = open(p, "rb")
     except OSError as e:
         raise TraceError(f"{p}: cannot open ({e.strerror})") from None
+    loads, decode_error = orjson.loads, orjson.JSONDecodeError
     with f:
-        prev: tuple[int, bytes] | None = None
         for lineno, raw in enumerate(f, 1):
-            if prev is not None:
-                yield prev[0], _parse(p, prev[0], prev[1], last=False, warn=warn)
-            prev = (lineno, raw)
-        if prev is not None:
-            obj = _parse(p, prev[0], prev[1], last=True, warn=warn)
-            if obj is not None:
-                yield prev[0], obj
-
-
-def _parse(p: Path, lineno: int, raw: bytes, last: bool, warn: Warn) -> dict | None:
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        if last:
-            warn(f"{p}:{lineno}: torn last line skipped (the writer was killed mid-write?)")
-            return None
-        if lineno == 1:
-            raise TraceError(f"{p}: not a tpguard trace (line 1 is not JSON)") from None
-        raise TraceError(f"{p}:{lineno}: line is not JSON (corrupt trace)") from None
-    if not isinstance(obj, dict):
-        if lineno == 1:
-            raise TraceError(f"{p}: not a tpguard trace (line 1 is not a JSON object)")
-        raise TraceError(f"{p}:{lineno}: line is not a JSON object")
-    return obj
+            try:
+                obj = loads(raw)
+            except decode_error:
+                if lineno == 1:
+                    raise TraceError(f"{p}: not a tpguard trace (line 1 is not JSON)") from None
+                # A line the writer did not finish has no newline; it can only be the last one.
+                if not raw.endswith(b"\n") or not f.peek(1):
+                    warn(f"{p}:{lineno}: torn last line skipped (the writer was killed mid-write?)")
+                    return
+                raise TraceError(f"{p}:{lineno}: line is not JSON (corrupt trace)") from None
+            if type(obj) is not dict:
+                if lineno == 1:
+                    raise TraceError(f"{p}: not a tpguard trace (line 1 is not a JSON object)")
+                raise TraceError(f"{p}:{lineno}: line is not a JSON object")
+            yield lineno, obj
 
 
 def read_trace(path: str | os.PathLike, warn: Warn | None = None) -> Iterator[Record]:

@@ -1,24 +1,28 @@
 """Reader: open any number of trace files (per-rank, merged, mixed) and stream their records.
 
-Headers are read up front (first line of each file) to check runs, world size and rank coverage;
-step records are then streamed lazily, one file cursor each, so memory stays constant whatever
-the trace length. Step records are kept as plain tuples on this hot path (no dataclass per line).
+Headers are read up front (first line of each file) to check runs, world size and rank coverage.
+Bodies are read through one `FileCursor` per file: a small buffer of raw lines that the matcher
+either consumes in blocks (clean stretches compared as bytes, never parsed) or one step at a time
+(parsed). Memory stays constant whatever the trace length.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import orjson
+
 from tpguard.errors import TraceError
-from tpguard.records import (
-    SCHEMA, DivergenceRecord, EventRecord, Header, expand_fp, from_json,
-)
+from tpguard.records import SCHEMA, DivergenceRecord, EventRecord, Header, from_json
 from tpguard.trace import iter_lines
 
-# (step, site, ranks, fp) of one step record
-StepTuple = tuple[int, str, list, dict]
+BLOCK_LINES = 4096
+# The parts of a line in tpguard's own step layout that the block comparison uses.
+STEP_PREFIX = b'{"type":"step","run_id":"'
+RANKS_FIELD = re.compile(rb',"ranks":\[[0-9, ]*\]')
+STEP_NUMBER = re.compile(rb',"step":([0-9]+),"site":"')
 
 
 @dataclass
@@ -43,46 +47,126 @@ class TraceSet:
         if msg not in self.warnings:
             self.warnings.append(msg)
 
-    def step_streams(self) -> list[Iterator[StepTuple]]:
-        return [self._steps(f) for f in self.files]
+    def cursors(self) -> list["FileCursor"]:
+        return [FileCursor(f, self) for f in self.files]
 
-    def _steps(self, f: TraceFile) -> Iterator[StepTuple]:
-        """Step tuples of one file, for this run, in file order; keeps divergences and events."""
-        in_run = True
-        last_step = None
-        for lineno, obj in iter_lines(f.path, self.warn):
+
+class FileCursor:
+    """Buffered raw lines of one file, consumed as clean blocks or as one parsed step at a time.
+
+    Step records come out as (step, site, ranks, fp). Divergence and event records met on the way
+    are kept in the TraceSet; records of other runs are skipped.
+    """
+
+    def __init__(self, f: TraceFile, ts: TraceSet):
+        self.file = f
+        self.ts = ts
+        self._fh = open(f.path, "rb")
+        self.buf: list[bytes] = []
+        self.pos = 0  # next unread line in buf
+        self.lineno = 0  # lines consumed before buf[pos]
+        self.eof = False
+        self.in_run = True
+        self.last_step = -1
+        self._head: tuple | None = None  # parsed step record at buf[pos], if any
+
+    # -- raw buffer --------------------------------------------------------------------------
+
+    def fill(self, n: int) -> int:
+        """Make at least n unread lines available (fewer at end of file); returns how many are."""
+        if len(self.buf) - self.pos < n and not self.eof:
+            rest = self.buf[self.pos:]
+            more = self._fh.readlines(max(1 << 20, 400 * n))
+            if not more:
+                self.eof = True
+                self._fh.close()
+            self.buf = rest + more
+            self.pos = 0
+        return len(self.buf) - self.pos
+
+    def block(self, n: int) -> bytes:
+        return b"".join(self.buf[self.pos:self.pos + n])
+
+    def skip(self, n: int) -> None:
+        self.pos += n
+        self.lineno += n
+        self._head = None
+
+    # -- parsed records ----------------------------------------------------------------------
+
+    def head(self) -> tuple | None:
+        """The next step record of this run (consuming other records before it), or None at end."""
+        while self._head is None:
+            if self.fill(1) == 0:
+                return None
+            raw = self.buf[self.pos]
+            obj = self._parse(raw, self.lineno + 1)
+            if obj is None:  # torn last line
+                self.skip(1)
+                continue
             kind = obj.get("type")
-            if kind == "step":
-                if not in_run:
-                    continue
-                try:
-                    step, site, ranks, fp = obj["step"], obj["site"], obj["ranks"], obj["fp"]
-                except KeyError as e:
-                    raise TraceError(f"{f.path}:{lineno}: step record without {e.args[0]}") from None
-                if not isinstance(step, int) or not isinstance(fp, dict) or not isinstance(ranks, list):
-                    raise TraceError(f"{f.path}:{lineno}: malformed step record")
-                if obj.get("run_id", self.run_id) != self.run_id:
-                    continue
-                if last_step is not None and step < last_step:
-                    self.warn(f"{f.path}:{lineno}: steps go backwards ({last_step} then {step}); "
-                              "results for that file may be incomplete")
-                last_step = step
-                yield step, site, ranks, fp
-            elif kind == "header":
-                in_run = obj.get("run_id") == self.run_id
-                if lineno > 1 and obj.get("schema") != SCHEMA:
-                    raise TraceError(f"{f.path}:{lineno}: unknown schema {obj.get('schema')!r}")
-            elif kind in ("divergence", "event"):
-                if not in_run or obj.get("run_id", self.run_id) != self.run_id:
-                    continue
+            if kind == "step" and self.in_run:
+                rec = self._step_fields(obj)
+                if rec[0] < self.last_step:
+                    self.ts.warn(f"{self.file.path}:{self.lineno + 1}: steps go backwards "
+                                 f"({self.last_step} then {rec[0]}); results for that file may be incomplete")
+                self._head = rec
+                return rec
+            self.skip(1)
+            self._other(kind, obj)
+        return self._head
+
+    def pop(self) -> tuple:
+        rec = self._head
+        assert rec is not None
+        self.last_step = rec[0]
+        self.skip(1)
+        return rec
+
+    def _other(self, kind, obj) -> None:
+        where = f"{self.file.path}:{self.lineno}"
+        if kind == "header":
+            self.in_run = obj.get("run_id") == self.ts.run_id
+            if obj.get("schema") != SCHEMA:
+                raise TraceError(f"{where}: unknown schema {obj.get('schema')!r}")
+        elif kind in ("divergence", "event"):
+            if self.in_run and obj.get("run_id", self.ts.run_id) == self.ts.run_id:
                 try:
                     rec = from_json(obj)
                 except TraceError as e:
-                    self.warn(f"{f.path}:{lineno}: {e}; record ignored")
-                    continue
-                (self.divergences if kind == "divergence" else self.events).append(rec)
-            else:
-                self.warn(f"{f.path}:{lineno}: unknown record type {kind!r} ignored")
+                    self.ts.warn(f"{where}: {e}; record ignored")
+                    return
+                (self.ts.divergences if kind == "divergence" else self.ts.events).append(rec)
+        elif kind != "step":
+            self.ts.warn(f"{where}: unknown record type {kind!r} ignored")
+
+    def _parse(self, raw: bytes, lineno: int) -> dict | None:
+        path = self.file.path
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            if lineno == 1:
+                raise TraceError(f"{path}: not a tpguard trace (line 1 is not JSON)") from None
+            # A line the writer did not finish has no newline: it can only be the last one.
+            if not raw.endswith(b"\n"):
+                self.ts.warn(f"{path}:{lineno}: torn last line skipped (the writer was killed mid-write?)")
+                return None
+            raise TraceError(f"{path}:{lineno}: line is not JSON (corrupt trace)") from None
+        if type(obj) is not dict:
+            raise TraceError(f"{path}:{lineno}: line is not a JSON object")
+        return obj
+
+    def _step_fields(self, obj: dict) -> tuple:
+        where = f"{self.file.path}:{self.lineno + 1}"
+        try:
+            step, site, ranks, fp = obj["step"], obj["site"], obj["ranks"], obj["fp"]
+        except KeyError as e:
+            raise TraceError(f"{where}: step record without {e.args[0]}") from None
+        if type(step) is not int or type(fp) is not dict or type(ranks) is not list:
+            raise TraceError(f"{where}: malformed step record")
+        if any(type(v) is list and len(v) != len(ranks) for v in fp.values()):
+            raise TraceError(f"{where}: fp list length differs from ranks")
+        return step, site, ranks, fp
 
 
 def read_header(path: Path) -> Header:
@@ -139,7 +223,3 @@ def open_traces(paths: list[str | Path], run: str | None = None) -> TraceSet:
     if missing:
         ts.warn(f"no trace for rank(s) {missing} of {world_size}: they are not compared")
     return ts
-
-
-def values_by_rank(ranks: list, value) -> dict[int, str | None]:
-    return expand_fp(value, ranks)
