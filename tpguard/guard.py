@@ -30,7 +30,9 @@ from tpguard.divergence import Divergence, first_divergence
 from tpguard.errors import RankDivergenceError, RankTimeoutError
 from tpguard.fingerprint import fingerprint_device, fingerprint_rows_i64, format_fp, to_signed
 from tpguard.quantities import CANONICAL_ORDER, DECISION_QUANTITIES, validate_order
+from tpguard.metrics import MetricsListener
 from tpguard.records import EventRecord, Header, StepRecord, compact_fp
+from tpguard.sampling import should_check
 from tpguard.trace import TraceWriter, merged_trace_path, rank_trace_path
 from tpguard.watchdog import Heartbeat, default_store, wait_with_deadline
 
@@ -119,6 +121,10 @@ class StepGuard:
         config: dict | None = None,
         versions: dict | None = None,
         background_heartbeat: bool = False,
+        sample_one_in: int = 0,
+        sample_seed: int | None = None,
+        metrics: bool = False,
+        max_trace_bytes: int = 0,
     ):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {'|'.join(POLICIES)}, got {policy!r}")
@@ -135,6 +141,10 @@ class StepGuard:
         self.dump_dir = Path(dump_dir) if dump_dir else None
         self.run_id = agree_on_run_id(self.info, run_id)
         self.site_id = site_id(site)
+        self.sample_one_in = int(sample_one_in)
+        # The seed must be the same on every rank: derive it from the agreed run id by default.
+        self.sample_seed = site_id(self.run_id) if sample_seed is None else int(sample_seed)
+        self.metrics = MetricsListener(site) if metrics else None
         self.step = 0  # next step number when check() is not told
         self.last_checked: int | None = None
         self.stats = {"checked": 0, "divergences": 0, "healed": 0, "aborted": 0, "timeouts": 0}
@@ -148,7 +158,7 @@ class StepGuard:
             header = Header(run_id=self.run_id, world_size=self.info.world_size, ranks=[self.info.rank],
                             quantities=list(self.quantities), algo=algo, config=config or {},
                             versions=versions or default_versions())
-            trace, own_merged = open_traces(trace, header, self.info.rank, merged)
+            trace, own_merged = open_traces(trace, header, self.info.rank, merged, max_trace_bytes)
             self._own_trace = trace
             self.merged_trace = self.merged_trace or own_merged
         self.trace = trace
@@ -166,7 +176,7 @@ class StepGuard:
     def wants(self, step: int | None = None) -> bool:
         """Whether check() at this step will compare (every N steps; the same on all ranks)."""
         step = self.step if step is None else step
-        return step % self.every == 0
+        return should_check(step, self.every, self.sample_one_in, self.sample_seed)
 
     def record(self, name: str, tensor: torch.Tensor | None) -> None:
         """Fingerprint `tensor` now (it may be overwritten later); None means not captured."""
@@ -205,9 +215,12 @@ class StepGuard:
         t0 = time.perf_counter()
         gathered = self._all_gather(self._vector(step), step)
         div = self._compare(gathered, step)
-        self.guard_seconds += time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        self.guard_seconds += elapsed
         self.stats["checked"] += 1
         self.last_checked = step
+        if self.metrics is not None:
+            self.metrics.checked(elapsed)
         if div is not None:
             self._act(div, gathered)
         self._reset_step()
@@ -257,6 +270,8 @@ class StepGuard:
         missing, last = self.heartbeat.missing(step)
         err = RankTimeoutError(self.site, step, missing, last, self.timeout_s)
         self.stats["timeouts"] += 1
+        if self.metrics is not None:
+            self.metrics.timeout()
         self._write(EventRecord(run_id=self.run_id, kind="timeout", step=step, site=self.site,
                                 rank=self.info.rank, message=str(err),
                                 extra={"missing_ranks": missing,
@@ -350,6 +365,8 @@ class StepGuard:
             self.stats["aborted"] += 1
         self._write(div.to_record(), both=True)
         self.flush()
+        if self.metrics is not None:
+            self.metrics.divergence(div)
         for listener in self.listeners:
             listener(div)
         if self.policy == "abort":

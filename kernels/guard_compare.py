@@ -1,0 +1,70 @@
+"""The guard's on-device comparison of the gathered fingerprint vectors (one launch).
+
+Input: the all-gathered int64 matrix [world, length] whose rows are
+``[step, site id, present mask, fingerprint x Q, numel x Q, ...]`` (tpguard/guard.py). Output,
+int64 [Q + 1]: 1 where quantity q was captured by at least two ranks with different values
+(null values are never compared), and the OR of those last. Reference: `compare_gathered_torch`
+below (also the CPU path).
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only install
+    triton = None
+
+HDR = 3  # step, site id, present mask
+
+
+def compare_gathered_torch(gathered: torch.Tensor, q: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Reference: per-quantity 'differs' flags and their OR, as int64 [q + 1]."""
+    if out is None:
+        out = torch.empty(q + 1, dtype=torch.int64, device=gathered.device)
+    shifts = torch.arange(q, device=gathered.device, dtype=torch.int64)
+    present = ((gathered[:, 2:3] >> shifts) & 1).bool()  # [W, Q]
+    values = gathered[:, HDR:HDR + q]
+    hi = torch.where(present, values, torch.iinfo(torch.int64).max).amin(0)
+    lo = torch.where(present, values, torch.iinfo(torch.int64).min).amax(0)
+    differs = (present.sum(0) >= 2) & (hi != lo)
+    out[:q] = differs
+    out[q] = differs.any()
+    return out
+
+
+if triton is not None:
+
+    @triton.jit
+    def _compare_kernel(g_ptr, out_ptr, W, L, Q, BW: tl.constexpr, BQ: tl.constexpr):
+        r = tl.arange(0, BW)[:, None]
+        c = tl.arange(0, BQ)[None, :]
+        ok = (r < W) & (c < Q)
+        mask = tl.load(g_ptr + r * L + 2, mask=r < W, other=0)
+        present = ((mask >> c.to(tl.int64)) & 1) != 0
+        present = present & ok
+        vals = tl.load(g_ptr + r * L + 3 + c, mask=ok, other=0)  # 3: header words
+        big = tl.full(vals.shape, 9223372036854775807, tl.int64)
+        small = tl.full(vals.shape, -9223372036854775807 - 1, tl.int64)
+        hi = tl.min(tl.where(present, vals, big), axis=0)
+        lo = tl.max(tl.where(present, vals, small), axis=0)
+        cnt = tl.sum(present.to(tl.int32), axis=0)
+        differs = ((cnt >= 2) & (hi != lo)).to(tl.int64)
+        cols = tl.arange(0, BQ)
+        tl.store(out_ptr + cols, differs, mask=cols < Q)
+        tl.store(out_ptr + Q, tl.max(differs, axis=0))
+
+
+
+def compare_gathered(gathered: torch.Tensor, q: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 [q + 1] flags on gathered's device: one Triton launch on CUDA, torch elsewhere."""
+    if out is None:
+        out = torch.empty(q + 1, dtype=torch.int64, device=gathered.device)
+    if gathered.is_cuda and triton is not None and gathered.is_contiguous():
+        w, length = gathered.shape
+        _compare_kernel[(1,)](gathered, out, w, length, q,
+                              BW=max(2, triton.next_power_of_2(w)), BQ=max(2, triton.next_power_of_2(q)))
+        return out
+    return compare_gathered_torch(gathered, q, out)

@@ -1,0 +1,127 @@
+"""The production guard (DeviceStepGuard) on gloo: lag of one step, fused heal, sampling,
+metrics, bounded traces; and the on-device comparison kernel against its reference."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+from multiproc import run_ranks
+from test_guard import make_step
+from tpguard.diagnose import diagnose
+from tpguard.quantities import DECISION_QUANTITIES
+
+
+def _device_run(rank, world, steps, plants, policy, trace_dir, extra):
+    from tpguard.device_guard import DeviceStepGuard, decisions_capacity
+    from tpguard.errors import RankDivergenceError
+
+    kw = dict(extra)
+    if policy == "heal":
+        kw["heal_capacity"] = decisions_capacity(4, 4)
+    guard = DeviceStepGuard(site="synthetic.verify", policy=policy, trace=trace_dir, run_id="d1", **kw)
+    seen, decisions, checked_steps = [], [], []
+    try:
+        for s in range(steps):
+            tensors = make_step(s, rank, plants)
+            for name, tensor in tensors.items():
+                guard.record(name, tensor)
+            if guard.wants(s):
+                checked_steps.append(s)
+            div = guard.check(s)
+            if div is not None:
+                seen.append((s, div.step, div.quantity, div.culprit_ranks, div.action))
+            decisions.append({q: tensors[q].tolist() for q in DECISION_QUANTITIES})
+        div = guard.drain()
+        if div is not None:
+            seen.append((steps, div.step, div.quantity, div.culprit_ranks, div.action))
+    except RankDivergenceError as e:
+        return ("aborted", s, e.divergence.step, e.divergence.quantity)
+    finally:
+        guard.close()
+    metrics = None
+    if extra.get("metrics"):
+        from prometheus_client import REGISTRY
+
+        metrics = (REGISTRY.get_sample_value("tpguard_checked_steps_total", {"site": "synthetic.verify"}),
+                   REGISTRY.get_sample_value("tpguard_divergences_total",
+                                             {"site": "synthetic.verify", "quantity": "coins"}))
+    return seen, decisions, checked_steps, metrics
+
+
+def test_detection_lags_exactly_one_step(tmp_path):
+    plants = [("target_probs", 3, 1), ("coins", 7, 1)]
+    (s0, _, _, _), (s1, _, _, _) = run_ranks(_device_run, 2, 9, plants, "record", str(tmp_path), {})
+    assert s0 == s1 == [(4, 3, "target_probs", [1], "recorded"), (8, 7, "coins", [1], "recorded")]
+    first = diagnose([tmp_path]).to_json()["first_divergence"]
+    assert (first["step"], first["quantity"]) == (3, "target_probs")
+
+
+def test_last_step_is_reported_by_drain(tmp_path):
+    (s0, _, _, _), _ = run_ranks(_device_run, 2, 5, [("bonus", 4, 0)], "record", str(tmp_path), {})
+    assert s0 == [(5, 4, "bonus", [1], "recorded")]
+
+
+def test_abort_stops_all_ranks_at_the_next_step(tmp_path):
+    results = run_ranks(_device_run, 2, 8, [("accept_len", 2, 1)], "abort", str(tmp_path), {})
+    assert results == [("aborted", 3, 2, "accept_len")] * 2
+
+
+def test_fused_heal_takes_rank0_decisions_every_step(tmp_path):
+    plants = [("bonus", 2, 1), ("out_tokens", 5, 1)]
+    (s0, d0, _, _), (s1, d1, _, _) = run_ranks(_device_run, 2, 8, plants, "heal", str(tmp_path), {})
+    assert d0 == d1  # identical decisions on both ranks after every step
+    assert [(x[1], x[2], x[4]) for x in s0] == [(2, "bonus", "healed"), (5, "out_tokens", "healed")]
+    assert diagnose([tmp_path]).to_json()["guard_actions"] == {"healed": 2}
+
+
+def test_random_sampling_picks_the_same_steps_on_every_rank(tmp_path):
+    results = run_ranks(_device_run, 3, 60, [], "record", str(tmp_path), {"sample_one_in": 4})
+    checked = [r[2] for r in results]
+    assert checked[0] == checked[1] == checked[2]
+    assert 5 <= len(checked[0]) <= 30 and checked[0] != list(range(0, 60, 4))
+
+
+def test_metrics_move_as_divergences_are_planted(tmp_path):
+    plants = [("coins", 1, 1), ("coins", 4, 1)]
+    (s0, _, _, m0), _ = run_ranks(_device_run, 2, 6, plants, "record", str(tmp_path), {"metrics": True})
+    checked, coins = m0
+    assert checked == 6 and coins == 2
+
+
+def test_bounded_trace_keeps_every_divergence(tmp_path):
+    plants = [("coins", s, 1) for s in (10, 150, 290)]
+    run_ranks(_device_run, 2, 300, plants, "record", str(tmp_path),
+              {"clean_every": 50, "max_trace_bytes": 2500})
+    files = sorted(tmp_path.glob("*.jsonl*"))
+    assert len(files) > 2  # rotated
+    from tpguard.trace import read_trace
+
+    divergences = sorted({r.step for f in files for r in read_trace(f) if r.type == "divergence"})
+    steps = sorted({r.step for f in files if "rank0" in f.name for r in read_trace(f) if r.type == "step"})
+    assert divergences == [10, 150, 290]
+    assert sorted(set(steps)) == [0, 10, 50, 100, 150, 200, 250, 290], str(sorted(set(steps)))
+    report = diagnose(files).to_json()
+    assert report["first_divergence"]["step"] == 10 and report["divergent_steps"] == 3
+
+
+@pytest.mark.parametrize("world,q", [(2, 11), (4, 11), (3, 5)])
+def test_compare_kernel_matches_reference(world, q):
+    from tpguard.kernels.guard_compare import _compare_kernel, compare_gathered_torch
+
+    g = torch.Generator().manual_seed(world * 100 + q)
+    for trial in range(6):
+        gathered = torch.zeros(world, 3 + 2 * q, dtype=torch.int64)
+        values = torch.randint(-5, 5, (q,), generator=g)
+        gathered[:, 3:3 + q] = values
+        gathered[:, 2] = torch.randint(0, 1 << q, (world,), generator=g)
+        r = int(torch.randint(0, world, (1,), generator=g))
+        gathered[r, 3 + trial % q] += 1
+        ref = compare_gathered_torch(gathered, q)
+        out = torch.full((q + 1,), -1, dtype=torch.int64)
+        _compare_kernel[(1,)](gathered, out, world, gathered.shape[1], q, BW=4, BQ=16)
+        assert out.tolist() == ref.tolist()

@@ -1,0 +1,377 @@
+"""DeviceStepGuard: the always-on production guard. No host synchronisation on the hot path.
+
+Per checked step, everything is enqueued on the device stream: fingerprints of the recorded
+tensors (`fingerprint_many`: a fixed handful of launches whatever their number), the gathered
+vector, one all-gather, the comparison (`kernels/guard_compare.py`) and one asynchronous copy of
+the result into pinned host memory with an event behind it. The host reads that result at the
+next check (lag = 1 step), when the stream has long passed it in a serving engine, so detection
+lags by at most one step and never blocks the stream; every rank reads the same step's result
+at the same call, so `abort` still stops all ranks at the same point.
+
+Fused heal (policy ``heal`` with ``heal_capacity``): rank 0's decision tensors travel inside the
+same all-gather, and every rank copies rank 0's values into its own on the device, every step.
+One collective per verify step replaces SGLang's per-site broadcasts, and the fingerprints still
+record every disagreement that the broadcast hid.
+
+CUDA graphs: `device_check()` is the capturable half (fixed buffers, a device step counter, no
+host reads); after each replay, `collect()` reads the result. See docs/production.md.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+import torch
+
+from tpguard.divergence import Divergence
+from tpguard.errors import RankTimeoutError
+from tpguard.fingerprint import fingerprint_bytes, to_signed
+from tpguard.guard import _HDR, StepGuard, all_gather_flat
+from tpguard.quantities import DECISION_QUANTITIES
+
+_HOST_RING = 8  # pinned header buffers in flight (H2D copies must not see a later step's values)
+
+
+class DeviceStepGuard(StepGuard):
+    """StepGuard whose check() only enqueues device work and reports the previous step."""
+
+    def __init__(self, group=None, site: str = "synthetic.verify", quantities=None, policy: str = "record",
+                 trace=None, *, heal_capacity: dict[str, int] | None = None, lag: int = 1,
+                 watchdog: bool = True, **kw):
+        from tpguard.quantities import CANONICAL_ORDER
+
+        if kw.get("dump_dir"):
+            raise ValueError("DeviceStepGuard does not dump tensors (the step is gone when its "
+                             "result is read); use StepGuard with dump_dir to debug")
+        super().__init__(group, site, quantities or CANONICAL_ORDER, policy, trace,
+                         background_heartbeat=True, **kw)
+        if policy == "heal" and not heal_capacity:
+            raise ValueError("DeviceStepGuard: policy 'heal' needs heal_capacity (elements per decision "
+                             "quantity) so rank 0's decisions can travel in the fixed-size all-gather")
+        self.lag = max(1, int(lag))
+        self.heal_layout: list[tuple[str, int, int]] = []  # (quantity, offset in vector, capacity)
+        q = len(self.quantities)
+        offset = _HDR + 2 * q
+        for name in DECISION_QUANTITIES:
+            if heal_capacity and name in heal_capacity and name in self.index:
+                self.heal_layout.append((name, offset, int(heal_capacity[name])))
+                offset += int(heal_capacity[name])
+        self.length = offset
+        self.dev = self.info.device
+        self._pending: deque = deque()  # (step, result buffer, event or work, enqueue time)
+        self._host_ring = [torch.zeros(_HDR + 2 * q, dtype=torch.int64,
+                                       pin_memory=self.dev.type == "cuda") for _ in range(_HOST_RING)]
+        self._ring_i = 0
+        self._idx_cache: dict[tuple, torch.Tensor] = {}
+        self._graph = None  # buffers of the capturable path, built by prepare_graph()
+        self._watchdog = None
+        if watchdog and self.info.world_size > 1:
+            self._watchdog = threading.Thread(target=self._watch, daemon=True, name="tpguard-watchdog")
+            self._stop_watch = threading.Event()
+            self._watchdog.start()
+
+    # --- record: keep references; fingerprint all device tensors in one batch at check() --------
+
+    def record(self, name: str, tensor: torch.Tensor | None) -> None:
+        if name not in self.index:
+            raise ValueError(f"unknown quantity {name!r} for site {self.site} (known: {list(self.quantities)})")
+        if tensor is None:
+            self._fps.pop(name, None)
+            self._tensors.pop(name, None)
+            return
+        if tensor.device.type == "cpu" and self.dev.type == "cuda":
+            # Host-side state (a CUDA generator's seed/offset is a CPU tensor): hash it on the host.
+            self._fps[name] = to_signed(fingerprint_bytes(tensor.contiguous().numpy().tobytes()
+                                                          + str(tuple(tensor.shape)).encode()))
+        else:
+            self._fps[name] = None  # fingerprinted in the batch at check()
+        self._numels[name] = tensor.numel()
+        self._tensors[name] = tensor
+
+    # --- the device half ------------------------------------------------------------------------
+
+    def _device_vector(self, step: int) -> torch.Tensor:
+        """[step, site, mask, fingerprints, numels, heal payload] on the comm device, no host sync."""
+        q = len(self.quantities)
+        host = self._host_ring[self._ring_i]
+        self._ring_i = (self._ring_i + 1) % _HOST_RING
+        host.zero_()
+        mask = 0
+        batch_names, batch = [], []
+        for name, fp in self._fps.items():
+            i = self.index[name]
+            mask |= 1 << i
+            host[_HDR + q + i] = self._numels.get(name, 0)
+            if fp is None:
+                batch_names.append(name)
+                batch.append(self._tensors[name])
+            elif isinstance(fp, torch.Tensor):
+                batch_names.append(name)
+                batch.append(None)
+                self._tensors.setdefault("__fp_" + name, fp)
+            else:
+                host[_HDR + i] = fp
+        host[0], host[1], host[2] = step, self.site_id, mask
+        vec = torch.zeros(self.length, dtype=torch.int64, device=self.dev)
+        vec[: _HDR + 2 * q].copy_(host, non_blocking=True)
+        if batch_names:
+            fps = self._fingerprints(batch_names, batch)
+            key = tuple(self.index[n] for n in batch_names)
+            idx = self._idx_cache.get(key)
+            if idx is None:
+                idx = torch.tensor([_HDR + i for i in key], dtype=torch.long, device=self.dev)
+                self._idx_cache[key] = idx
+            vec.index_copy_(0, idx, fps)
+        for name, offset, cap in self.heal_layout:
+            t = self._tensors.get(name)
+            if t is not None:
+                n = t.numel()
+                if n > cap:
+                    raise ValueError(f"heal_capacity[{name!r}] = {cap} < {n} elements this step")
+                vec[offset:offset + n].copy_(t.reshape(-1))
+        return vec
+
+    def _fingerprints(self, names: list[str], tensors: list) -> torch.Tensor:
+        """int64 [len(names)] on the comm device: one `fingerprint_many` batch per device."""
+        from tpguard.kernels.fingerprint import fingerprint_many
+
+        out = torch.empty(len(names), dtype=torch.int64, device=self.dev)
+        by_device: dict[torch.device, list[int]] = {}
+        for k, t in enumerate(tensors):
+            if t is None:  # an already computed device fingerprint
+                out[k:k + 1].copy_(self._tensors["__fp_" + names[k]].reshape(1))
+            else:
+                by_device.setdefault(t.device, []).append(k)
+        for device, ks in by_device.items():
+            fps = fingerprint_many([tensors[k] for k in ks]).to(self.dev, non_blocking=True)
+            if len(ks) == len(names):
+                out.copy_(fps)
+            else:
+                out.index_copy_(0, torch.tensor(ks, device=self.dev), fps)
+        return out
+
+    def _enqueue(self, vec: torch.Tensor, step: int) -> None:
+        """All-gather, fused heal, compare, and the asynchronous copy to pinned host memory."""
+        from tpguard.kernels.guard_compare import compare_gathered
+
+        w, n = self.info.world_size, self.length
+        q = len(self.quantities)
+        result = torch.empty(w * n + q + 1, dtype=torch.int64, device=self.dev)
+        gathered = result[: w * n]
+        if w == 1:
+            gathered.copy_(vec)
+        else:
+            work = all_gather_flat(gathered, vec, group=self.info.group, async_op=True)
+            if self.dev.type == "cuda":
+                work.wait()  # orders the stream only; the host does not wait
+            else:
+                # gloo on CPU: there is no stream to order the work below behind the collective,
+                # so wait here, bounded by the timeout.
+                from tpguard.watchdog import wait_with_deadline
+
+                if not wait_with_deadline(work, self.timeout_s):
+                    self._on_timeout(step)
+        if self.heal_layout:
+            self._apply_rank0_decisions(gathered.view(w, n))
+        compare_gathered(gathered.view(w, n), q, out=result[w * n:])
+        if self.dev.type == "cuda":
+            host = torch.empty(result.numel(), dtype=torch.int64, pin_memory=True)
+            host.copy_(result, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._pending.append((step, host, event, time.monotonic()))
+        else:
+            self._pending.append((step, result, None, time.monotonic()))
+
+    def _apply_rank0_decisions(self, gathered: torch.Tensor) -> None:
+        for name, offset, _ in self.heal_layout:
+            t = self._tensors.get(name)
+            if t is not None:
+                t.view(-1).copy_(gathered[0, offset:offset + t.numel()])
+
+    # --- the host half -------------------------------------------------------------------------
+
+    def check(self, step: int | None = None) -> Divergence | None:
+        """Enqueue this step; return the divergence found in an earlier step (lag steps ago)."""
+        step = self.step if step is None else int(step)
+        self.step = step + 1
+        t0 = time.perf_counter()
+        if self.wants(step):
+            self.heartbeat.beat(step)
+            self._enqueue(self._device_vector(step), step)
+            self.stats["checked"] += 1
+            self.last_checked = step
+        self._reset_step()
+        div = self._collect_ready(keep=self.lag)
+        elapsed = time.perf_counter() - t0
+        self.guard_seconds += elapsed
+        if self.metrics is not None:
+            self.metrics.checked(elapsed)
+        return div
+
+    def drain(self) -> Divergence | None:
+        """Wait for and process every pending step (shutdown, tests)."""
+        return self._collect_ready(keep=0)
+
+    def _collect_ready(self, keep: int) -> Divergence | None:
+        first = None
+        while len(self._pending) > keep:
+            step, result, done, t_enq = self._pending.popleft()
+            self._wait(step, done, t_enq)
+            div = self._process(step, result)
+            first = first or div
+        return first
+
+    def _wait(self, step: int, done, t_enq: float) -> None:
+        """The previous step's work is normally long finished: this returns at once. If it is
+        not (a rank is missing), wait up to the timeout, then name the missing ranks."""
+        if done is None:  # CPU: already complete
+            return
+        deadline = t_enq + self.timeout_s
+        while not done.query():
+            if time.monotonic() > deadline:
+                self._on_timeout(step)
+            time.sleep(1e-4)
+
+    def _process(self, step: int, result: torch.Tensor) -> Divergence | None:
+        w, n = self.info.world_size, self.length
+        q = len(self.quantities)
+        flags = result[w * n:]
+        gathered = result[: w * n].view(w, n)[:, : _HDR + 2 * q]
+        if not bool(flags[q]) and step % self.clean_every:
+            return None  # clean and not sampled for the trace: nothing to parse
+        div = self._compare(gathered.cpu(), step)
+        if div is not None:
+            if self.heal_layout:
+                div.action = "healed"  # rank 0's decisions were already applied on the device
+                self.stats["healed"] += 1
+                self.stats["divergences"] += 1
+                self._write(div.to_record(), both=True)
+                self.flush()
+                if self.metrics is not None:
+                    self.metrics.divergence(div)
+                for listener in self.listeners:
+                    listener(div)
+            else:
+                self._act(div, gathered)
+        return div
+
+    def _diverging_rows(self, name: str) -> list[int] | None:
+        return None  # no extra collectives on the asynchronous path (docs/production.md)
+
+    def heal(self, gathered=None) -> list[str]:
+        raise RuntimeError("DeviceStepGuard heals on the device (heal_capacity), not by broadcast")
+
+    # --- CUDA graphs ---------------------------------------------------------------------------
+
+    def prepare_graph(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Fix the recorded tensors (static buffers of a captured graph) and build the buffers
+        of the capturable path. Call outside capture, then `device_check()` inside it."""
+        q = len(self.quantities)
+        names = [n for n in self.quantities if n in tensors]
+        host = torch.zeros(_HDR + 2 * q, dtype=torch.int64)
+        mask = 0
+        for n in names:
+            mask |= 1 << self.index[n]
+            host[_HDR + q + self.index[n]] = tensors[n].numel()
+        host[1], host[2] = self.site_id, mask
+        from tpguard.kernels.fingerprint import fingerprint_many
+
+        w = self.info.world_size
+        g = {
+            "names": names,
+            "tensors": [tensors[n] for n in names],
+            "base": host.to(self.dev),
+            "idx": torch.tensor([_HDR + self.index[n] for n in names], dtype=torch.long, device=self.dev),
+            "step": torch.zeros(1, dtype=torch.int64, device=self.dev),
+            "vec": torch.zeros(self.length, dtype=torch.int64, device=self.dev),
+            "result": torch.zeros(w * self.length + q + 1, dtype=torch.int64, device=self.dev),
+            "host": torch.zeros(w * self.length + q + 1, dtype=torch.int64,
+                                pin_memory=self.dev.type == "cuda"),
+        }
+        fingerprint_many(g["tensors"])  # compiles kernels and caches the plan before capture
+        self._graph = g
+
+    def device_check(self) -> None:
+        """Capturable: fingerprints, vector, all-gather, compare, copy into the pinned slot."""
+        from tpguard.kernels.fingerprint import fingerprint_many
+        from tpguard.kernels.guard_compare import compare_gathered
+
+        g = self._graph
+        w, n, q = self.info.world_size, self.length, len(self.quantities)
+        vec = g["vec"]
+        vec[: _HDR + 2 * q].copy_(g["base"])
+        vec[0:1].copy_(g["step"])
+        g["step"].add_(1)
+        vec.index_copy_(0, g["idx"], fingerprint_many(g["tensors"]))
+        gathered = g["result"][: w * n]
+        if w == 1:
+            gathered.copy_(vec)
+        else:
+            all_gather_flat(gathered, vec, group=self.info.group)
+        if self.heal_layout:
+            self._tensors = dict(zip(g["names"], g["tensors"]))
+            self._apply_rank0_decisions(gathered.view(w, n))
+        compare_gathered(gathered.view(w, n), q, out=g["result"][w * n:])
+        g["host"].copy_(g["result"], non_blocking=True)
+
+    def collect(self) -> Divergence | None:
+        """After a replay: read the pinned result (waits for the stream to reach it)."""
+        if self.dev.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        result = self._graph["host"].clone()
+        w, n = self.info.world_size, self.length
+        step = int(result[0])  # the device step counter, as gathered
+        self.stats["checked"] += 1
+        return self._process(step, result)
+
+    # --- watchdog ------------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """Name a rank that stopped reaching the guard, in the trace and the log, within the
+        timeout, even when the main thread is itself stuck behind the wedged collective."""
+        import logging
+
+        log = logging.getLogger("tpguard")
+        reported: set[int] = set()
+        while not self._stop_watch.wait(min(1.0, self.timeout_s / 4)):
+            if not self._pending:
+                continue
+            try:
+                step, _, done, t_enq = self._pending[0]
+            except IndexError:
+                continue
+            finished = done is None or done.query()
+            if finished or step in reported or time.monotonic() - t_enq < self.timeout_s:
+                continue
+            reported.add(step)
+            missing, last = self.heartbeat.missing(step)
+            err = RankTimeoutError(self.site, step, missing, last, self.timeout_s)
+            log.error("%s", err)
+            from tpguard.records import EventRecord
+
+            self._write(EventRecord(run_id=self.run_id, kind="timeout", step=step, site=self.site,
+                                    rank=self.info.rank, message=str(err),
+                                    extra={"missing_ranks": missing, "by": "watchdog",
+                                           "last_step_by_rank": {str(r): s for r, s in last.items()}}),
+                        both=True)
+            self.flush()
+            if self.metrics is not None:
+                self.metrics.timeout()
+
+    def close(self) -> None:
+        if self._watchdog is not None:
+            self._stop_watch.set()
+        super().close()
+
+
+def decisions_capacity(bs: int, draft_tokens: int) -> dict[str, int]:
+    """heal_capacity for a verify step of `bs` requests x `draft_tokens` positions."""
+    return {"accept_index": bs * draft_tokens, "accept_len": bs, "bonus": bs,
+            "commit_lens": bs, "out_tokens": bs * draft_tokens}
+
+
+__all__: Sequence[str] = ("DeviceStepGuard", "decisions_capacity")
