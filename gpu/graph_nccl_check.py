@@ -1,0 +1,73 @@
+"""2 GPUs, NCCL: the production guard's device work, all-gather included, captured in a CUDA graph
+detects a divergence planted on rank 1 after capture; and with fused heal, rank 1 ends with rank
+0's decisions. Run: torchrun --nproc-per-node 2 gpu/graph_nccl_check.py OUT.json"""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from tpguard.bench.guard import make_tensors
+from tpguard.device_guard import DeviceStepGuard, decisions_capacity
+from tpguard.quantities import CANONICAL_ORDER
+
+
+def capture(fn):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def main():
+    rank = int(os.environ["RANK"])
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    t = make_tensors(32, 8, 163840, dev)
+    results = {}
+    guard = DeviceStepGuard(site="graph.nccl", run_id="graphcheck", watchdog=False, trace=os.environ.get("TRACE_DIR"))
+    guard.prepare_graph(t)
+    graph = capture(guard.device_check)
+    graph.replay()
+    results["clean"] = guard.collect() is None
+    if rank == 1:
+        x = t["target_probs"].view(-1)
+        x[777] = torch.nextafter(x[777], torch.tensor(2.0, device=dev))
+    graph.replay()
+    div = guard.collect()
+    results["planted"] = None if div is None else [div.quantity, div.culprit_ranks, div.step]
+    guard.close()
+
+    heal = DeviceStepGuard(site="graph.heal", policy="heal", run_id="graphcheck", watchdog=False,
+                           heal_capacity=decisions_capacity(32, 8))
+    d = {n: t[n] for n in ("seq_lens", "coins", "accept_index", "accept_len", "bonus", "commit_lens", "out_tokens")}
+    heal.prepare_graph(d)
+    graph = capture(heal.device_check)
+    if rank == 1:
+        t["bonus"][3] += 1
+    graph.replay()
+    div = heal.collect()
+    results["heal_divergence"] = None if div is None else [div.quantity, div.action]
+    gathered = [torch.empty_like(t["bonus"]) for _ in range(2)]
+    dist.all_gather(gathered, t["bonus"])
+    results["heal_bonus_equal_after"] = bool(torch.equal(gathered[0], gathered[1]))
+    heal.close()
+    if rank == 0:
+        print(json.dumps(results))
+        if len(sys.argv) > 1:
+            with open(sys.argv[1], "w") as f:
+                json.dump(results, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
