@@ -98,7 +98,7 @@ def words_per_element(dtype: torch.dtype) -> int:
 
 def row_words(t: torch.Tensor) -> np.ndarray:
     """The tensor as a [rows, words] uint32 array (host copy; reference path)."""
-    t = t.detach()
+    t = t.detach().resolve_conj().resolve_neg()  # hash the values a lazy view stands for
     rows = t.shape[0] if t.dim() >= 1 else 1
     flat = t.reshape(-1).contiguous().cpu()
     size = flat.element_size()

@@ -1,0 +1,769 @@
+"""GPU fast path of tpguard fingerprints (Triton).
+
+Reference: `tpguard.fingerprint` (numpy: `fingerprint_rows_reference`, `combine_rows_reference`);
+its docstring holds the definition. Everything here is bit-identical to it, whatever the config.
+
+Design (one read pass over the data, no host sync):
+
+* A tensor is viewed, without a copy, as ``[rows, n_words]`` 1-, 2- or 4-byte words with a row
+  stride (8-/16-byte dtypes: 2/4 int32 words per element). Only a tensor whose rows are not
+  contiguous blocks of memory is copied first (``.contiguous()``).
+* ``_rows_kernel``, grid ``(row_blocks, chunks)``: a program walks a ``[BR, BN]`` tile along the
+  columns of its chunk (long rows: 1 row x ``block_words``; short rows: many rows per tile) in
+  32-bit integer math, summing groups of 4 words into uint64 lane accumulators (ptxas turns that
+  into 3-input adds with two carries: one 64-bit add per 2 words). It writes the row fingerprints
+  (one chunk per row) or fixed partial lane sums ``[chunks, rows, 2]`` that ``_finalize_kernel``
+  adds up. Integer sums are order-independent: no atomics, and the result does not depend on the
+  chunking.
+* The "top" hash over the row fingerprints is fused into the last kernel when all rows fit one
+  program; otherwise the row fingerprints are hashed as one long row of words.
+* ``fingerprint_many_triton``: many tensors through a device table of segment records (address,
+  rows, words, stride, seeds, ...): at most 3 lane launches (short rows, long rows 16-byte
+  aligned, long rows unaligned) plus 1 finalize launch, whatever the number of tensors.
+
+Cost: ~25 SASS integer instructions per 32-bit word (sm_90, counted offline), balanced between
+the integer ALU pipe and the FMA pipe (``KernelConfig.shifts``). By that count 4- and 8-byte
+dtypes should be bound by memory bandwidth on H100/H200, and 1-/2-byte dtypes (one word per
+element) by integer throughput. `tpguard.bench.fingerprint` measures it.
+
+CUDA graphs: launchers allocate outputs and scratch with ``torch.empty`` on the current stream,
+never read data on the host and have no data-dependent shapes, so they can be captured. Callers
+preallocate nothing, but must (1) call each launcher once before capture with the same shapes and
+dtypes (Triton compiles on first use) and (2) for ``fingerprint_many_triton``, warm up with the
+same tensors (same addresses) or hold a `ManyPlan` built outside capture (its segment table is
+copied to the device once, when the plan is built).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# The module, not the `tpguard.fingerprint` function that tpguard/__init__ re-exports.
+ref = importlib.import_module("tpguard.fingerprint")
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only install: available() is False and nothing below is launched
+    triton = None
+    tl = None
+
+# Read once: @triton.jit chooses the CPU interpreter at decoration time.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _interpreter_index_fix() -> None:
+    """Triton < 3.8's interpreter turns a scalar (a 1-element array) into a loop bound with
+    ``int(data)``, which NumPy >= 2.4 rejects, so no kernel with a runtime loop bound runs under
+    it. Re-install that conversion with ``.squeeze()``, as Triton 3.8 does. Interpreter only."""
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "tpguard_index_fix", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patched.tpguard_index_fix = True
+    interpreter._patch_lang_tensor = patched
+
+
+def _triton_version() -> tuple[int, int]:
+    import re
+
+    m = re.match(r"(\d+)\.(\d+)", triton.__version__)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+if INTERPRET and triton is not None and _triton_version() < (3, 8):
+    _interpreter_index_fix()
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tiling and code shape. Results never depend on it (integer sums), only speed does."""
+
+    block_words: int = 2048  # words per program per loop step (long rows: 1 row x block_words)
+    chunk_words: int = 16384  # words of one row per program; longer rows are split into chunks
+    num_warps: int = 8  # for full tiles; smaller tiles use fewer
+    finalize_rows: int = 1024  # rows per finalize program; also the limit for a fused top hash
+    shifts: int = 1  # fmix32 shifts done as IMAD.HI: 0 none, 1 the ">>16" ones, 2 all
+
+
+DEFAULT_CONFIG = KernelConfig()
+SHORT_ROW_WORDS = 64  # fingerprint_many: rows of up to this many words share tiles
+
+
+def available() -> bool:
+    """Triton importable and usable: CUDA present, or the Triton CPU interpreter is on."""
+    if triton is None:
+        return False
+    return INTERPRET or torch.cuda.is_available()
+
+
+# --- Triton kernels ------------------------------------------------------------------------
+
+if triton is not None:
+    _C1 = tl.constexpr(ref.C1)
+    _C2 = tl.constexpr(ref.C2)
+    _FMIX32_A = tl.constexpr(ref.FMIX32_A)
+    _FMIX32_B = tl.constexpr(ref.FMIX32_B)
+    _FMIX64_A = tl.constexpr(ref.FMIX64_A)
+    _FMIX64_B = tl.constexpr(ref.FMIX64_B)
+    _M32 = tl.constexpr(ref.M32)
+
+    # fingerprint_many segment record: int64 fields
+    _REC = tl.constexpr(12)
+    _F_ADDR = tl.constexpr(0)  # address of word 0
+    _F_ROWS = tl.constexpr(1)
+    _F_WORDS = tl.constexpr(2)  # words per row
+    _F_STRIDE = tl.constexpr(3)  # row stride in words
+    _F_EB = tl.constexpr(4)  # bytes per word: 1, 2 or 4
+    _F_SEED = tl.constexpr(5)  # row seed (uint64 bits)
+    _F_TOP = tl.constexpr(6)  # top seed (uint64 bits)
+    _F_PART = tl.constexpr(7)  # offset of the segment's partial lane sums [chunks, rows, 2]
+    _F_CHUNKS = tl.constexpr(8)
+    _F_ITEM0 = tl.constexpr(9)  # first work item (program id) of the segment in its launch
+    _F_OUT = tl.constexpr(10)  # index in the output
+
+    @triton.jit
+    def _shr(x, K: tl.constexpr, MULHI: tl.constexpr):
+        """x >> K for uint32 x. MULHI: as umulhi(x, 2**(32-K)), an IMAD.HI on the FMA pipe instead
+        of a shift on the integer ALU pipe, which this kernel saturates first."""
+        if MULHI:
+            r = tl.umulhi(x, 1 << (32 - K))
+        else:
+            r = x >> K
+        return r
+
+    @triton.jit
+    def _fmix32(x, SHIFTS: tl.constexpr):
+        x ^= _shr(x, 16, SHIFTS >= 1)
+        x *= _FMIX32_A
+        x ^= _shr(x, 13, SHIFTS >= 2)
+        x *= _FMIX32_B
+        x ^= _shr(x, 16, SHIFTS >= 1)
+        return x
+
+    @triton.jit
+    def _fmix64(x):
+        x ^= x >> 33
+        x *= _FMIX64_A
+        x ^= x >> 33
+        x *= _FMIX64_B
+        x ^= x >> 33
+        return x
+
+    @triton.jit
+    def _word_hashes(w, pos, s_hi, SHIFTS: tl.constexpr):
+        """h_j and g_j of the definition, for uint32 words w and pos = j * C2 + s_lo."""
+        h = _fmix32((w * _C1) ^ pos, SHIFTS)
+        g = _fmix32(h + s_hi, SHIFTS)
+        return h, g
+
+    @triton.jit
+    def _as_words(x, EB: tl.constexpr):
+        """Loaded storage values -> uint32 words (1- and 2-byte values zero-extended)."""
+        if EB == 4:
+            w = x.to(tl.uint32, bitcast=True)
+        elif EB == 2:
+            w = x.to(tl.uint16, bitcast=True).to(tl.uint32)
+        else:
+            w = x.to(tl.uint32)
+        return w
+
+    @triton.jit
+    def _row_fp(l1, l2, seed):
+        return _fmix64(l1 ^ _fmix64(l2 ^ seed))
+
+    @triton.jit
+    def _seed64(lo, hi):
+        return (hi.to(tl.uint64) << 32) | lo.to(tl.uint64)
+
+    @triton.jit
+    def _group_sum(x, BR: tl.constexpr, BN: tl.constexpr, V: tl.constexpr):
+        """uint32 [BR, BN] -> uint64 [BR, BN // V], sums of V words (any grouping will do: lane sums
+        are order-independent), so that one 64-bit accumulator add serves V words."""
+        x = x.to(tl.uint64)
+        if V > 1:
+            x = tl.sum(tl.reshape(x, [BR, BN // V, V], can_reorder=True), axis=2)
+        return x
+
+    @triton.jit
+    def _tile_lane_sums(ptrs, pos, s_hi, n_full, tail, EB: tl.constexpr, BR: tl.constexpr,
+                        BN: tl.constexpr, SHIFTS: tl.constexpr):
+        """Per-row lane sums (L1, L2) of a [BR, BN] tile walked along its columns: ``n_full``
+        unmasked steps of BN words, then ``tail`` (< BN) masked words.
+
+        The next step's words are loaded before the current ones are hashed (manual double
+        buffering), so a warp keeps a load in flight while it computes.
+        """
+        POS_STEP: tl.constexpr = (BN * _C2) & _M32
+        V: tl.constexpr = 4 if BN >= 4 else BN
+        acc1 = tl.zeros([BR, BN // V], dtype=tl.uint64)
+        acc2 = tl.zeros([BR, BN // V], dtype=tl.uint64)
+        nxt = tl.load(ptrs, mask=n_full > 0)
+        for k in range(n_full):
+            w = nxt
+            nxt = tl.load(ptrs + (k + 1) * BN, mask=k + 1 < n_full)
+            h, g = _word_hashes(_as_words(w, EB), pos, s_hi, SHIFTS)
+            acc1 += _group_sum(h, BR, BN, V)
+            acc2 += _group_sum(g, BR, BN, V)
+            pos += POS_STEP
+        if tail > 0:
+            cmask = tl.arange(0, BN)[None, :] < tail
+            w = tl.load(ptrs + n_full * BN, mask=cmask, other=0)
+            h, g = _word_hashes(_as_words(w, EB), pos, s_hi, SHIFTS)
+            acc1 += _group_sum(tl.where(cmask, h, 0), BR, BN, V)
+            acc2 += _group_sum(tl.where(cmask, g, 0), BR, BN, V)
+        return tl.sum(acc1, axis=1), tl.sum(acc2, axis=1)
+
+    @triton.jit
+    def _top_lane_sums(fp, rows, row_ok, t_lo, t_hi):
+        """Lane sums of the top hash over row fingerprints fp (word 2r: low half, 2r+1: high)."""
+        lo = (fp & _M32).to(tl.uint32)
+        hi = (fp >> 32).to(tl.uint32)
+        pos_lo = (2 * rows).to(tl.uint32) * _C2 + t_lo
+        h_lo, g_lo = _word_hashes(lo, pos_lo, t_hi, 0)
+        h_hi, g_hi = _word_hashes(hi, pos_lo + _C2, t_hi, 0)
+        l1 = tl.where(row_ok, h_lo.to(tl.uint64) + h_hi.to(tl.uint64), 0)
+        l2 = tl.where(row_ok, g_lo.to(tl.uint64) + g_hi.to(tl.uint64), 0)
+        return tl.sum(l1, axis=0), tl.sum(l2, axis=0)
+
+    # Seed halves arrive as value + 2**32, so Triton always types them int64 (one compiled
+    # variant per shape class, not per seed); `.to(tl.uint32)` keeps the low 32 bits.
+    @triton.jit(do_not_specialize=["s_lo", "s_hi", "t_lo", "t_hi"])
+    def _rows_kernel(words_ptr, rows_out_ptr, partial_ptr, top_ptr,
+                     n_rows, n_words, row_stride,
+                     s_lo, s_hi, t_lo, t_hi,
+                     MODE: tl.constexpr, EB: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
+                     CHUNK_TILES: tl.constexpr, SHIFTS: tl.constexpr):
+        """MODE 0: partial lane sums [chunks, rows, 2]; 1: row fingerprints; 2: row fingerprints
+        and the top hash (a single program holds all rows)."""
+        rb = tl.program_id(0)
+        c = tl.program_id(1)
+        s_lo = s_lo.to(tl.uint32)
+        s_hi = s_hi.to(tl.uint32)
+        rows = rb * BR + tl.arange(0, BR)
+        row_ok = rows < n_rows
+        # padding rows of the last row block read a valid row; their sums are never stored
+        rows_ld = tl.minimum(rows, n_rows - 1)
+        col0 = c * (CHUNK_TILES * BN)
+        width = tl.minimum(n_words - col0, CHUNK_TILES * BN)
+        cols = col0 + tl.arange(0, BN)
+        ptrs = words_ptr + rows_ld.to(tl.int64)[:, None] * row_stride + cols[None, :]
+        pos = (cols.to(tl.uint32) * _C2 + s_lo)[None, :]
+        l1, l2 = _tile_lane_sums(ptrs, pos, s_hi, width // BN, width % BN, EB, BR, BN, SHIFTS)
+        if MODE == 0:
+            p = partial_ptr + (c.to(tl.int64) * n_rows + rows) * 2
+            tl.store(p, l1.to(tl.int64, bitcast=True), mask=row_ok)
+            tl.store(p + 1, l2.to(tl.int64, bitcast=True), mask=row_ok)
+        else:
+            fp = _row_fp(l1, l2, _seed64(s_lo, s_hi))
+            tl.store(rows_out_ptr + rows, fp.to(tl.int64, bitcast=True), mask=row_ok)
+            if MODE == 2:
+                t_lo = t_lo.to(tl.uint32)
+                t_hi = t_hi.to(tl.uint32)
+                t1, t2 = _top_lane_sums(fp, rows, row_ok, t_lo, t_hi)
+                top = _row_fp(t1, t2, _seed64(t_lo, t_hi))
+                tl.store(top_ptr, top.to(tl.int64, bitcast=True))
+
+    @triton.jit
+    def _partial_sums(partial_ptr, rows, row_ok, n_rows, n_chunks, BR: tl.constexpr,
+                      BC: tl.constexpr):
+        """Row lane sums from partials [chunks, rows, 2], BC chunks at a time."""
+        l1 = tl.zeros([BR], dtype=tl.uint64)
+        l2 = tl.zeros([BR], dtype=tl.uint64)
+        for c0 in range(0, n_chunks, BC):
+            cs = c0 + tl.arange(0, BC)
+            m = row_ok[:, None] & (cs < n_chunks)[None, :]
+            p = partial_ptr + (cs.to(tl.int64)[None, :] * n_rows + rows[:, None]) * 2
+            l1 += tl.sum(tl.load(p, mask=m, other=0).to(tl.uint64, bitcast=True), axis=1)
+            l2 += tl.sum(tl.load(p + 1, mask=m, other=0).to(tl.uint64, bitcast=True), axis=1)
+        return l1, l2
+
+    @triton.jit(do_not_specialize=["s_lo", "s_hi", "t_lo", "t_hi"])
+    def _finalize_kernel(partial_ptr, rows_out_ptr, top_ptr, n_rows, n_chunks,
+                         s_lo, s_hi, t_lo, t_hi, TOP: tl.constexpr, BR: tl.constexpr,
+                         BC: tl.constexpr):
+        """Partial lane sums [chunks, rows, 2] -> row fingerprints (and, if TOP, in a single
+        program, the top hash)."""
+        rows = tl.program_id(0) * BR + tl.arange(0, BR)
+        row_ok = rows < n_rows
+        l1, l2 = _partial_sums(partial_ptr, rows, row_ok, n_rows, n_chunks, BR, BC)
+        s_lo = s_lo.to(tl.uint32)
+        s_hi = s_hi.to(tl.uint32)
+        fp = _row_fp(l1, l2, _seed64(s_lo, s_hi))
+        tl.store(rows_out_ptr + rows, fp.to(tl.int64, bitcast=True), mask=row_ok)
+        if TOP:
+            t_lo = t_lo.to(tl.uint32)
+            t_hi = t_hi.to(tl.uint32)
+            t1, t2 = _top_lane_sums(fp, rows, row_ok, t_lo, t_hi)
+            tl.store(top_ptr, _row_fp(t1, t2, _seed64(t_lo, t_hi)).to(tl.int64, bitcast=True))
+
+    @triton.jit
+    def _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
+                           EB: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
+                           ALIGNED: tl.constexpr, SHIFTS: tl.constexpr):
+        """`_tile_lane_sums` for a segment known by its address (fingerprint_many)."""
+        if EB == 4:
+            base = addr.to(tl.pointer_type(tl.int32))
+        elif EB == 2:
+            base = addr.to(tl.pointer_type(tl.int16))
+        else:
+            base = addr.to(tl.pointer_type(tl.uint8))
+        cols = col0 + tl.arange(0, BN)
+        ptrs = base + (rows_ld.to(tl.int64) * row_stride)[:, None] + cols[None, :]
+        if ALIGNED:  # host-checked: address and row stride are multiples of 16 bytes
+            ptrs = tl.multiple_of(ptrs, [1, 16])
+        pos = (cols.to(tl.uint32) * _C2 + s_lo)[None, :]
+        return _tile_lane_sums(ptrs, pos, s_hi, width // BN, width % BN, EB, BR, BN, SHIFTS)
+
+    @triton.jit
+    def _many_lanes_kernel(table_ptr, partial_ptr, rec0, n_recs,
+                           BR: tl.constexpr, BN: tl.constexpr, CHUNK_TILES: tl.constexpr,
+                           ALIGNED: tl.constexpr, SHIFTS: tl.constexpr):
+        """One work item (segment, row block, chunk) per program, over the records
+        rec0 .. rec0 + n_recs - 1 of the table (sorted by first item); writes partial lane sums."""
+        pid = tl.program_id(0)
+        rec = rec0
+        for i in range(1, n_recs):
+            first = tl.load(table_ptr + (rec0 + i) * _REC + _F_ITEM0)
+            rec = tl.where(pid >= first, rec0 + i, rec)
+        meta = table_ptr + rec * _REC
+        addr = tl.load(meta + _F_ADDR)
+        n_rows = tl.load(meta + _F_ROWS).to(tl.int32)
+        n_words = tl.load(meta + _F_WORDS).to(tl.int32)
+        row_stride = tl.load(meta + _F_STRIDE)
+        eb = tl.load(meta + _F_EB)
+        seed = tl.load(meta + _F_SEED).to(tl.uint64, bitcast=True)
+        part = tl.load(meta + _F_PART)
+        n_chunks = tl.load(meta + _F_CHUNKS).to(tl.int32)
+        local = pid - tl.load(meta + _F_ITEM0).to(tl.int32)
+        rb = local // n_chunks
+        c = local % n_chunks
+        s_lo = (seed & _M32).to(tl.uint32)
+        s_hi = (seed >> 32).to(tl.uint32)
+        rows = rb * BR + tl.arange(0, BR)
+        row_ok = rows < n_rows
+        rows_ld = tl.minimum(rows, n_rows - 1)
+        col0 = c * (CHUNK_TILES * BN)
+        width = tl.minimum(n_words - col0, CHUNK_TILES * BN)
+        if eb == 4:
+            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
+                                        4, BR, BN, ALIGNED, SHIFTS)
+        elif eb == 2:
+            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
+                                        2, BR, BN, ALIGNED, SHIFTS)
+        else:
+            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
+                                        1, BR, BN, ALIGNED, SHIFTS)
+        p = partial_ptr + part + (c.to(tl.int64) * n_rows + rows) * 2
+        tl.store(p, l1.to(tl.int64, bitcast=True), mask=row_ok)
+        tl.store(p + 1, l2.to(tl.int64, bitcast=True), mask=row_ok)
+
+    @triton.jit
+    def _many_finalize_kernel(table_ptr, partial_ptr, out_ptr, BR: tl.constexpr, BC: tl.constexpr):
+        """One program per segment: partial lane sums -> row fingerprints -> top hash -> out."""
+        meta = table_ptr + tl.program_id(0) * _REC
+        n_rows = tl.load(meta + _F_ROWS).to(tl.int32)
+        seed = tl.load(meta + _F_SEED).to(tl.uint64, bitcast=True)
+        top_seed = tl.load(meta + _F_TOP).to(tl.uint64, bitcast=True)
+        part = tl.load(meta + _F_PART)
+        n_chunks = tl.load(meta + _F_CHUNKS).to(tl.int32)
+        t_lo = (top_seed & _M32).to(tl.uint32)
+        t_hi = (top_seed >> 32).to(tl.uint32)
+        t1 = tl.zeros([], dtype=tl.uint64)
+        t2 = tl.zeros([], dtype=tl.uint64)
+        for r0 in range(0, n_rows, BR):
+            rows = r0 + tl.arange(0, BR)
+            row_ok = rows < n_rows
+            l1, l2 = _partial_sums(partial_ptr + part, rows, row_ok, n_rows, n_chunks, BR, BC)
+            fp = _row_fp(l1, l2, seed)
+            a, b = _top_lane_sums(fp, rows, row_ok, t_lo, t_hi)
+            t1 += a
+            t2 += b
+        top = _row_fp(t1, t2, top_seed)
+        tl.store(out_ptr + tl.load(meta + _F_OUT), top.to(tl.int64, bitcast=True))
+
+
+# --- host side: word views, tiling ---------------------------------------------------------
+
+_WORD_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+_MAX_GRID_Y = 65535
+
+
+@dataclass
+class _Words:
+    """A tensor as [rows, n_words] words of `eb` bytes, row stride in words; `data` is a word-typed
+    view whose data_ptr() is word 0 of row 0."""
+
+    data: torch.Tensor
+    rows: int
+    n_words: int
+    row_stride: int
+    eb: int
+
+
+def _check_tensor(t, who: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{who}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise ValueError(f"{who}: only dense (strided) tensors can be fingerprinted, got {t.layout}")
+    size = t.element_size()
+    if size not in (1, 2) and size % 4:
+        raise ValueError(f"{who}: unsupported element size {size} bytes ({t.dtype})")
+    if t.device.type != "cuda" and not (INTERPRET and t.device.type == "cpu"):
+        raise ValueError(f"{who}: the Triton path needs a CUDA tensor, got {t.device} "
+                         "(tpguard.fingerprint handles CPU tensors)")
+    t = t.detach()
+    if t.is_conj():  # lazily conjugated view: hash the values it stands for
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    return t
+
+
+def _trailing_contiguous(t: torch.Tensor) -> bool:
+    """Each row t[r] (the dims after the first) is one contiguous block of memory."""
+    expected = 1
+    for size, stride in zip(reversed(t.shape[1:]), reversed(t.stride()[1:])):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _words(t: torch.Tensor) -> _Words:
+    """Word view of a checked tensor; copies only when its rows are not contiguous blocks."""
+    if t.dim() == 0:
+        t = t.reshape(1)
+    if not _trailing_contiguous(t):
+        t = t.contiguous()
+    rows = t.shape[0]
+    cols = t.numel() // rows if rows else 0
+    size = t.element_size()
+    eb = min(size, 4)
+    per = max(1, size // 4)
+    if rows == 0 or cols == 0:
+        return _Words(t, rows, cols * per, 0, eb)
+    row_stride = t.stride(0) if rows > 1 else 0
+    view = torch.as_strided(t, (rows, cols), (row_stride, 1)).view(_WORD_DTYPE[eb])
+    return _Words(view, rows, cols * per, row_stride * per, eb)
+
+
+def _seed_args(seed: int) -> tuple[int, int]:
+    lo, hi = ref.split_seed(seed)
+    return lo + (1 << 32), hi + (1 << 32)
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def _tile(rows: int, n_words: int, cfg: KernelConfig) -> tuple[int, int, int, int]:
+    """(BR, BN, chunk_tiles, chunks): long rows get 1 x block_words tiles, short rows share one."""
+    bn = min(_next_pow2(max(n_words, 1)), cfg.block_words)
+    br = max(1, min(cfg.block_words // bn, _next_pow2(max(rows, 1))))
+    chunk_tiles = max(1, cfg.chunk_words // bn)
+    chunks = max(1, -(-n_words // (chunk_tiles * bn)))
+    return br, bn, chunk_tiles, chunks
+
+
+def _warps(tile: int, cfg: KernelConfig) -> int:
+    return max(1, min(cfg.num_warps, tile // 256))
+
+
+class _NoGuard:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _device_guard(device: torch.device):
+    """Triton launches on the current device: make it the tensors' one."""
+    return torch.cuda.device(device) if device.type == "cuda" else _NoGuard()
+
+
+def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
+    """Row fingerprints int64 [rows] of a word view and, when `top_seed` is given and the top
+    hash can be fused, the top hash int64 [1] (else None). 1 or 2 launches."""
+    device = w.data.device
+    rows_out = torch.empty(w.rows, dtype=torch.int64, device=device)
+    if w.rows == 0:
+        return rows_out, None
+    br, bn, chunk_tiles, chunks = _tile(w.rows, w.n_words, cfg)
+    if chunks > _MAX_GRID_Y:
+        raise ValueError(f"rows of {w.n_words} words need {chunks} chunks (> {_MAX_GRID_Y}); "
+                         "raise KernelConfig.chunk_words")
+    row_blocks = -(-w.rows // br)
+    s_lo, s_hi = _seed_args(seed)
+    want_top = top_seed is not None
+    t_lo, t_hi = _seed_args(top_seed if want_top else 0)
+    top = torch.empty(1, dtype=torch.int64, device=device) if want_top else None
+    top_arg = top if want_top else rows_out
+    meta = dict(EB=w.eb, BR=br, BN=bn, CHUNK_TILES=chunk_tiles, SHIFTS=cfg.shifts,
+                num_warps=_warps(br * bn, cfg))
+    if chunks == 1 and (row_blocks == 1 or not want_top or w.rows > cfg.finalize_rows):
+        mode = 2 if (want_top and row_blocks == 1) else 1
+        _rows_kernel[(row_blocks, 1)](w.data, rows_out, rows_out, top_arg, w.rows, w.n_words,
+                                      w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=mode, **meta)
+        return rows_out, (top if mode == 2 else None)
+    partial = torch.empty((chunks, w.rows, 2), dtype=torch.int64, device=device)
+    _rows_kernel[(row_blocks, chunks)](w.data, rows_out, partial, top_arg, w.rows, w.n_words,
+                                       w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=0, **meta)
+    fuse_top = want_top and w.rows <= cfg.finalize_rows
+    fbr = _next_pow2(w.rows) if fuse_top else min(cfg.finalize_rows, _next_pow2(w.rows))
+    fbc = _finalize_chunks(fbr, chunks)
+    _finalize_kernel[(-(-w.rows // fbr),)](partial, rows_out, top_arg, w.rows, chunks,
+                                           s_lo, s_hi, t_lo, t_hi, TOP=fuse_top, BR=fbr, BC=fbc,
+                                           num_warps=_warps(fbr * fbc, cfg))
+    return rows_out, (top if fuse_top else None)
+
+
+def _finalize_chunks(rows_per_program: int, chunks: int) -> int:
+    """Chunks summed per finalize step: up to 4096 partials per [rows, chunks] tile."""
+    return max(1, min(_next_pow2(chunks), 4096 // rows_per_program))
+
+
+def _empty_hash(seed: int) -> int:
+    """Row hash of zero words (a host constant from the seed; no data involved)."""
+    out = ref.hash_rows_reference(np.zeros((1, 0), dtype=np.uint32), seed)
+    return ref.to_signed(int(out[0]))
+
+
+# --- public API: one tensor ----------------------------------------------------------------
+
+def fingerprint_rows_triton(t: torch.Tensor, *, config: KernelConfig | None = None) -> torch.Tensor:
+    """int64 [rows] (uint64 bits) on t's device, equal to `fingerprint_rows_reference(t)`.
+    1 launch (rows of <= chunk_words words) or 2."""
+    t = _check_tensor(t, "fingerprint_rows")
+    cfg = config or DEFAULT_CONFIG
+    w = _words(t)
+    with _device_guard(t.device):
+        rows_out, _ = _hash_words(w, ref.row_seed(t.dtype, tuple(t.shape)), None, cfg)
+    return rows_out
+
+
+def fingerprint_triton(t: torch.Tensor, *, config: KernelConfig | None = None) -> torch.Tensor:
+    """0-d int64 (uint64 bits) on t's device, equal to the reference `fingerprint(t)`.
+    1 launch (small tensors), 2 (rows up to finalize_rows), at most 4 (more rows)."""
+    t = _check_tensor(t, "fingerprint")
+    cfg = config or DEFAULT_CONFIG
+    w = _words(t)
+    top_seed = ref.top_seed(t.dtype, tuple(t.shape))
+    if w.rows == 0:  # no data: a constant of dtype and shape (one fill, no sync)
+        return torch.full((), _empty_hash(top_seed), dtype=torch.int64, device=t.device)
+    with _device_guard(t.device):
+        rows_out, top = _hash_words(w, ref.row_seed(t.dtype, tuple(t.shape)), top_seed, cfg)
+        if top is None:  # too many rows to fuse: hash the row fingerprints as one row of words
+            words = rows_out.view(torch.int32).view(1, 2 * w.rows)
+            top, _ = _hash_words(_Words(words, 1, 2 * w.rows, 0, 4), top_seed, None, cfg)
+    return top.view(())
+
+
+# --- public API: many tensors --------------------------------------------------------------
+
+_REC_FIELDS = 12  # = _REC in the kernels
+_PLAN_CACHE: OrderedDict[tuple, ManyPlan] = OrderedDict()
+_PLAN_CACHE_SIZE = 64
+_CAPTURED_PLANS: dict[tuple, ManyPlan] = {}  # used inside a CUDA graph capture: never evicted
+
+
+class ManyPlan:
+    """Fingerprints of one fixed list of tensors in a fixed number of launches.
+
+    Built on the host from addresses, dtypes, shapes and strides (never data). Its segment table
+    is copied to the device once, at construction (pinned memory, asynchronous). `run()` is
+    capturable in a CUDA graph: keep the plan alive as long as the graph, and the tensors at the
+    same addresses (with ``keep_tensors`` the plan holds references to them). Tensors whose rows
+    are not contiguous blocks are copied into scratch owned by the plan at each run (one copy
+    launch each).
+    """
+
+    def __init__(self, tensors: list[torch.Tensor], config: KernelConfig | None = None, *,
+                 keep_tensors: bool = True):
+        cfg = config or DEFAULT_CONFIG
+        if not tensors:
+            raise ValueError("fingerprint_many: no tensors")
+        tensors = [_check_tensor(t, "fingerprint_many") for t in tensors]
+        device = tensors[0].device
+        for t in tensors:
+            if t.device != device:
+                raise ValueError(f"fingerprint_many: tensors must share one device, "
+                                 f"got {device} and {t.device}")
+        if INTERPRET and device.type != "cpu":
+            raise ValueError("fingerprint_many: under TRITON_INTERPRET=1 the segment table holds "
+                             "host addresses; pass CPU tensors")
+        self.device = device
+        self.n = len(tensors)
+        self.config = cfg
+        self._copy_index = [i for i, t in enumerate(tensors)
+                            if t.dim() >= 2 and not _trailing_contiguous(t)]
+        self._scratch = [torch.empty_like(tensors[i], memory_format=torch.contiguous_format)
+                         for i in self._copy_index]
+        views = list(tensors)
+        for i, scratch in zip(self._copy_index, self._scratch):
+            views[i] = scratch
+        self._sources = tensors if keep_tensors else None
+
+        short, long_aligned, long_unaligned, empty = [], [], [], []
+        for i, t in enumerate(views):
+            w = _words(t)
+            seg = (i, t, w)
+            if w.rows == 0:
+                empty.append(seg)
+            elif w.n_words <= SHORT_ROW_WORDS:
+                short.append(seg)
+            elif w.data.data_ptr() % 16 == 0 and (w.row_stride * w.eb) % 16 == 0:
+                long_aligned.append(seg)
+            else:
+                long_unaligned.append(seg)
+
+        short_bn = _next_pow2(max((w.n_words for _, _, w in short), default=1))
+        short_rows = _next_pow2(max((w.rows for _, _, w in short), default=1))
+        groups = [
+            (short, max(1, min(cfg.block_words // short_bn, short_rows)), short_bn, False),
+            (long_aligned, 1, cfg.block_words, True),
+            (long_unaligned, 1, cfg.block_words, False),
+        ]
+        records: list[list[int]] = []
+        self._launches: list[tuple] = []
+        part = 0
+        for segs, br, bn, aligned in groups:
+            if not segs:
+                continue
+            chunk_tiles = max(1, cfg.chunk_words // bn)
+            rec0, item = len(records), 0
+            for i, t, w in segs:
+                chunks = max(1, -(-w.n_words // (chunk_tiles * bn)))
+                records.append(_record(i, t, w, part, chunks, item))
+                part += chunks * w.rows * 2
+                item += -(-w.rows // br) * chunks
+            self._launches.append(((item,), rec0, len(segs),
+                                   dict(BR=br, BN=bn, CHUNK_TILES=chunk_tiles, ALIGNED=aligned,
+                                        SHIFTS=cfg.shifts, num_warps=_warps(br * bn, cfg))))
+        for i, t, w in empty:
+            records.append(_record(i, t, w, 0, 1, 0))
+        self.n_records = len(records)
+        self.partial_size = max(part, 2)
+        max_rows = max(w.rows for _, _, w in short + long_aligned + long_unaligned + empty)
+        max_chunks = max((r[8] for r in records), default=1)
+        self._fbr = max(1, min(256, _next_pow2(max_rows)))
+        self._fbc = _finalize_chunks(self._fbr, max_chunks)
+        host = torch.tensor(records, dtype=torch.int64).reshape(-1)
+        if device.type == "cuda":
+            host = host.pin_memory()
+        self.table = host.to(device, non_blocking=True)
+        self._host_table = host  # read by the asynchronous copy: keep it alive
+
+    @property
+    def launches(self) -> int:
+        """Kernel launches per run(): copies of non-contiguous tensors + lane launches + 1."""
+        return len(self._copy_index) + len(self._launches) + 1
+
+    def run(self, out: torch.Tensor | None = None,
+            tensors: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """int64 [n] fingerprints (uint64 bits), in the order the tensors were given.
+        `out`: optional preallocated int64 [n] on the plan's device. `tensors`: the tensors, if
+        the plan was built without keeping them (same addresses, dtypes, shapes, strides)."""
+        sources = tensors if tensors is not None else self._sources
+        if self._copy_index and sources is None:
+            raise ValueError("ManyPlan.run: pass the tensors (the plan was built without them)")
+        if out is None:
+            out = torch.empty(self.n, dtype=torch.int64, device=self.device)
+        partial = torch.empty(self.partial_size, dtype=torch.int64, device=self.device)
+        with _device_guard(self.device):
+            for i, scratch in zip(self._copy_index, self._scratch):
+                scratch.copy_(sources[i])
+            for grid, rec0, n_recs, meta in self._launches:
+                _many_lanes_kernel[grid](self.table, partial, rec0, n_recs, **meta)
+            _many_finalize_kernel[(self.n_records,)](self.table, partial, out, BR=self._fbr,
+                                                     BC=self._fbc,
+                                                     num_warps=_warps(self._fbr * self._fbc, self.config))
+        return out
+
+
+def _record(i: int, t: torch.Tensor, w: _Words, part: int, chunks: int, item0: int) -> list[int]:
+    rec = [0] * _REC_FIELDS
+    rec[0] = w.data.data_ptr()
+    rec[1] = w.rows
+    rec[2] = w.n_words
+    rec[3] = w.row_stride
+    rec[4] = w.eb
+    rec[5] = ref.to_signed(ref.row_seed(t.dtype, tuple(t.shape)))
+    rec[6] = ref.to_signed(ref.top_seed(t.dtype, tuple(t.shape)))
+    rec[7] = part
+    rec[8] = chunks
+    rec[9] = item0
+    rec[10] = i
+    return rec
+
+
+def fingerprint_many_triton(tensors: list[torch.Tensor], *,
+                            config: KernelConfig | None = None) -> torch.Tensor:
+    """int64 [n]: 0-d fingerprints of several tensors on one device, in at most 4 launches
+    (+1 copy per tensor whose rows are not contiguous blocks), independent of n.
+
+    Plans are cached by the tensors' (address, dtype, shape, strides). Under CUDA graph capture a
+    cached plan is required (warm up with the same tensors first); it is then kept for good.
+    """
+    tensors = list(tensors)
+    if not tensors:
+        return torch.empty(0, dtype=torch.int64)
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"fingerprint_many: expected torch.Tensor items, got {type(t).__name__}")
+    key = (tuple((t.data_ptr(), t.dtype, tuple(t.shape), t.stride()) for t in tensors),
+           config or DEFAULT_CONFIG)
+    plan = _CAPTURED_PLANS.get(key) or _PLAN_CACHE.get(key)
+    capturing = tensors[0].device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if plan is None:
+        if capturing:
+            raise RuntimeError("fingerprint_many: no plan for these tensors during CUDA graph "
+                               "capture; call it once with the same tensors before capturing, "
+                               "or build a ManyPlan outside capture")
+        plan = ManyPlan(tensors, config, keep_tensors=False)  # the cache must not pin memory
+        _PLAN_CACHE[key] = plan
+        while len(_PLAN_CACHE) > _PLAN_CACHE_SIZE:
+            _PLAN_CACHE.popitem(last=False)
+    elif key in _PLAN_CACHE:
+        _PLAN_CACHE.move_to_end(key)
+    if capturing:
+        _CAPTURED_PLANS[key] = plan
+    return plan.run(tensors=tensors)
+
+
+def fingerprint_many_reference(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """int64 [n] on the host: the numpy reference fingerprint of each tensor."""
+    values = [ref.combine_rows_reference(ref.fingerprint_rows_reference(t), t.dtype, tuple(t.shape))
+              for t in tensors]
+    return torch.tensor([ref.to_signed(v) for v in values], dtype=torch.int64)
+
+
+def fingerprint_many(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """int64 [n] (uint64 bits): fingerprints of several tensors, on their (common) device.
+    CUDA tensors go to the Triton kernels when available; anything else to the numpy reference."""
+    tensors = list(tensors)
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"fingerprint_many: expected torch.Tensor items, got {type(t).__name__}")
+    if not tensors:
+        return torch.empty(0, dtype=torch.int64)
+    device = tensors[0].device
+    if any(t.device != device for t in tensors):
+        raise ValueError(f"fingerprint_many: tensors must share one device, got "
+                         f"{sorted({str(t.device) for t in tensors})}")
+    if device.type == "cuda" and available() and not INTERPRET:
+        return fingerprint_many_triton(tensors)
+    return fingerprint_many_reference(tensors).to(device)

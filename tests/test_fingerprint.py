@@ -1,0 +1,245 @@
+"""The fingerprint definition (tpguard.fingerprint, numpy reference): stability, properties, and
+CPU/GPU equality where CUDA exists (the compiled Triton kernels run in a subprocess, outside any
+TRITON_INTERPRET=1 that other test files set)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+ref = importlib.import_module("tpguard.fingerprint")
+M32, M64 = ref.M32, ref.M64
+
+# Computed once from the definition and frozen: a change here changes every trace ever written.
+GOLDEN = {
+    "f32_3x4": (lambda: torch.arange(12, dtype=torch.float32).reshape(3, 4),
+                "406035ccd99f7d85", ["e4001bee4725c82e", "3208e1f4a98bba17", "c8aa51c27312066e"]),
+    "i64_10": (lambda: torch.arange(10, dtype=torch.int64),
+               "144021dd70ac0039", ["0b31c5887e634aa1", "2e7d2cd4f0b8e0ad", "b87d929ad5e21acb"]),
+    "bool_0d": (lambda: torch.tensor(True), "15fe819f8cd7ac28", ["fd77cdd18123ef17"]),
+    "bf16_2x3": (lambda: torch.arange(6, dtype=torch.float32).reshape(2, 3).to(torch.bfloat16),
+                 "3a004e7fbcc1a0db", ["9412d8bd2a477987", "712a637b04670fa2"]),
+    "u8_rng16": (lambda: torch.arange(16, dtype=torch.uint8),
+                 "721a6b33ae91a41e", ["7db6dd99d39175c9", "e27e0d73cb6effca", "19c7c8cff9cfc04f"]),
+    "f64_2x2x2": (lambda: torch.arange(8, dtype=torch.float64).reshape(2, 2, 2) / 3,
+                  "7b73005d3449d723", ["05b28e1623c121ec", "f1c370e5071257e8"]),
+    "f32_empty_0x3": (lambda: torch.empty(0, 3, dtype=torch.float32), "6d9b9a72ad1ec251", []),
+    "i32_3x0": (lambda: torch.empty(3, 0, dtype=torch.int32),
+                "838c27b29631175d", ["6cf1f9eeacb9af82"] * 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_golden_values(name):
+    make, top, rows = GOLDEN[name]
+    t = make()
+    assert ref.format_fp(ref.fingerprint(t)) == top
+    got_rows = [ref.format_fp(int(v)) for v in ref.fingerprint_rows(t).view(torch.int64)]
+    assert got_rows[:3] == rows
+
+
+# --- an independent pure-Python transcription of the docstring definition ---------------------
+
+def _fmix32(x):
+    x ^= x >> 16
+    x = (x * ref.FMIX32_A) & M32
+    x ^= x >> 13
+    x = (x * ref.FMIX32_B) & M32
+    return x ^ (x >> 16)
+
+
+def _fmix64(x):
+    x ^= x >> 33
+    x = (x * ref.FMIX64_A) & M64
+    x ^= x >> 33
+    x = (x * ref.FMIX64_B) & M64
+    return x ^ (x >> 33)
+
+
+def _row_hash(words, seed):
+    s_lo, s_hi = seed & M32, seed >> 32
+    l1 = l2 = 0
+    for j, w in enumerate(words):
+        h = _fmix32(((w * ref.C1) & M32) ^ ((j * ref.C2 + s_lo) & M32))
+        l1 += h
+        l2 += _fmix32((h + s_hi) & M32)
+    return _fmix64((l1 & M64) ^ _fmix64((l2 & M64) ^ seed))
+
+
+def _words(row: torch.Tensor) -> list[int]:
+    data = bytes(row.contiguous().view(torch.uint8).reshape(-1).tolist()) if row.numel() else b""
+    size = row.element_size()
+    step = size if size < 4 else 4
+    return [int.from_bytes(data[i:i + step], "little") for i in range(0, len(data), step)]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(12, dtype=torch.float32).reshape(3, 4) - 5.5,
+    lambda: torch.arange(10, dtype=torch.int64) * -7,
+    lambda: torch.tensor(False),
+    lambda: torch.linspace(-3, 3, 6).reshape(2, 3).to(torch.float16),
+    lambda: torch.arange(5, dtype=torch.int8) - 2,
+    lambda: torch.linspace(-1, 1, 6, dtype=torch.float64).reshape(3, 2),
+])
+def test_reference_follows_the_docstring(make):
+    t = make()
+    rows = t.shape[0] if t.dim() else 1
+    flat = t.reshape(rows, -1)
+    seed = ref.row_seed(t.dtype, tuple(t.shape))
+    want_rows = [_row_hash(_words(flat[r]), seed) for r in range(rows)]
+    top_words = [w for v in want_rows for w in (v & M32, v >> 32)]
+    assert [int(v) & M64 for v in ref.fingerprint_rows_reference(t)] == want_rows
+    assert ref.fingerprint(t) == _row_hash(top_words, ref.top_seed(t.dtype, tuple(t.shape)))
+
+
+# --- properties --------------------------------------------------------------------------------
+
+def test_deterministic_and_typed():
+    t = torch.randn(5, 7, generator=torch.Generator().manual_seed(0))
+    assert ref.fingerprint(t) == ref.fingerprint(t.clone())
+    rows = ref.fingerprint_rows(t)
+    assert rows.dtype == torch.uint64 and rows.shape == (5,)
+    dev = ref.fingerprint_device(t)
+    assert dev.dtype == torch.int64 and dev.dim() == 0
+    assert ref.to_unsigned(int(dev)) == ref.fingerprint(t)
+    assert 0 <= ref.fingerprint(t) < 1 << 64
+
+
+def test_single_bit_and_permutation_change_the_value():
+    t = torch.randn(4, 50, generator=torch.Generator().manual_seed(1))
+    base = ref.fingerprint(t)
+    flipped = t.clone()
+    flipped.view(torch.int32)[2, 17] ^= 1  # one ulp
+    assert ref.fingerprint(flipped) != base
+    changed = (ref.fingerprint_rows(flipped).view(torch.int64) != ref.fingerprint_rows(t).view(torch.int64))
+    assert changed.tolist() == [False, False, True, False]
+    swapped = t.clone()
+    swapped[1, [3, 9]] = swapped[1, [9, 3]]
+    assert ref.fingerprint(swapped) != base
+    assert ref.fingerprint(t.flip(0)) != base
+
+
+def test_dtype_and_shape_are_covered():
+    t = torch.arange(24, dtype=torch.float32)
+    variants = [t, t.view(torch.int32), t.view(4, 6), t.view(6, 4), t.view(2, 12), t.view(4, 6, 1),
+                t.view(1, 24), torch.zeros(24, dtype=torch.float32), torch.zeros(24, dtype=torch.int32),
+                torch.zeros(0, 4), torch.zeros(4, 0), torch.zeros(0)]
+    values = [ref.fingerprint(v) for v in variants]
+    assert len(set(values)) == len(values)
+
+
+def test_views_hash_their_logical_content():
+    t = torch.randn(6, 10, generator=torch.Generator().manual_seed(2))
+    for view in (t.t(), t[:, 1:], t[::2], t[:, ::3], t.unsqueeze(1).expand(6, 3, 10)):
+        assert ref.fingerprint(view) == ref.fingerprint(view.contiguous())
+
+
+def test_format_and_parse():
+    assert ref.format_fp(0) == "0" * 16
+    assert ref.format_fp(-1) == "f" * 16
+    assert ref.parse_fp(ref.format_fp(0x0123456789ABCDEF)) == 0x0123456789ABCDEF
+    assert ref.to_unsigned(ref.to_signed(M64)) == M64
+    with pytest.raises(ValueError):
+        ref.parse_fp("abc")
+
+
+def test_fingerprint_many_reference_path():
+    kfp = importlib.import_module("tpguard.kernels.fingerprint")
+    tensors = [torch.arange(256, dtype=torch.int32), torch.arange(16, dtype=torch.uint8),
+               torch.randn(3, 5), torch.tensor(2.5), torch.empty(0, 3)]
+    got = kfp.fingerprint_many(tensors)
+    assert got.dtype == torch.int64 and got.shape == (5,)
+    assert [ref.to_unsigned(int(v)) for v in got] == [ref.fingerprint(t) for t in tensors]
+    assert kfp.fingerprint_many([]).shape == (0,)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        kfp.fingerprint_many([torch.zeros(2), "x"])
+
+
+# --- GPU: the compiled Triton kernels equal the reference ----------------------------------
+
+GPU_CHECK = textwrap.dedent("""
+    import importlib, torch
+    ref = importlib.import_module("tpguard.fingerprint")
+    from tpguard.kernels import fingerprint as k
+    assert k.available() and not k.INTERPRET
+    g = torch.Generator().manual_seed(0)
+
+    def make(shape, dtype):
+        if dtype == torch.bool:
+            return torch.rand(shape, generator=g) > 0.5
+        if dtype.is_floating_point:
+            return torch.randn(shape, generator=g).to(dtype)
+        return torch.randint(-1000, 1000, shape, generator=g).to(dtype)
+
+    def same(t_cpu, config=None):
+        t = t_cpu.cuda()
+        rows = k.fingerprint_rows_triton(t, config=config).cpu()
+        want = ref.fingerprint_rows_reference(t_cpu)
+        assert torch.equal(rows, want), (t.shape, t.dtype, "rows")
+        top = ref.to_unsigned(int(k.fingerprint_triton(t, config=config).item()))
+        assert top == ref.fingerprint(t_cpu) == ref.fingerprint(t), (t.shape, t.dtype, "top")
+
+    small = k.KernelConfig(block_words=256, chunk_words=1024, finalize_rows=16)
+    dtypes = [torch.bool, torch.int8, torch.uint8, torch.bfloat16, torch.float16, torch.float32,
+              torch.int32, torch.int64, torch.float64]
+    if hasattr(torch, "float8_e4m3fn"):
+        dtypes.append(torch.float8_e4m3fn)
+    shapes = [(), (1,), (7,), (3, 5), (2, 3, 11), (0,), (0, 4), (4, 0), (5, 37), (3, 2049),
+              (64, 5000), (2000,), (1, 40000)]
+    for dtype in dtypes:
+        for shape in shapes:
+            same(make(shape, dtype))
+    for cfg in (small, k.KernelConfig(shifts=0), k.KernelConfig(shifts=2),
+                k.KernelConfig(block_words=4096, num_warps=16, chunk_words=32768)):
+        same(make((9, 7000), torch.float32), cfg)
+        same(make((40, 300), torch.bfloat16), cfg)
+        same(make((3000,), torch.int64), cfg)
+    base = make((20, 3000), torch.float32)
+    for view in (base[:, 1:], base[::3], base.t(), base[:, ::2], base[2:5, 10:2050],
+                 base.view(20, 30, 100).permute(1, 0, 2), base[0].expand(4, 3000), base[:, 0]):
+        same(view)
+    same(make((256, 163840), torch.float32))
+
+    # fingerprint_many: kernels == reference, fixed launch count
+    tensors = [make((256,), torch.int32), make((256,), torch.int64), make((32, 8), torch.int32),
+               torch.randint(0, 255, (16,), dtype=torch.uint8), make((3, 5000), torch.float32),
+               make((3, 5000), torch.float32)[:, 1:], make((4, 6), torch.float32).t(),
+               torch.tensor(1.5), torch.empty(0, 3), make((5, 77), torch.bfloat16)]
+    cuda = [t.cuda() for t in tensors]
+    assert torch.equal(k.fingerprint_many_triton(cuda).cpu(), k.fingerprint_many_reference(tensors))
+    assert torch.equal(k.fingerprint_many(cuda).cpu(), k.fingerprint_many_reference(tensors))
+    assert k.ManyPlan(cuda).launches <= 4 + 1
+
+    # CUDA graphs: capture single and many launchers, change data in place, replay
+    x = make((64, 20000), torch.float32).cuda()
+    small_set = [t.cuda() for t in tensors[:4]]
+    k.fingerprint_triton(x); k.fingerprint_many_triton(small_set)  # warm-up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        one = k.fingerprint_triton(x)
+        many = k.fingerprint_many_triton(small_set)
+    for step in range(3):
+        x.add_(1.0)
+        small_set[0].add_(1)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert ref.to_unsigned(int(one.item())) == ref.fingerprint(x.cpu()), step
+        assert torch.equal(many.cpu(), k.fingerprint_many_reference([t.cpu() for t in small_set])), step
+    print("GPU OK")
+""")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_kernels_equal_reference():
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", GPU_CHECK], env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0 and "GPU OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-6000:]

@@ -1,0 +1,185 @@
+"""Triton fingerprint kernels (tpguard.kernels.fingerprint) vs the numpy reference, bit for bit,
+on CPU tensors under the Triton interpreter: dtypes, shapes, row lengths around the tile size,
+chunked rows, strided views, fingerprint_many, and the hash's properties."""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit runs: kernels pick it at decoration
+
+import importlib
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+ref = importlib.import_module("tpguard.fingerprint")
+kfp = importlib.import_module("tpguard.kernels.fingerprint")
+if not kfp.INTERPRET:  # imported earlier in this process without the interpreter
+    kfp = importlib.reload(kfp)
+
+# Small tiles so that rows of a few thousand words span several chunks (cheap under the interpreter).
+CHUNKY = kfp.KernelConfig(block_words=256, chunk_words=1024, num_warps=4, finalize_rows=16)
+
+DTYPES = [torch.bool, torch.int8, torch.uint8, torch.bfloat16, torch.float16, torch.float32,
+          torch.int32, torch.int64, torch.float64]
+if hasattr(torch, "float8_e4m3fn"):
+    DTYPES.append(torch.float8_e4m3fn)
+
+
+def make(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    info = torch.iinfo(dtype)
+    return torch.randint(info.min, info.max, shape, generator=g, dtype=dtype)
+
+
+def top_value(t, config=None) -> int:
+    out = kfp.fingerprint_triton(t, config=config)
+    assert out.dtype == torch.int64 and out.dim() == 0 and out.device == t.device
+    return ref.to_unsigned(int(out))
+
+
+def assert_matches(t, config=None):
+    want = ref.fingerprint_rows_reference(t)
+    rows = kfp.fingerprint_rows_triton(t, config=config)
+    assert rows.dtype == torch.int64 and rows.shape == want.shape
+    assert torch.equal(rows, want), f"row fingerprints differ: {tuple(t.shape)} {t.dtype}"
+    assert top_value(t, config) == ref.combine_rows_reference(want, t.dtype, tuple(t.shape)), \
+        f"fingerprint differs: {tuple(t.shape)} {t.dtype}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dtypes_and_shapes(dtype):
+    for shape in [(), (1,), (7,), (3, 5), (2, 3, 11), (0,), (0, 4), (4, 0), (5, 37)]:
+        assert_matches(make(shape, dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16, torch.int8], ids=str)
+def test_row_lengths_around_the_tile(dtype):
+    # default tile: 2048 words; lengths below, at and past it, and not multiples of it
+    for n in [1, 3, 5, 1000, 2047, 2048, 2049, 5000]:
+        assert_matches(make((2, n), dtype, seed=n))
+
+
+def test_row_counts():
+    for rows in [0, 1, 2, 17, 63, 64]:
+        assert_matches(make((rows, 100), torch.float32, seed=rows))
+        assert_matches(make((rows, 3), torch.int64, seed=rows))  # short rows share a tile
+    assert_matches(make((2000,), torch.int32))  # > finalize_rows: top hash as a second pass
+
+
+@pytest.mark.parametrize("shape,dtype", [((5, 3000), torch.float32), ((3, 1024), torch.float32),
+                                         ((3, 1025), torch.float32), ((2, 2500), torch.int64),
+                                         ((4, 2100), torch.bfloat16), ((40, 3), torch.float32),
+                                         ((300,), torch.int64)], ids=str)
+def test_chunked_rows_and_many_rows(shape, dtype):
+    assert_matches(make(shape, dtype), CHUNKY)
+
+
+def test_strided_views():
+    base = make((20, 300), torch.float32)
+    views = [base[:, 1:], base[::3], base.t(), base[:, ::2], base[2:5, 10:250],
+             base.view(20, 30, 10).permute(1, 0, 2), base[0].expand(4, 300), base[:, 0],
+             base[3], base.unsqueeze(1), base.double()[:, 3:], base.to(torch.bfloat16)[1:, 5:]]
+    for view in views:
+        assert_matches(view)
+    assert top_value(base.t()) == top_value(base.t().contiguous())
+    assert_matches(base[:, 7:], CHUNKY)
+
+
+def test_configs_agree():
+    """Tiling and code shape never change the result (integer sums are order-independent)."""
+    x = make((3, 2500), torch.float32)
+    y = make((300,), torch.int16)
+    want = (top_value(x), top_value(y))
+    for cfg in [kfp.KernelConfig(shifts=0), kfp.KernelConfig(shifts=2), CHUNKY,
+                kfp.KernelConfig(block_words=128, chunk_words=1024, num_warps=2, finalize_rows=4, shifts=2)]:
+        assert (top_value(x, cfg), top_value(y, cfg)) == want
+
+
+def test_one_ulp_permutation_dtype_and_shape_change_the_value():
+    x = make((4, 1000), torch.float32)
+    base_rows = kfp.fingerprint_rows_triton(x)
+    base = top_value(x)
+
+    bumped = x.clone()
+    bumped[2, 517] = torch.nextafter(bumped[2, 517], torch.tensor(float("inf")))
+    assert top_value(bumped) != base
+    assert (kfp.fingerprint_rows_triton(bumped) != base_rows).tolist() == [False, False, True, False]
+
+    swapped = x.clone()
+    swapped[1, [3, 900]] = swapped[1, [900, 3]]
+    assert top_value(swapped) != base
+    assert top_value(x.flip(0)) != base
+    assert torch.equal(kfp.fingerprint_rows_triton(x.flip(0)), base_rows.flip(0))
+
+    h = make((3, 50), torch.bfloat16)
+    h2 = h.clone()
+    h2.view(torch.int16)[0, 0] ^= 1
+    assert top_value(h2) != top_value(h)
+
+    t = torch.arange(24, dtype=torch.float32)
+    reinterpretations = [t, t.view(torch.int32), t.view(4, 6), t.view(6, 4), t.view(2, 12),
+                         t.view(4, 6, 1), t.view(1, 24), torch.zeros(24), torch.zeros(24, dtype=torch.int32),
+                         torch.zeros(0, 4), torch.zeros(4, 0), torch.zeros(0)]
+    values = [top_value(v) for v in reinterpretations]
+    assert len(set(values)) == len(values)
+
+
+def guard_like_set():
+    return [make((256,), torch.int32, 1), make((256,), torch.int64, 2), make((32, 8), torch.int32, 3),
+            torch.randint(0, 256, (16,), dtype=torch.uint8),  # rng state
+            make((3, 5000), torch.float32, 4),  # long rows, 16-byte aligned
+            make((3, 5001), torch.float32, 5)[:, 1:],  # long rows, unaligned
+            make((6, 4), torch.float32, 6).t(),  # rows not contiguous: copied by the plan
+            torch.tensor(1.5), torch.empty(0, 3), make((5, 77), torch.bfloat16, 7),
+            make((9,), torch.bool, 8), make((2, 100), torch.int8, 9)]
+
+
+def test_fingerprint_many():
+    tensors = guard_like_set()
+    want = kfp.fingerprint_many_reference(tensors)
+    got = kfp.fingerprint_many_triton(tensors)
+    assert got.dtype == torch.int64 and torch.equal(got, want)
+    assert [top_value(t) for t in tensors] == [ref.to_unsigned(int(v)) for v in want]
+    plan = kfp.ManyPlan(tensors)
+    assert plan.launches == 3 + 1 + 1  # 3 lane classes + finalize + one copy (the transposed one)
+    # A plan (and the cached one) is reused for new data at the same addresses.
+    tensors[0].add_(1)
+    tensors[6].mul_(2)  # the copied one
+    want = kfp.fingerprint_many_reference(tensors)
+    assert torch.equal(plan.run(), want)
+    assert torch.equal(kfp.fingerprint_many_triton(tensors), want)
+
+
+def test_fingerprint_many_chunked():
+    tensors = [make((2, 2500), torch.float32), make((2, 2501), torch.float32)[:, 1:],
+               make((3, 700), torch.bfloat16), make((40,), torch.int64), make((20, 3), torch.int32)]
+    assert torch.equal(kfp.fingerprint_many_triton(tensors, config=CHUNKY),
+                       kfp.fingerprint_many_reference(tensors))
+
+
+def test_fingerprint_many_small_set_is_two_launches():
+    tensors = guard_like_set()[:4]
+    plan = kfp.ManyPlan(tensors)
+    assert plan.launches == 2
+    out = torch.empty(4, dtype=torch.int64)
+    assert plan.run(out=out) is out
+    assert torch.equal(out, kfp.fingerprint_many_reference(tensors))
+
+
+def test_bad_input_gets_clear_errors():
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        kfp.fingerprint_triton([1, 2, 3])
+    with pytest.raises(ValueError, match="dense"):
+        kfp.fingerprint_rows_triton(torch.eye(3).to_sparse())
+    with pytest.raises(ValueError, match="no tensors"):
+        kfp.ManyPlan([])
+    plan = kfp.ManyPlan([torch.zeros(4, 3).t()], keep_tensors=False)
+    with pytest.raises(ValueError, match="pass the tensors"):
+        plan.run()
+    assert kfp.fingerprint_many_triton([]).shape == (0,)
