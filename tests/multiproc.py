@@ -28,7 +28,10 @@ def _entry(fn, rank, world_size, port, args, queue, env):
     try:
         import datetime
 
+        import torch
         import torch.distributed as dist
+
+        torch.set_num_threads(1)  # the forkserver imported torch before OMP_NUM_THREADS could apply
 
         dist.init_process_group("gloo", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=60))

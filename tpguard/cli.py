@@ -28,6 +28,8 @@ bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print number
 app.add_typer(bench_app, name="bench")
 
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+# launch/demo/serve/bench pass --help on to the program they run
+PASSTHROUGH_HELP = {**PASSTHROUGH, "help_option_names": []}
 
 
 @app.command()
@@ -43,7 +45,7 @@ def diagnose(
     raise typer.Exit(run_diagnose(paths, as_json=json_out, run=run, html_path=html))
 
 
-@app.command(context_settings=PASSTHROUGH)
+@app.command(context_settings=PASSTHROUGH_HELP)
 def launch(ctx: typer.Context,
            nproc_per_node: int = typer.Option(2, "--nproc-per-node", help="ranks to start")):
     """Run the TP harness on N ranks through torch.distributed.run (options: docs/harness.md)."""
@@ -52,7 +54,7 @@ def launch(ctx: typer.Context,
     raise typer.Exit(launch_via_torchrun(nproc_per_node, list(ctx.args)))
 
 
-@app.command(context_settings=PASSTHROUGH)
+@app.command(context_settings=PASSTHROUGH_HELP)
 def demo(ctx: typer.Context):
     """The README demo: divergence caught and named, diagnosed, then fixed two ways (CPU, 2 ranks)."""
     from tpguard.launch.demo import run_demo

@@ -172,6 +172,7 @@ class StepGuard:
         self._fps: dict[str, torch.Tensor | int] = {}
         self._numels: dict[str, int] = {}
         self._tensors: dict[str, torch.Tensor] = {}
+        self._dump_copies: dict[str, torch.Tensor] = {}
 
     def wants(self, step: int | None = None) -> bool:
         """Whether check() at this step will compare (every N steps; the same on all ranks)."""
@@ -189,8 +190,11 @@ class StepGuard:
             return
         self._fps[name] = fingerprint_device(tensor)
         self._numels[name] = tensor.numel()
-        # Kept for heal (decisions are overwritten in place), row naming and dumps.
-        self._tensors[name] = tensor.detach().clone() if self.dump_dir else tensor
+        # Kept for heal (decisions are overwritten in place) and row naming; dumps need a copy
+        # of the value as recorded.
+        self._tensors[name] = tensor
+        if self.dump_dir:
+            self._dump_copies[name] = tensor.detach().clone()
         self.guard_seconds += time.perf_counter() - t0
 
     def record_fingerprint(self, name: str, value: int | torch.Tensor, numel: int = 0) -> None:
@@ -408,7 +412,7 @@ class StepGuard:
 
         path = self.dump_dir / f"{self.run_id}.step{step}.{self.site}.rank{self.info.rank}.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().contiguous().cpu().clone() for k, v in self._tensors.items()}
+        tensors = {k: v.detach().contiguous().cpu().clone() for k, v in self._dump_copies.items()}
         tmp = path.with_suffix(".tmp")
         save_file(tensors, str(tmp), metadata={"run_id": self.run_id, "step": str(step), "site": self.site})
         os.replace(tmp, path)

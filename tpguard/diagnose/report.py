@@ -134,8 +134,8 @@ def render_text(diag: Diagnosis) -> str:
     lines.append(f"last step by rank: {last}")
     if j["stopped_early"]:
         lines.append(f"  rank(s) {j['stopped_early']} stopped before the others")
-    for t in j["timeouts"]:
-        lines.append(f"timeout: {t['message']}")
+    for msg in dict.fromkeys(t["message"] for t in j["timeouts"]):  # every waiting rank writes one
+        lines.append(f"timeout: {msg}")
     if diag.cause:
         lines.append(f"cause: {diag.cause}")
         lines.append(f"fix: {diag.fix}")

@@ -1,0 +1,110 @@
+"""`python -m tpguard.launch [options]` under torchrun (env RANK, WORLD_SIZE, MASTER_ADDR, ...).
+
+Initialises the default process group (gloo on CPU; NCCL with --device cuda when each rank has
+its own GPU; gloo when ranks share one), runs the harness, prints rank 0's summary, and exits
+with the run's code: 0 ok, 1 diverged, 2 bad arguments, 3 aborted, 4 timeout (docs/harness.md).
+A rank that timed out leaves a collective pending, so it exits with os._exit after flushing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+
+from tpguard.errors import EXIT_BAD_INPUT, EXIT_TIMEOUT
+from tpguard.launch.options import HarnessOptions, OptionsError, parse_options
+
+
+def choose_backend(opts: HarnessOptions, world_size: int) -> str:
+    if opts.backend != "auto":
+        return opts.backend
+    if opts.device == "cuda":
+        import torch
+
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        return "nccl" if torch.cuda.device_count() >= local_world else "gloo"
+    return "gloo"
+
+
+def check_environment(opts: HarnessOptions, world_size: int) -> str:
+    """Checks that need torch (devices, backends); returns the process group backend."""
+    import torch
+
+    from tpguard.launch.renorm_backends import BackendUnavailable, get_backend
+
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        raise OptionsError("--device cuda: no GPU is visible here (use --device cpu)")
+    try:
+        get_backend(opts.renorm, opts.device)
+    except BackendUnavailable as e:
+        raise OptionsError(f"--renorm {opts.renorm}: {e}") from None
+    backend = choose_backend(opts, world_size)
+    if backend == "nccl" and torch.cuda.device_count() < int(os.environ.get("LOCAL_WORLD_SIZE", world_size)):
+        raise OptionsError("--backend nccl needs one GPU per rank; ranks sharing a GPU use --backend gloo")
+    return backend
+
+
+def init_process_group(opts: HarnessOptions, backend: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from tpguard.launch.harness import device_for_rank
+
+    device_for_rank(opts)
+    kwargs = {"timeout": datetime.timedelta(seconds=max(60.0, 2 * opts.timeout))}
+    if backend == "nccl":
+        kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group(backend, **kwargs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Bad arguments are rejected before torch is imported (instant); a process group can only
+    # exist already if torch.distributed was imported (a test calling main() in a rank process).
+    dist = sys.modules.get("torch.distributed")
+    already = dist is not None and dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if already else int(os.environ.get("RANK", "0"))
+    world = dist.get_world_size() if already else int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        opts = parse_options(argv, world)
+        backend = check_environment(opts, world)
+    except OptionsError as e:
+        if rank == 0:
+            print(f"tpguard launch: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    import torch.distributed as dist
+
+    if not already:
+        init_process_group(opts, backend)
+    from tpguard.launch.harness import run_harness
+    from tpguard.launch.summary import format_text
+
+    from tpguard.launch.state_collective import StartupTimeoutError
+
+    try:
+        summary = run_harness(opts)
+    except StartupTimeoutError as e:
+        print(f"[rank {rank}] {e}", file=sys.stderr, flush=True)
+        return EXIT_TIMEOUT
+    code = summary.exit_code
+    if rank == 0 and not opts.quiet:
+        print(format_text(summary), flush=True)
+    if summary.ended != "completed" and summary.message and (rank != 0 or opts.quiet):
+        print(f"[rank {rank}] {summary.message}", file=sys.stderr, flush=True)
+    if not already and code != EXIT_TIMEOUT:
+        dist.destroy_process_group()
+    return code
+
+
+def exit_with(code: int) -> None:
+    """Flush and leave; a timed-out rank may hold a pending collective that would block exit."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == EXIT_TIMEOUT:
+        os._exit(code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    exit_with(main())

@@ -1,0 +1,193 @@
+"""One rank's run of the harness: workload -> state collective -> verify pipeline -> guard -> commit.
+
+`run_harness(opts)` needs an initialised default process group (torchrun, `tpguard launch`, or a
+test's spawned processes) and returns this rank's `RunSummary`; `summary.exit_code` is the
+process's exit code. Per step:
+
+1. the state collective: one broadcast per prefix-cache block this rank matched or inserted,
+   then the forward's all-reduce, on its own process group, deadline-bounded;
+2. the verify pipeline, each quantity recorded with the guard (on checked steps);
+3. `guard.check(step)`: record, heal (decisions overwritten in place) or abort (every rank raises);
+4. the commit of out_tokens[:commit_lens] into the workload state.
+
+At the end, one all-gather of each rank's output fingerprint says whether the outputs agree.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tpguard.errors import RankDivergenceError, RankTimeoutError
+from tpguard.fingerprint import format_fp, to_signed
+from tpguard.launch.inject import Injector
+from tpguard.launch.model import SyntheticModel
+from tpguard.launch.options import HarnessOptions
+from tpguard.launch.pipeline import VerifyPipeline
+from tpguard.launch.progress import StepProgress
+from tpguard.launch.renorm_backends import get_backend
+from tpguard.launch.state_collective import HarnessTimeoutError, StartupTimeoutError, StateCollective, peer_lost
+from tpguard.launch.summary import RunSummary
+from tpguard.launch.tree import for_algo
+from tpguard.launch.workload import SamplingParams, Workload
+from tpguard.quantities import DECISION_QUANTITIES
+from tpguard.watchdog import wait_with_deadline
+
+
+RUN_ID_BYTES = 128
+
+
+def agree_run_id(run_id: str | None, device: torch.device, timeout_s: float) -> str:
+    """Rank 0's run id on every rank: one fixed-size broadcast, deadline-bounded like every wait."""
+    from tpguard.guard import new_run_id
+
+    buf = torch.zeros(RUN_ID_BYTES, dtype=torch.uint8)
+    if dist.get_rank() == 0:
+        raw = (run_id or new_run_id()).encode()[:RUN_ID_BYTES]
+        buf[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    buf = buf.to(device)
+    work = dist.broadcast(buf, src=0, async_op=True)
+    if not wait_with_deadline(work, timeout_s, torch.cuda.Event() if device.type == "cuda" else None):
+        raise StartupTimeoutError(f"tpguard: not every rank reached the harness's start within {timeout_s:g} s "
+                                  f"(world size {dist.get_world_size()})")
+    return bytes(buf.cpu().tolist()).rstrip(b"\0").decode()
+
+
+def _no_record(name, tensor) -> None:
+    return None
+
+
+def _make_guard(opts: HarnessOptions, run_id: str, renorm_desc: str):
+    if opts.no_guard:
+        return None
+    from tpguard.guard import StepGuard
+
+    config = {**opts.config(), "renorm_backend": renorm_desc}
+    dump_dir = Path(opts.trace) / "dumps" if opts.dump else None
+    return StepGuard(group=None, site=f"{opts.algo}.verify", quantities=opts.guarded_quantities,
+                     policy=opts.on_divergence, trace=opts.trace, merged=opts.merged, timeout_s=opts.timeout,
+                     dump_dir=dump_dir, algo=opts.algo, run_id=run_id, every=opts.every, config=config)
+
+
+def _restore_healed(guard, outs) -> None:
+    # Workaround (core issue reported to the lead): with dump_dir set, StepGuard.record keeps clones,
+    # so heal() overwrites the clones, not our tensors. Called from a divergence listener, i.e.
+    # after heal() and before the guard drops the step's tensors: copy the healed values back.
+    for name in DECISION_QUANTITIES:
+        held = guard._tensors.get(name)
+        mine = getattr(outs, name, None)
+        if held is not None and mine is not None and held is not mine:
+            mine.copy_(held)
+
+
+def tally(summary: RunSummary, div) -> None:
+    """A guard listener: count a divergence (every rank sees the same ones) into the summary."""
+    summary.divergences += 1
+    summary.divergent_quantities[div.quantity] = summary.divergent_quantities.get(div.quantity, 0) + 1
+    summary.actions[div.action] = summary.actions.get(div.action, 0) + 1
+    if any(q in DECISION_QUANTITIES for q in div.differing):
+        summary.decision_flips += 1
+    if summary.first_divergence is None:
+        summary.first_divergence = {"step": div.step, "quantity": div.quantity, "culprit_ranks": div.culprit_ranks,
+                                    "majority_ranks": div.majority_ranks, "rows": div.rows}
+
+
+def run_harness(opts: HarnessOptions) -> RunSummary:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pg_backend = str(dist.get_backend()).lower()
+    device = torch.device("cuda", torch.cuda.current_device()) if opts.device == "cuda" else torch.device("cpu")
+    comm = torch.device("cuda", torch.cuda.current_device()) if "nccl" in pg_backend else torch.device("cpu")
+    renorm = get_backend(opts.renorm, opts.device)
+    run_id = agree_run_id(opts.run_id, comm, opts.timeout)
+    state_group = dist.new_group(backend=pg_backend)
+    guard = _make_guard(opts, run_id, renorm.describe())
+
+    tree = for_algo(opts.algo, opts.draft_tokens)
+    model = SyntheticModel(opts.vocab, tree, opts.logits)
+    workload = Workload(opts.bs, opts.vocab, opts.seed, opts.cache_block,
+                        SamplingParams(opts.temperature, opts.top_p, opts.top_k, opts.min_p), opts.mixed_params)
+    injector = Injector(opts.inject, rank, opts.vocab, tree.spec_tokens, tree.nodes, opts.bs)
+    pipeline = VerifyPipeline(model, tree, renorm, injector, device, opts.seed)
+    collective = StateCollective(state_group, rank, world, run_id, opts.timeout, pg_backend)
+
+    summary = RunSummary(run_id=run_id, world_size=world, backend=pg_backend, device=str(device), algo=opts.algo,
+                         logits=opts.logits, renorm=renorm.describe(), policy=opts.on_divergence,
+                         guard=guard is not None, steps_planned=opts.steps, injected=[str(i) for i in opts.inject])
+    current: dict = {}  # this step's outputs, for the heal workaround
+    if guard is not None:
+        guard.listeners.append(lambda div: tally(summary, div))
+        if guard.dump_dir is not None and guard.policy == "heal":
+            guard.listeners.append(lambda div: _restore_healed(guard, current["outs"]))
+        own = getattr(guard, "_own_trace", None)
+        summary.trace_files = [str(w.path) for w in (own, guard.merged_trace) if w is not None]
+
+    guarded = set(opts.guarded_quantities)
+
+    def record(name, tensor) -> None:  # --quantities decisions: the vocab-sized tensors are skipped
+        if name in guarded:
+            guard.record(name, tensor)
+
+    progress = StepProgress(opts.steps, opts.progress if rank == 0 else False)
+    step = 0
+    try:
+        for step in range(opts.steps):
+            t0 = time.perf_counter()
+            try:
+                collective.run(step, workload.take_blocks())
+                checking = guard is not None and guard.wants(step)
+                outs = pipeline.run(step, workload.inputs(), record if checking else _no_record)
+                if guard is not None:
+                    current["outs"] = outs
+                    try:
+                        guard.check(step)
+                    except RuntimeError as e:
+                        if not peer_lost(e):
+                            raise
+                        raise collective.timeout_error("the guard's all-gather", step, peer_left=True) from None
+                workload.commit(outs.out_tokens.cpu().numpy(), outs.commit_lens.cpu().numpy())
+                summary.steps_done = step + 1
+            except RankDivergenceError:  # the aborted step counts (a timed-out one would only add the wait)
+                summary.seconds += time.perf_counter() - t0
+                summary.steps_timed += 1
+                raise
+            summary.seconds += time.perf_counter() - t0
+            summary.steps_timed += 1
+            progress.advance(summary.divergences)
+        progress.close()
+        fp = workload.output_fingerprint()
+        gathered = collective.all_gather_final([summary.steps_done, to_signed(fp), workload.committed_tokens],
+                                               step=opts.steps)
+        fps = [format_fp(int(v)) for v in gathered[:, 1].tolist()]
+        summary.output_fingerprints = {str(r): v for r, v in enumerate(fps)}
+        summary.outputs_identical = len(set(fps)) == 1 and len(set(gathered[:, 0].tolist())) == 1
+    except RankDivergenceError as e:
+        summary.ended, summary.message = "aborted", str(e)
+    except (RankTimeoutError, HarnessTimeoutError) as e:
+        summary.ended, summary.message = "timeout", str(e)
+        if guard is not None and isinstance(e, HarnessTimeoutError):
+            guard.event("timeout", str(e), missing_ranks=e.culprits, step_reached=step,
+                        positions={str(r): p for r, p in e.positions.items()})
+        collective.leave()
+    finally:
+        progress.close()
+        summary.committed_tokens = workload.committed_tokens
+        summary.state_collectives = collective.collectives
+        if guard is not None:
+            summary.guard_seconds = guard.guard_seconds
+            guard.close()
+        if summary.ended == "completed":
+            dist.destroy_process_group(state_group)
+    if rank == 0 and opts.summary_json:
+        summary.write_json(opts.summary_json)
+    return summary
+
+
+def device_for_rank(opts: HarnessOptions) -> None:
+    """Pin this rank's GPU: local rank modulo the visible devices (ranks may share one)."""
+    if opts.device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local % torch.cuda.device_count())
