@@ -73,17 +73,6 @@ def _make_guard(opts: HarnessOptions, run_id: str, renorm_desc: str):
                      dump_dir=dump_dir, algo=opts.algo, run_id=run_id, every=opts.every, config=config)
 
 
-def _restore_healed(guard, outs) -> None:
-    # Workaround (core issue reported to the lead): with dump_dir set, StepGuard.record keeps clones,
-    # so heal() overwrites the clones, not our tensors. Called from a divergence listener, i.e.
-    # after heal() and before the guard drops the step's tensors: copy the healed values back.
-    for name in DECISION_QUANTITIES:
-        held = guard._tensors.get(name)
-        mine = getattr(outs, name, None)
-        if held is not None and mine is not None and held is not mine:
-            mine.copy_(held)
-
-
 def tally(summary: RunSummary, div) -> None:
     """A guard listener: count a divergence (every rank sees the same ones) into the summary."""
     summary.divergences += 1
@@ -117,11 +106,8 @@ def run_harness(opts: HarnessOptions) -> RunSummary:
     summary = RunSummary(run_id=run_id, world_size=world, backend=pg_backend, device=str(device), algo=opts.algo,
                          logits=opts.logits, renorm=renorm.describe(), policy=opts.on_divergence,
                          guard=guard is not None, steps_planned=opts.steps, injected=[str(i) for i in opts.inject])
-    current: dict = {}  # this step's outputs, for the heal workaround
     if guard is not None:
         guard.listeners.append(lambda div: tally(summary, div))
-        if guard.dump_dir is not None and guard.policy == "heal":
-            guard.listeners.append(lambda div: _restore_healed(guard, current["outs"]))
         own = getattr(guard, "_own_trace", None)
         summary.trace_files = [str(w.path) for w in (own, guard.merged_trace) if w is not None]
 
@@ -141,7 +127,6 @@ def run_harness(opts: HarnessOptions) -> RunSummary:
                 checking = guard is not None and guard.wants(step)
                 outs = pipeline.run(step, workload.inputs(), record if checking else _no_record)
                 if guard is not None:
-                    current["outs"] = outs
                     try:
                         guard.check(step)
                     except RuntimeError as e:
