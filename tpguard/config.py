@@ -10,6 +10,8 @@ from tpguard.quantities import CANONICAL_ORDER, DECISIONS_MODE
 POLICIES = ("record", "heal", "abort")
 MODES = ("off", "on", "audit")
 RENORMS = ("default", "deterministic")
+RENORM_BACKENDS = ("", "tpguard", "flashinfer", "torch")  # "": the first available
+GUARD_KINDS = ("auto", "sync", "device")
 QUANTITY_SETS = {"full": CANONICAL_ORDER, "decisions": DECISIONS_MODE}
 
 
@@ -27,6 +29,12 @@ class GuardConfig:
     merged: bool = False  # TPGUARD_MERGED: rank 0 also writes a merged trace
     clean_every: int = 1  # TPGUARD_CLEAN_EVERY: write 1 in N clean step records
     max_trace_bytes: int = 0  # TPGUARD_MAX_TRACE_MB (0: no rotation)
+    run_id: str | None = None  # TPGUARD_RUN_ID: one id for every process of a server (tpguard serve)
+    renorm_backend: str = ""  # TPGUARD_RENORM_BACKEND: tpguard | flashinfer | torch ("": first available)
+    all_processes: bool = False  # TPGUARD_ALL_PROCESSES: hook non-scheduler processes too (scripts)
+    # TPGUARD_GUARD: auto (DeviceStepGuard on NCCL groups for record/abort, StepGuard otherwise),
+    # sync (always StepGuard: host-synchronous, names rows, dumps), device (always DeviceStepGuard)
+    guard: str = "auto"
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -34,6 +42,8 @@ class GuardConfig:
         _check("TPGUARD_ON_DIVERGENCE", self.policy, POLICIES)
         _check("TPGUARD_RENORM", self.renorm, RENORMS)
         _check("TPGUARD_QUANTITIES", self.quantity_set, tuple(QUANTITY_SETS))
+        _check("TPGUARD_RENORM_BACKEND", self.renorm_backend, RENORM_BACKENDS)
+        _check("TPGUARD_GUARD", self.guard, GUARD_KINDS)
         if self.every < 1:
             raise ValueError(f"TPGUARD_EVERY must be >= 1, got {self.every}")
         if self.timeout_s <= 0:
@@ -65,6 +75,10 @@ class GuardConfig:
                 merged=get("TPGUARD_MERGED", "0") in ("1", "true", "yes", "on"),
                 clean_every=int(get("TPGUARD_CLEAN_EVERY", "1")),
                 max_trace_bytes=int(float(get("TPGUARD_MAX_TRACE_MB", "0")) * 1024 * 1024),
+                run_id=env.get("TPGUARD_RUN_ID") or None,
+                renorm_backend=get("TPGUARD_RENORM_BACKEND", "").lower(),
+                all_processes=get("TPGUARD_ALL_PROCESSES", "0") in ("1", "true", "yes", "on"),
+                guard=get("TPGUARD_GUARD", "auto").lower() or "auto",
             )
         except ValueError as e:  # int("x") and our own checks: one line, names the variable
             raise ValueError(f"tpguard: bad environment: {e}") from None

@@ -1,0 +1,581 @@
+"""tpguard's sglang plugin inside real sglang 0.5.23, on 2 gloo ranks (CPU).
+
+Each scenario runs on 2 ranks that build sglang's own process groups (`init_distributed_environment`
++ `init_model_parallel_group` over gloo: real `GroupCoordinator`s), load plugins with sglang's own
+`load_plugins()` (which finds tpguard through its entry point), then call sglang's functions.
+
+sglang takes ~10 s to import, so ranks are forked from one "zygote" process per test module that
+imports it once (`python tests/test_sglang_plugin.py --zygote`); a scenario then costs well under
+a second. The zygote never runs a torch op before forking (fork-safe).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+import pytest
+
+HERE = os.path.abspath(__file__)
+# Triton kernels of sglang (DSpark's accept) run on CPU under the interpreter; it must be set
+# before triton is imported.
+ZYGOTE_ENV = {"TRITON_INTERPRET": "1", "SGLANG_PLUGINS": "tpguard", "PYTHONWARNINGS": "ignore"}
+CLEARED = ("TPGUARD", "SGLANG_SPEC_TP_SYNC")  # prefixes a scenario's env starts without
+
+PRELOAD = (
+    "torch", "torch.distributed",
+    "sglang.srt.plugins", "sglang.srt.plugins.hook_registry",
+    "sglang.srt.distributed.parallel_state", "sglang.srt.layers.dp_attention",
+    "sglang.srt.runtime_context", "sglang.srt.speculative.spec_tp_sync",
+    "sglang.kernels.ops.sampling.renorm", "sglang.srt.speculative.dflash_utils",
+    "sglang.srt.speculative.dflash_worker_v2", "sglang.srt.speculative.dspark_components.dspark_verify",
+    "sglang.kernels.ops.speculative.dspark.dspark_accept", "sglang.srt.speculative.eagle_utils",
+    "sglang.srt.layers.sampler", "sglang.srt.sampling.sampling_batch_info",
+    "tpguard.guard", "tpguard.diagnose", "tpguard.trace", "tpguard.kernels.renorm",
+    "tpguard.hooks.sglang_plugin", "tpguard.hooks.sglang_sites", "tpguard.hooks.sglang_renorm",
+    "tpguard.hooks.sglang_compat",
+)
+
+
+# =============================================================================================
+# Scenarios: run on every rank after sglang's groups are built and load_plugins() ran.
+# Each returns something JSON-able.
+# =============================================================================================
+
+def _sampling_info(bs: int, vocab: int, top_p: float, top_k: int | None = None):
+    import torch
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    return SamplingBatchInfo(
+        temperatures=torch.full((bs, 1), 0.8), top_ps=torch.full((bs,), top_p),
+        top_ks=torch.full((bs,), top_k or vocab, dtype=torch.int32), min_ps=torch.zeros(bs),
+        is_all_greedy=False, is_any_greedy=False, need_top_p_sampling=top_p < 1.0,
+        need_top_k_sampling=top_k is not None, need_min_p_sampling=False, vocab_size=vocab, device="cpu",
+    )
+
+
+def _logits(step: int, rows: int, vocab: int):
+    import torch
+
+    g = torch.Generator().manual_seed(1000 + step)  # same on every rank
+    return torch.randn((rows, vocab), generator=g) * 3
+
+
+def _fp(t) -> str:
+    from tpguard.fingerprint import fingerprint, format_fp
+
+    return format_fp(fingerprint(t))
+
+
+def _divergence_log(site: str):
+    """Divergences the plugin's guard of `site` reports on this rank, as (step, quantity, culprits)."""
+    from tpguard.hooks import sglang_sites
+
+    log = []
+    guard = sglang_sites.RUNTIME.guard(site)
+    guard.listeners.append(lambda d: log.append([d.step, d.site, d.quantity, d.culprit_ranks, d.action]))
+    return log
+
+
+def _count_collectives():
+    """Count gather/broadcast collectives from here on (instrumentation, not a stand-in)."""
+    import torch.distributed as dist
+
+    counts = {"n": 0}
+    for name in ("all_gather_into_tensor", "all_gather_single", "all_gather", "broadcast_object_list"):
+        fn = getattr(dist, name, None)
+        if fn is None:
+            continue
+
+        def counted(*a, _fn=fn, **k):
+            counts["n"] += 1
+            return _fn(*a, **k)
+
+        setattr(dist, name, counted)
+    return counts
+
+
+def scenario_sync_planted(rank, world, tp):
+    """SGLANG_SPEC_TP_SYNC leaves dflash-accept-sample off: rank 1's accept_len differs at step 2."""
+    import torch
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSync, SpecTpSyncSite
+
+    sync = SpecTpSync(tp)
+    log = _divergence_log("dflash.verify")
+    outs = []
+    for step in range(4):
+        accept_len = torch.tensor([3, 1, 4, 1], dtype=torch.int32) + step
+        if step == 2 and rank == 1:
+            accept_len[2] += 1
+        out = sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, accept_len)
+        outs.append(out.tolist())
+    return {"log": log, "outs": outs}
+
+
+def scenario_sync_audit(rank, world, tp):
+    """Audit: the broadcast is on; rank 1 computes a different accept_len at steps 1 and 3 (a sync
+    call with no verify step open is a step of its own: the site's first quantity)."""
+    import torch
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSync, SpecTpSyncSite
+    from tpguard.hooks import sglang_plugin
+
+    sync = SpecTpSync(tp)
+    log = _divergence_log("dflash.verify")
+    outs = []
+    for step in range(5):
+        accept_len = torch.arange(6, dtype=torch.int32) % 3 + step
+        if rank == 1 and step in (1, 3):
+            accept_len[step] = 0
+        out = sync.sync(SpecTpSyncSite.DFLASH_SELECTOR, accept_len)
+        outs.append(out.tolist())
+    return {"log": log, "outs": outs, "stats": sglang_plugin.stats()}
+
+
+def scenario_target_probs_planted(rank, world, tp):
+    """DFlash target-prob path (torch renorm on CPU). Step 1: rank 1 uses a slightly different
+    top_p (same logits: target_probs differs first). Step 2: rank 1's logits differ."""
+    from sglang.srt.speculative import dflash_utils
+
+    bs, n, vocab = 3, 4, 256
+    log = _divergence_log("dflash.verify")
+    fps = []
+    for step in range(3):
+        info = _sampling_info(bs, vocab, top_p=0.95 if (step == 1 and rank == 1) else 0.9)
+        logits = _logits(step, bs * n, vocab)
+        if step == 2 and rank == 1:
+            logits[5, 7] += 0.5
+        probs = dflash_utils.build_speculative_verify_target_probs(
+            next_token_logits=logits, sampling_info=info, draft_token_num=n, bs=bs)
+        fps.append(_fp(probs))
+    return {"log": log, "fps": fps}
+
+
+def scenario_outputs(rank, world, tp):
+    """The same calls whatever TPGUARD is: outputs (fingerprints) and collectives counted."""
+    import torch
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from sglang.srt.speculative import dflash_utils
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSync, SpecTpSyncSite
+
+    counts = _count_collectives()
+    sync = SpecTpSync(tp)
+    fps = []
+    for step in range(3):
+        info = _sampling_info(2, 128, top_p=0.85, top_k=20)
+        probs = dflash_utils.build_speculative_verify_target_probs(
+            next_token_logits=_logits(step, 2 * 3, 128), sampling_info=info, draft_token_num=3, bs=2)
+        accept_len = torch.tensor([step, rank], dtype=torch.int32)  # differs: broadcast aligns it
+        sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, accept_len)
+        fps += [_fp(probs), accept_len.tolist()]
+    tpguard_hooks = sorted(t for t, hooks in HookRegistry._hooks.items()
+                           if any(getattr(h, "__module__", "").startswith("tpguard") for _, h, _ in hooks))
+    wrapped = hasattr(dflash_utils.build_speculative_verify_target_probs, "__wrapped__")
+    return {"fps": fps, "collectives": counts["n"], "tpguard_hooks": tpguard_hooks, "wrapped": wrapped}
+
+
+def scenario_renorm_routed(rank, world, tp):
+    """TPGUARD_RENORM=deterministic: every bound name is tpguard's, and the DFlash dense path uses it."""
+    import torch
+    from sglang.srt.speculative import dflash_utils
+    from tpguard.hooks import sglang_renorm, sglang_sites
+    from tpguard.kernels import renorm as tk
+
+    bound = sglang_renorm.bound_names()
+    bs, n, vocab = 2, 3, 300
+    info = _sampling_info(bs, vocab, top_p=0.7)  # no top-k: the dense softmax + top-p path
+    logits = _logits(0, bs * n, vocab)
+    probs = dflash_utils.build_speculative_verify_target_probs(
+        next_token_logits=logits, sampling_info=info, draft_token_num=n, bs=bs)
+    expected = tk.top_p_renorm(torch.softmax(logits / 0.8, dim=-1), torch.full((bs * n,), 0.7))
+    return {"bound": bound, "same_as_tpguard": bool(torch.equal(probs.view(bs * n, -1), expected)),
+            "backend": sglang_sites.RUNTIME.renorm_backend}
+
+
+def scenario_heal(rank, world, tp):
+    """Policy heal with the sglang broadcast off: rank 1's accept_len is replaced by rank 0's."""
+    import torch
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSync, SpecTpSyncSite
+
+    sync = SpecTpSync(tp)
+    log = _divergence_log("dflash.verify")
+    accept_len = torch.tensor([2, 2, 2], dtype=torch.int32)
+    if rank == 1:
+        accept_len[1] = 0
+    out = sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, accept_len)
+    return {"log": log, "out": out.tolist()}
+
+
+def scenario_abort(rank, world, tp):
+    """Policy abort: every rank raises RankDivergenceError at the same step."""
+    import torch
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSync, SpecTpSyncSite
+    from tpguard.errors import RankDivergenceError
+
+    sync = SpecTpSync(tp)
+    for step in range(3):
+        v = torch.tensor([step, step + (rank if step == 1 else 0)])
+        try:
+            sync.sync(SpecTpSyncSite.DFLASH_TARGET, v)
+        except RankDivergenceError as e:
+            return {"raised_at": step, "message": str(e)}
+    return {"raised_at": None}
+
+
+def scenario_dspark_accept(rank, world, tp):
+    """DSpark's sampled accept (torch path, sglang's Triton chain sampler under the interpreter)
+    inside accept_draft_tokens: coins, target_probs, accept_len recorded; rank 1's logits differ."""
+    import torch
+    from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+    from sglang.srt.speculative.dspark_components import dspark_verify
+    from sglang.srt.speculative.dspark_components.dspark_draft import DraftBlockResult
+    from tpguard.hooks import sglang_sites
+
+    torch.manual_seed(7)
+    bs, gamma, vocab = 2, 3, 64
+    log = _divergence_log("dspark.verify")
+    recorded = []
+    guard = sglang_sites.RUNTIME.guard("dspark.verify")
+    orig_check = guard.check
+
+    def check_and_note(step=None):  # what the step recorded, just before its check
+        recorded.append(sorted(guard._fps))
+        return orig_check(step)
+
+    guard.check = check_and_note
+    info = _sampling_info(bs, vocab, top_p=0.9)
+    logits = _logits(0, bs * (gamma + 1), vocab)
+    if rank == 1:
+        logits[1, 3] += 2.0
+    drafts = torch.randint(0, vocab, (bs, gamma), generator=torch.Generator().manual_seed(3))
+    block = DraftBlockResult(draft_tokens=drafts, corrected_logits=None, greedy_mask=torch.zeros(bs, dtype=torch.bool),
+                             temperatures=info.temperatures, greedy_draft=True)
+    draft_input = DFlashDraftInputV2.create_idle_input(device=torch.device("cpu"))
+    cand = torch.cat([torch.zeros(bs, 1, dtype=torch.int64), drafts], dim=1)
+    out = dspark_verify.accept_draft_tokens(
+        candidates=cand, target_logits=logits, draft_block=block, sampling_info=info,
+        draft_input=draft_input, gamma=gamma, verify_num_draft_tokens=gamma + 1)
+    return {"log": log, "recorded": recorded, "accept_len": out[0].tolist()}
+
+
+def scenario_eagle_coins(rank, world, tp):
+    """EAGLE's verify coins (torch.rand path): rank 1's generator is reseeded at step 1."""
+    import torch
+    from sglang.srt.speculative import eagle_utils
+
+    log = _divergence_log("eagle.verify")
+    for step in range(3):
+        torch.manual_seed(12 if (step == 1 and rank == 1) else 11)
+        eagle_utils._verify_coins(sampling_info=_sampling_info(2, 16, top_p=1.0), seq_lens=torch.tensor([5, 6]),
+                                  draft_token_num=4, candidates=torch.zeros(2, 4, dtype=torch.int64),
+                                  device="cpu")
+    return {"log": log}
+
+
+def plain_doctor():
+    """`tpguard doctor --json` in a process that has sglang imported already."""
+    import contextlib
+    import io
+
+    from tpguard.commands.doctor import doctor
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = doctor(as_json=True)
+    return {"rc": rc, "report": json.loads(buf.getvalue())}
+
+
+def plain_not_a_worker():
+    """load_plugins() in a process that is not a scheduler (tokenizer, detokenizer, launcher)."""
+    sys.modules.pop("sglang.srt.managers.scheduler", None)
+    from sglang.srt.plugins import load_plugins
+    from tpguard.hooks import sglang_sites
+
+    load_plugins()
+    return {"hooked": sglang_sites.RUNTIME is not None}
+
+
+PLAIN = {"doctor": plain_doctor, "not_a_worker": plain_not_a_worker}
+SCENARIOS = {k[len("scenario_"):]: v for k, v in dict(globals()).items() if k.startswith("scenario_")}
+
+
+# =============================================================================================
+# The zygote: import sglang once, fork the ranks of each scenario.
+# =============================================================================================
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(name: str, rank: int, world: int, port: int, out_path: str) -> None:
+    result = {"ok": False}
+    try:
+        if name in PLAIN:
+            result = {"ok": True, "value": PLAIN[name]()}
+            return
+        from sglang.srt.distributed import parallel_state as ps
+        from sglang.srt.plugins import load_plugins
+        from sglang.srt.runtime_context import get_parallel
+
+        load_plugins()  # as sglang does first thing in a scheduler process
+        ps.init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
+                                        distributed_init_method=f"tcp://127.0.0.1:{port}", timeout=60)
+        tp = ps.init_model_parallel_group([list(range(world))], rank, "gloo", use_pynccl=False,
+                                          use_custom_allreduce=False, group_name="tp")
+        get_parallel().override_permanently(tp_group=tp, attn_dp_enabled=False)
+        result = {"ok": True, "value": SCENARIOS[name](rank, world, tp)}
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        result = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    finally:
+        try:
+            from tpguard.hooks import sglang_sites
+
+            if sglang_sites.RUNTIME is not None:
+                sglang_sites.RUNTIME.close_all()
+        except Exception:
+            pass
+        with open(out_path, "w") as f:
+            json.dump(result, f)
+
+
+def _fork_scenario(req: dict) -> dict:
+    world, name, timeout = req.get("world", 2), req["scenario"], req.get("timeout", 60)
+    port = _free_port()
+    tmp = tempfile.mkdtemp(prefix="tpguard-sg-")
+    pids = []
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:  # child
+            code = 0
+            try:
+                os.dup2(2, 1)  # stray prints must not reach the zygote's answer pipe
+                for k in [k for k in os.environ if k.startswith(CLEARED)]:
+                    del os.environ[k]
+                os.environ.update(req.get("env", {}))
+                os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
+                _rank_main(name, rank, world, port, os.path.join(tmp, f"{rank}.json"))
+            except BaseException:  # noqa: BLE001
+                code = 1
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    deadline = time.monotonic() + timeout
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        for pid in list(alive):
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done:
+                alive.discard(pid)
+        time.sleep(0.02)
+    for pid in alive:  # only the ranks this zygote forked
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    results = []
+    for rank in range(world):
+        path = os.path.join(tmp, f"{rank}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                results.append(json.load(f))
+        else:
+            results.append({"ok": False, "error": "rank timed out or died", "traceback": ""})
+    return {"results": results}
+
+
+def zygote_main() -> None:
+    import importlib
+
+    # Answers go to a private copy of stdout; anything else printed lands on stderr.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    for mod in PRELOAD:
+        importlib.import_module(mod)
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            reply = _fork_scenario(json.loads(line))
+        except Exception as e:  # noqa: BLE001
+            reply = {"error": f"{type(e).__name__}: {e}"}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+class Zygote:
+    def __init__(self, start_timeout: float = 300.0):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(CLEARED)}
+        env.update(ZYGOTE_ENV)
+        self.proc = subprocess.Popen([sys.executable, HERE, "--zygote"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=None, text=True, env=env,
+                                     cwd=os.path.dirname(os.path.dirname(HERE)))
+        line = self._readline(start_timeout)
+        if not line or not json.loads(line).get("ready"):
+            self.close()
+            raise RuntimeError("the sglang zygote did not start (see stderr above)")
+
+    def _readline(self, timeout: float) -> str:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        return self.proc.stdout.readline() if ready else ""
+
+    def run(self, scenario: str, env: dict | None = None, world: int = 2, timeout: float = 60.0) -> list:
+        if scenario in PLAIN:
+            world = 1
+        req = {"scenario": scenario, "env": env or {}, "world": world, "timeout": timeout}
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        line = self._readline(timeout + 30)
+        assert line, f"zygote gave no answer for {scenario}"
+        reply = json.loads(line)
+        assert "error" not in reply, reply["error"]
+        for rank, r in enumerate(reply["results"]):
+            assert r["ok"], f"rank {rank} of {scenario}: {r['error']}\n{r.get('traceback', '')}"
+        return [r["value"] for r in reply["results"]]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+if __name__ == "__main__" and "--zygote" in sys.argv:
+    zygote_main()
+    sys.exit(0)
+
+
+# =============================================================================================
+# Tests
+# =============================================================================================
+
+if importlib.util.find_spec("sglang") is None:  # not importing it here: the zygote does, once
+    pytest.skip("sglang 0.5.23 is not installed (scripts/setup.sh)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def zygote():
+    z = Zygote()
+    yield z
+    z.close()
+
+
+def _diagnose(trace_dir):
+    from tpguard.diagnose import diagnose
+
+    return diagnose([str(trace_dir)])
+
+
+def test_entry_point_is_registered():
+    from importlib.metadata import entry_points
+
+    eps = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
+    assert eps.get("tpguard") == "tpguard.hooks.sglang_plugin:register"
+
+
+def test_spec_tp_sync_divergence_named(zygote, tmp_path):
+    env = {"TPGUARD": "on", "TPGUARD_TRACE_DIR": str(tmp_path),
+           "SGLANG_SPEC_TP_SYNC": "all,-dflash-accept-sample"}
+    r0, r1 = zygote.run("sync_planted", env)
+    assert r0["log"] == r1["log"] == [[2, "dflash.verify", "accept_len", [1], "recorded"]]
+    assert r1["outs"][2] != r0["outs"][2]  # broadcast off: nothing aligned them
+    diag = _diagnose(tmp_path)
+    first = diag.to_json()["first_divergence"]
+    assert (first["step"], first["site"], first["quantity"], first["culprit_ranks"]) == \
+        (2, "dflash.verify", "accept_len", [1])
+
+
+def test_audit_counts_pre_broadcast_disagreements(zygote, tmp_path):
+    env = {"TPGUARD": "audit", "TPGUARD_TRACE_DIR": str(tmp_path), "SGLANG_SPEC_TP_SYNC": "all",
+           "TPGUARD_ON_DIVERGENCE": "abort"}  # audit never aborts: it only records
+    r0, r1 = zygote.run("sync_audit", env)
+    assert r0["outs"] == r1["outs"]  # sglang's broadcast kept the ranks in agreement
+    assert [e[0] for e in r0["log"]] == [1, 3]
+    assert {e[2] for e in r0["log"]} == {"accept_len"} and all(e[3] == [1] for e in r0["log"])
+    stats = r0["stats"]["dflash.verify"]
+    assert stats["checked"] == 5 and stats["divergences"] == 2 and stats["aborted"] == 0
+
+
+def test_dflash_target_probs_divergence_named(zygote, tmp_path):
+    r0, r1 = zygote.run("target_probs_planted", {"TPGUARD": "on", "TPGUARD_TRACE_DIR": str(tmp_path)})
+    assert r0["log"] == r1["log"] == [[1, "dflash.verify", "target_probs", [1], "recorded"],
+                                      [2, "dflash.verify", "target_logits", [1], "recorded"]]
+    assert r0["fps"][0] == r1["fps"][0] and r0["fps"][1] != r1["fps"][1]
+    first = _diagnose(tmp_path).to_json()["first_divergence"]
+    assert (first["step"], first["quantity"], first["culprit_ranks"]) == (1, "target_probs", [1])
+
+
+def test_off_changes_nothing(zygote):
+    off = zygote.run("outputs", {})
+    explicit_off = zygote.run("outputs", {"TPGUARD": "off", "TPGUARD_RENORM": "deterministic"})
+    on = zygote.run("outputs", {"TPGUARD": "on"})
+    for r in off + explicit_off:
+        assert r["tpguard_hooks"] == [] and r["wrapped"] is False and r["collectives"] == 0
+    assert [r["fps"] for r in off] == [r["fps"] for r in explicit_off] == [r["fps"] for r in on]
+    assert on[0]["wrapped"] is True and on[0]["collectives"] > 0
+    assert "sglang.srt.speculative.spec_tp_sync.SpecTpSync.sync" in on[0]["tpguard_hooks"]
+
+
+def test_deterministic_renorm_reaches_every_call_site(zygote):
+    r0, r1 = zygote.run("renorm_routed", {"TPGUARD": "on", "TPGUARD_RENORM": "deterministic"})
+    from tpguard.hooks.sglang_compat import RENORM_MODULES, RENORM_NAMES
+
+    assert set(r0["bound"]) == set(RENORM_MODULES)
+    for module, names in r0["bound"].items():
+        for name in RENORM_NAMES:
+            assert names[name].startswith("tpguard:tpguard."), (module, name, names[name])
+    assert r0["backend"] == "tpguard"
+    assert r0["same_as_tpguard"] and r1["same_as_tpguard"]
+
+
+def test_heal_aligns_decisions(zygote):
+    env = {"TPGUARD": "on", "TPGUARD_ON_DIVERGENCE": "heal", "SGLANG_SPEC_TP_SYNC": "off"}
+    r0, r1 = zygote.run("heal", env)
+    assert r0["out"] == r1["out"] == [2, 2, 2]
+    assert r1["log"] == [[0, "dflash.verify", "accept_len", [1], "healed"]]
+
+
+def test_abort_raises_on_every_rank_at_the_same_step(zygote):
+    r0, r1 = zygote.run("abort", {"TPGUARD": "on", "TPGUARD_ON_DIVERGENCE": "abort",
+                                  "SGLANG_SPEC_TP_SYNC": "off"})
+    assert r0["raised_at"] == r1["raised_at"] == 1
+    assert "dflash.target" in r0["message"] and "out_tokens" in r0["message"]
+
+
+def test_dspark_sampled_accept_records_each_quantity(zygote):
+    r0, r1 = zygote.run("dspark_accept", {"TPGUARD": "on"}, timeout=120)
+    assert r0["recorded"] == r1["recorded"]
+    assert {"rng_state", "draft_tokens", "target_logits", "target_probs", "coins", "accept_index",
+            "accept_len", "bonus", "cap_trim_lens"} <= set(r0["recorded"][0])
+    assert r0["log"] and r0["log"][0][2] == "target_logits" and r0["log"][0][3] == [1]
+
+
+def test_eagle_verify_coins_divergence_named(zygote):
+    r0, r1 = zygote.run("eagle_coins", {"TPGUARD": "on"})
+    assert r0["log"] == r1["log"] == [[1, "eagle.verify", "coins", [1], "recorded"]]
+
+
+def test_doctor_finds_every_hook_point(zygote):
+    (r,) = zygote.run("doctor", {})
+    report = r["report"]
+    assert r["rc"] == 0, report
+    assert report["versions"]["sglang"] == "0.5.23" and report["version_problem"] is None
+    assert all(h["found"] for h in report["hooks"]) and len(report["hooks"]) == 11
+    assert report["entry_point"] == "tpguard.hooks.sglang_plugin:register"
+
+
+def test_only_scheduler_processes_are_hooked(zygote):
+    assert zygote.run("not_a_worker", {"TPGUARD": "on"}) == [{"hooked": False}]
+    assert zygote.run("not_a_worker", {"TPGUARD": "on", "TPGUARD_ALL_PROCESSES": "1"}) == [{"hooked": True}]
