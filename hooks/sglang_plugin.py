@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 import sys
 
 from tpguard.config import GuardConfig
