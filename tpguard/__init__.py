@@ -3,7 +3,17 @@
 Imports are lazy so that `tpguard diagnose` starts fast and never needs torch.
 """
 
+import os as _os
+
 from tpguard.quantities import CANONICAL_ORDER, DECISION_QUANTITIES, DECISIONS_MODE
+
+# A source checkout used without installing (PYTHONPATH=repo, e.g. on a GPU box): resolve
+# tpguard.kernels / tpguard.hooks / tpguard.launch to the top-level folders, as pyproject's
+# package mapping does for installs.
+_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isfile(
+        _os.path.join(_root, "kernels", "fingerprint.py")):
+    __path__.append(_root)  # noqa: F821 - the package's own search path
 
 __version__ = "0.1.0"
 

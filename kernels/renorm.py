@@ -1,0 +1,189 @@
+"""Public API: deterministic, batch-invariant renorms of float32 probabilities (docs/kernels.md).
+
+    top_k_renorm(probs, top_k)             top_p_renorm(probs, top_p)
+    top_k_top_p_renorm(probs, top_k, top_p) min_p_renorm(probs, min_p)
+
+``probs`` is float32 ``[rows, vocab]``; a parameter is a Python number or a tensor with one value
+per row (or a single value). ``backend``: ``"auto"`` (Triton on CUDA tensors, the torch
+reference elsewhere), ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``) or ``"torch"``.
+Both backends give the same kept sets and values within 2 ulp (in practice the same bits).
+
+Bad input raises ``ValueError`` with one line: a non-tensor, a dtype other than float32, a
+tensor that is not 2-D, an empty vocabulary, a parameter whose length is neither 1 nor rows,
+``top_k < 1``, ``top_p`` outside (0, 1], ``min_p`` outside [0, 1] or NaN. Checking the values of
+a parameter *tensor* needs a device-to-host copy; ``validate=False`` skips it (for CUDA graphs)
+and the kernels then clamp: k to [1, vocab], p <= 0 keeps the top value, p >= 1 keeps all,
+min_p to [0, 1]. A row that holds a NaN or an infinity comes back as a row of NaN (documented
+behaviour, no host sync). ``top_k >= vocab`` keeps every entry; in ``top_k_top_p_renorm`` it
+skips the top-k stage altogether.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Union
+
+import torch
+
+from tpguard.kernels import reference
+
+Param = Union[int, float, torch.Tensor]
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _check_probs(probs) -> None:
+    if not isinstance(probs, torch.Tensor):
+        raise ValueError(f"probs must be a torch.Tensor, got {type(probs).__name__}")
+    if probs.dtype != torch.float32:
+        raise ValueError(f"probs must be float32, got {probs.dtype}")
+    if probs.dim() != 2:
+        raise ValueError(f"probs must be 2-D [rows, vocab], got shape {tuple(probs.shape)}")
+    if probs.shape[1] == 0:
+        raise ValueError("probs has an empty vocabulary (shape [rows, 0])")
+
+
+def _check_param(value, rows: int, name: str, integer: bool) -> None:
+    if isinstance(value, torch.Tensor):
+        if value.numel() not in (1, rows):
+            raise ValueError(f"{name} has {value.numel()} values for {rows} rows (expected 1 or {rows})")
+        if value.dim() > 1 and value.numel() != 1 and value.shape[0] != rows:
+            raise ValueError(f"{name} must have shape [rows], got {tuple(value.shape)}")
+        if integer and value.dtype.is_floating_point:
+            raise ValueError(f"{name} must hold integers, got {value.dtype}")
+        if not integer and not (value.dtype.is_floating_point):
+            raise ValueError(f"{name} must hold floats, got {value.dtype}")
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number or a tensor, got {type(value).__name__}")
+    if integer and not float(value).is_integer():
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+
+
+def _check_range(value, name: str, validate: bool, lo: float, hi: float, lo_open: bool) -> None:
+    """Range of a scalar always; of a tensor only with validate (it costs a host sync)."""
+    if isinstance(value, torch.Tensor):
+        if not validate or value.numel() == 0:
+            return
+        v = value.detach().double()
+        bad = torch.isnan(v) | (v > hi) | ((v <= lo) if lo_open else (v < lo))
+        if bool(bad.any()):
+            first = float(v[bad].reshape(-1)[0])
+            raise ValueError(f"{name} values must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {first!r}")
+        return
+    v = float(value)
+    if math.isnan(v) or v > hi or (v <= lo if lo_open else v < lo):
+        raise ValueError(f"{name} must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {value!r}")
+
+
+def _check_top_k(top_k, rows: int, validate: bool) -> None:
+    _check_param(top_k, rows, "top_k", integer=True)
+    if isinstance(top_k, torch.Tensor):
+        if validate and top_k.numel() and bool((top_k < 1).any()):
+            raise ValueError(f"top_k values must be >= 1, got {int(top_k.min())}")
+    elif int(top_k) < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k!r}")
+
+
+def _use_triton(probs: torch.Tensor, backend: str) -> bool:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "torch":
+        return False
+    if backend == "auto":
+        return probs.is_cuda and triton_available()
+    if not triton_available():
+        raise ValueError("backend='triton' needs the triton package")
+    if not probs.is_cuda and not _interpreting():
+        raise ValueError("backend='triton' needs a CUDA tensor (or TRITON_INTERPRET=1 on CPU)")
+    return True
+
+
+def _device_param(value: Param, probs: torch.Tensor, dtype: torch.dtype):
+    """A scalar stays a Python number; a tensor becomes a contiguous [rows] tensor on probs' device."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    t = value.detach().reshape(-1).to(device=probs.device, dtype=dtype)
+    if t.numel() == 1 and probs.shape[0] != 1:
+        t = t.expand(probs.shape[0])
+    return t.contiguous()
+
+
+def _device_top_k(top_k: Param, probs: torch.Tensor):
+    """k clamped to [1, vocab]: an int, or an int32 [rows] tensor on probs' device (no sync)."""
+    vocab = probs.shape[1]
+    if not isinstance(top_k, torch.Tensor):
+        return int(min(max(int(top_k), 1), vocab))
+    t = top_k.detach().reshape(-1).to(device=probs.device).clamp(1, vocab).to(torch.int32)
+    if t.numel() == 1 and probs.shape[0] != 1:
+        t = t.expand(probs.shape[0])
+    return t.contiguous()
+
+
+def top_k_renorm(probs: torch.Tensor, top_k: Param, *, backend: str = "auto", validate: bool = True) -> torch.Tensor:
+    """Keep the entries >= the k-th largest of each row (ties kept), renormalised to sum 1."""
+    _check_probs(probs)
+    _check_top_k(top_k, probs.shape[0], validate)
+    if _use_triton(probs, backend):
+        from tpguard.kernels.renorm_top_k import top_k_renorm_triton
+
+        return top_k_renorm_triton(probs.contiguous(), _device_top_k(top_k, probs))
+    return reference.top_k_renorm_reference(probs, top_k)
+
+
+def top_p_renorm(probs: torch.Tensor, top_p: Param, *, backend: str = "auto", validate: bool = True) -> torch.Tensor:
+    """Keep the smallest top set whose mass reaches p * row mass (ties at the cutoff kept), renormalised."""
+    _check_probs(probs)
+    _check_param(top_p, probs.shape[0], "top_p", integer=False)
+    _check_range(top_p, "top_p", validate, 0.0, 1.0, lo_open=True)
+    if _use_triton(probs, backend):
+        from tpguard.kernels.renorm_top_p import top_p_renorm_triton
+
+        return top_p_renorm_triton(probs.contiguous(), _device_param(top_p, probs, torch.float32))
+    return reference.top_p_renorm_reference(probs, top_p)
+
+
+def top_k_top_p_renorm(probs: torch.Tensor, top_k: Param, top_p: Param, *, backend: str = "auto",
+                       validate: bool = True) -> torch.Tensor:
+    """top-k renorm, then top-p renorm of the result (SGLang's order); top_k >= vocab skips top-k."""
+    _check_probs(probs)
+    _check_top_k(top_k, probs.shape[0], validate)
+    _check_param(top_p, probs.shape[0], "top_p", integer=False)
+    _check_range(top_p, "top_p", validate, 0.0, 1.0, lo_open=True)
+    if _use_triton(probs, backend):
+        from tpguard.kernels.renorm_top_k import top_k_top_p_renorm_triton
+
+        return top_k_top_p_renorm_triton(
+            probs.contiguous(),
+            _device_top_k(top_k, probs),
+            _device_param(top_p, probs, torch.float32),
+        )
+    return reference.top_k_top_p_renorm_reference(probs, top_k, top_p)
+
+
+def min_p_renorm(probs: torch.Tensor, min_p: Param, *, backend: str = "auto", validate: bool = True) -> torch.Tensor:
+    """Keep the entries >= fp32(row max * min_p), renormalised."""
+    _check_probs(probs)
+    _check_param(min_p, probs.shape[0], "min_p", integer=False)
+    _check_range(min_p, "min_p", validate, 0.0, 1.0, lo_open=False)
+    if _use_triton(probs, backend):
+        from tpguard.kernels.renorm_min_p import min_p_renorm_triton
+
+        return min_p_renorm_triton(probs.contiguous(), _device_param(min_p, probs, torch.float32))
+    return reference.min_p_renorm_reference(probs, min_p)
+
+
+__all__ = ["min_p_renorm", "top_k_renorm", "top_k_top_p_renorm", "top_p_renorm", "triton_available"]

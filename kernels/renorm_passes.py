@@ -1,0 +1,344 @@
+"""The passes every tpguard renorm runs over a [rows, vocab] float32 batch (design: kernels/NOTES.md).
+
+1. ``row_stats``  (rows x chunks programs, one read of the batch): per chunk the float64 sum and a
+   non-finite flag; per group of G consecutive entries its max (``gmax``); one pseudo-random
+   entry per SG entries (``gsamp``).
+2. a per-row *select* kernel (one program per row, in renorm_top_k/top_p/min_p.py) that finds the
+   cutoff from the group maxima, held in registers: the entries that can pass a cutoff lie in
+   the groups whose max passes it, so it reads only those groups back ("gather"). A top-p or
+   min-p row whose cutoff lies deep in a flat distribution is marked FULL instead, with a bracket
+   [lo, hi) for the cutoff estimated from gsamp.
+3. ``bracket`` (FULL rows only, rows x chunks programs, one more read): the exact float64 mass of
+   the entries >= hi and the entries in [lo, hi), copied out in order.
+4. ``bracket_select`` (FULL rows only, one program per row): the exact cutoff among the copied
+   entries; if the bracket was too low, among the groups whose max is >= hi; if it was too high
+   or a huge tie overflowed it, over the whole row. Every path gives the same answer.
+5. ``renorm_write`` (rows x chunks programs, one read + one write): the output.
+
+Everything a row's output depends on is computed by programs that see only that row, with block
+shapes fixed by the vocabulary size: no float atomics, no batch-size-dependent configuration,
+every sum in a fixed order. Torch reference: kernels/reference.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from tpguard.kernels.radix_select import (
+    list_groups_block,
+    mass_cutoff_any,
+    mass_cutoff_bits,
+    reciprocal_f32,
+    search_start,
+    upper_mass_any,
+)
+
+# Row status written by the select kernels.
+STATUS_DONE = 1
+STATUS_FULL_SELECT = 2  # top-p: exact cutoff from the bracket pass
+STATUS_FULL_SUM = 3  # min-p: cutoff known, kept mass from the bracket pass
+
+
+@dataclass(frozen=True)
+class RenormConfig:
+    """Block shapes. Results depend only on these and the vocabulary size, never on the batch."""
+
+    chunk: int = 8192  # entries per program in the full passes (a power of two, >= 64)
+    pass_warps: int = 8
+    select_warps: int = 16  # the per-row kernels hold a row's group maxima in registers
+    sub: int = 1024  # entries per step when the per-row searches stream
+    reg: int = 4096  # candidates searched from registers (more are streamed)
+    bracket_warps: int = 32  # bracket_select: the bracket's entries (~13k on flat rows) in registers
+    bracket_reg: int = 16384
+    group: int = 16  # G: entries per gmax group
+    sample_stride: int = 32  # SG: one sampled entry per SG entries (a multiple of G)
+    tau_groups: int = 1024  # top-p: groups gathered before falling back to the bracket pass
+    min_p_groups: int = 512  # min-p: most groups gathered before the bracket pass
+    list_cap: int = 16384  # gathered entries above the cutoff's lower bound kept per row
+    cap_per_chunk: int = 1024  # bracket entries kept per chunk before the fallback searches
+    z: float = 5.0  # bracket half-width in standard deviations of the sample estimate
+
+    def replace(self, **changes) -> "RenormConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def config_from_env(text: str) -> RenormConfig:
+    """``TPGUARD_RENORM_CONFIG="chunk=4096,pass_warps=4"``: block shapes for the whole process.
+    Every rank must use the same value (like any kernel configuration); results depend on it
+    only where a float64 sum ties at the cutoff."""
+    fields = {f.name: f.type for f in dataclasses.fields(RenormConfig)}
+    changes = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in fields:
+            raise ValueError(f"TPGUARD_RENORM_CONFIG: unknown field {name!r} (known: {', '.join(fields)})")
+        changes[name] = float(value) if name == "z" else int(value)
+    return RenormConfig(**changes)
+
+
+DEFAULT_CONFIG = config_from_env(os.environ.get("TPGUARD_RENORM_CONFIG", ""))
+
+
+@dataclass(frozen=True)
+class Shapes:
+    rows: int
+    vocab: int
+    chunk: int
+    n_chunks: int
+    n_groups: int
+    n_samples: int
+    ch_block: int
+    ng_block: int
+    ns_block: int
+    cap: int
+
+
+def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
+    if cfg.sample_stride % cfg.group or cfg.chunk % cfg.sample_stride:
+        raise ValueError("RenormConfig: sample_stride must be a multiple of group, chunk of sample_stride")
+    chunk = cfg.chunk  # fixed (not shrunk for short rows): fewer kernel variants to compile
+    n_chunks = triton.cdiv(vocab, chunk)
+    n_groups = triton.cdiv(vocab, cfg.group)
+    n_samples = triton.cdiv(vocab, cfg.sample_stride)
+    return Shapes(
+        rows=rows,
+        vocab=vocab,
+        chunk=chunk,
+        n_chunks=n_chunks,
+        n_groups=n_groups,
+        n_samples=n_samples,
+        ch_block=max(2, triton.next_power_of_2(n_chunks)),
+        ng_block=max(16, triton.next_power_of_2(n_groups)),
+        ns_block=max(16, triton.next_power_of_2(n_samples)),
+        cap=min(cfg.cap_per_chunk, chunk),
+    )
+
+
+@dataclass
+class Workspace:
+    """Per-call scratch, carved from one allocation; every buffer a kernel reads is written
+    earlier in the same call."""
+
+    chunk_sum: torch.Tensor  # float64 [rows, n_chunks]
+    chunk_bad: torch.Tensor  # int32 [rows, n_chunks]
+    gmax: torch.Tensor  # float32 [rows, n_groups]
+    gsamp: torch.Tensor  # float32 [rows, n_samples]
+    gid: torch.Tensor  # int32 [rows, n_groups]
+    cand: torch.Tensor  # float32 [rows, list]: values above a cutoff's lower bound, in order
+    params: torch.Tensor  # float32 [rows, 4]: thr1, r1, thr2, r2
+    flag: torch.Tensor  # int32 [rows]: 1 = NaN row
+    plan: torch.Tensor  # int32 [rows, 4]: status, lo bits, hi bits, -
+    target: torch.Tensor  # float64 [rows]
+    mhi: torch.Tensor  # float64 [rows, n_chunks]
+    cnt: torch.Tensor  # int32 [rows, n_chunks]
+    slots: torch.Tensor  # float32 [rows, n_chunks, cap]
+    list_cap: int
+
+
+def workspace_for(s: Shapes, cfg: RenormConfig, device: torch.device, with_sample: bool,
+                  with_bracket: bool) -> Workspace:
+    r = s.rows
+    list_cap = max(min(cfg.list_cap, s.vocab), s.n_chunks * s.cap if with_bracket else 0)
+    layout = [
+        ("chunk_sum", torch.float64, (r, s.n_chunks)),
+        ("chunk_bad", torch.int32, (r, s.n_chunks)),
+        ("gmax", torch.float32, (r, s.n_groups)),
+        ("gsamp", torch.float32, (r, s.n_samples) if with_sample else (1,)),
+        ("gid", torch.int32, (r, s.n_groups)),
+        ("cand", torch.float32, (r, list_cap)),
+        ("params", torch.float32, (r, 4)),
+        ("flag", torch.int32, (r,)),
+        ("plan", torch.int32, (r, 4)),
+        ("target", torch.float64, (r,)),
+        ("mhi", torch.float64, (r, s.n_chunks) if with_bracket else (1,)),
+        ("cnt", torch.int32, (r, s.n_chunks) if with_bracket else (1,)),
+        ("slots", torch.float32, (r, s.n_chunks, s.cap) if with_bracket else (1,)),
+    ]
+    offsets, total = [], 0
+    for _, dtype, shape in layout:
+        offsets.append(total)
+        n = 1
+        for d in shape:
+            n *= d
+        total += (n * torch.empty((), dtype=dtype).element_size() + 255) // 256 * 256
+    raw = torch.empty(total, dtype=torch.uint8, device=device)  # one allocation per call
+    views = {}
+    for (name, dtype, shape), off in zip(layout, offsets):
+        n = 1
+        for d in shape:
+            n *= d
+        size = torch.empty((), dtype=dtype).element_size()
+        views[name] = raw[off : off + n * size].view(dtype).view(shape)
+    return Workspace(list_cap=list_cap, **views)
+
+
+# --- pass 1: row statistics ------------------------------------------------------------------
+
+@triton.jit
+def _row_stats_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                      chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr,
+                      CHUNK: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
+                      WRITE_SAMPLE: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    src = probs_ptr + row * vocab
+    gi = tl.arange(0, CHUNK // G)
+    col = tl.arange(0, G)
+    offs = chunk * CHUNK + gi[:, None] * G + col[None, :]
+    x = tl.load(src + offs, mask=offs < vocab, other=0.0)
+    bad = (x != x) | (tl.abs(x) == float("inf"))
+    n_bad = tl.sum(tl.sum(bad.to(tl.int32), axis=1), axis=0)
+    x = tl.maximum(x, 0.0)
+    mass = tl.sum(tl.sum(x.to(tl.float64), axis=1), axis=0)
+    g = chunk * (CHUNK // G) + gi
+    tl.store(gmax_ptr + row * n_groups + g, tl.max(x, axis=1), mask=g < n_groups)
+    if WRITE_SAMPLE:
+        # one entry per run of SG entries, at a fixed pseudo-random position, taken from registers
+        s = g // (SG // G)
+        pos = ((s * 40503) ^ (s >> 3)) & (SG - 1)
+        holder = (g % (SG // G)) == (pos // G)
+        picked = tl.sum(tl.where(col[None, :] == (pos % G)[:, None], x, 0.0), axis=1)
+        tl.store(gsamp_ptr + row * n_samples + s, picked, mask=holder & (s < n_samples))
+    tl.store(chunk_sum_ptr + row * n_chunks + chunk, mass)
+    tl.store(chunk_bad_ptr + row * n_chunks + chunk, n_bad)
+
+
+def launch_row_stats(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig, with_sample: bool) -> None:
+    _row_stats_kernel[(s.rows, s.n_chunks)](
+        probs, s.vocab, s.n_chunks, s.n_groups, s.n_samples,
+        ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp,
+        CHUNK=s.chunk, G=cfg.group, SG=cfg.sample_stride, WRITE_SAMPLE=with_sample,
+        num_warps=cfg.pass_warps,
+    )
+
+
+# --- pass 3: the bracket (FULL rows only) ----------------------------------------------------
+
+@triton.jit
+def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slots_ptr,
+                    CHUNK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    status = tl.load(plan_ptr + row * 4)
+    if status >= 2:
+        lo = tl.load(plan_ptr + row * 4 + 1)
+        hi = tl.load(plan_ptr + row * 4 + 2)
+        offs = chunk * CHUNK + tl.arange(0, CHUNK // G)[:, None] * G + tl.arange(0, G)[None, :]
+        x = tl.maximum(tl.load(probs_ptr + row * vocab + offs, mask=offs < vocab, other=0.0), 0.0)
+        b = x.to(tl.int32, bitcast=True)
+        mhi = tl.sum(tl.sum(tl.where(b >= hi, x.to(tl.float64), 0.0), axis=1), axis=0)
+        inside = (b >= lo) & (b < hi)
+        inside_i = inside.to(tl.int32)
+        per_group = tl.sum(inside_i, axis=1)
+        n_in = tl.sum(per_group, axis=0)
+        if n_in > 0:
+            # in order: a prefix sum over groups, then a short one inside each group
+            start = tl.cumsum(per_group, axis=0) - per_group
+            pos = start[:, None] + tl.cumsum(inside_i, axis=1) - 1
+            tl.store(slots_ptr + (row * n_chunks + chunk) * CAP + pos, x, mask=inside & (pos < CAP))
+        tl.store(mhi_ptr + row * n_chunks + chunk, mhi)
+        tl.store(cnt_ptr + row * n_chunks + chunk, n_in)
+
+
+@triton.jit
+def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, target_ptr, params_ptr,
+                           mhi_ptr, cnt_ptr, slots_ptr, cand_ptr, list_cap, gmax_ptr, gid_ptr,
+                           CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, CAP: tl.constexpr,
+                           SUB: tl.constexpr, REG: tl.constexpr, G: tl.constexpr, COPY: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    status = tl.load(plan_ptr + row * 4)
+    if status >= 2:
+        lo = tl.load(plan_ptr + row * 4 + 1)
+        hi = tl.load(plan_ptr + row * 4 + 2)
+        ch = tl.arange(0, CH_BLOCK)
+        chm = ch < n_chunks
+        m_hi = tl.sum(tl.load(mhi_ptr + row * n_chunks + ch, mask=chm, other=0.0), axis=0)
+        counts = tl.load(cnt_ptr + row * n_chunks + ch, mask=chm, other=0)
+        overflow = tl.max(counts, axis=0) > CAP
+        t = hi
+        kept = m_hi
+        if status == 2:
+            target = tl.load(target_ptr + row)
+            src = probs_ptr + row * vocab
+            cand_row = cand_ptr + row * list_cap
+            # gather the chunks' slots into one list, in chunk order, COPY chunks per step
+            n = tl.full((), 0, tl.int32)
+            idx = tl.arange(0, CAP)
+            for c0 in range(0, n_chunks, COPY):
+                cc = c0 + tl.arange(0, COPY)
+                cnt_c = tl.minimum(tl.load(cnt_ptr + row * n_chunks + cc, mask=cc < n_chunks, other=0), CAP)
+                start = n + tl.cumsum(cnt_c, axis=0) - cnt_c
+                inside = idx[None, :] < cnt_c[:, None]
+                v = tl.load(slots_ptr + (row * n_chunks + cc[:, None]) * CAP + idx[None, :], mask=inside, other=0.0)
+                tl.store(cand_row + start[:, None] + idx[None, :], v, mask=inside)
+                n += tl.sum(cnt_c, axis=0)
+            tl.debug_barrier()
+            m_in = upper_mass_any(cand_row, cand_row, n, n, 0, 0, 1.0, False, False, G, SUB, REG)
+            if (overflow == 0) & (m_hi < target) & (m_hi + m_in >= target):
+                first, t0 = search_start(lo, hi - 1)
+                t, kept = mass_cutoff_any(cand_row, cand_row, n, n, target, m_hi, 0, 1.0, first, t0,
+                                          False, False, G, SUB, REG)
+            elif m_hi >= target:
+                # the sample bracket was too low: the cutoff is >= hi, so every entry that counts
+                # lies in a group whose max is >= hi
+                gidx = tl.arange(0, NG_BLOCK)
+                gb = tl.load(gmax_ptr + row * n_groups + gidx, mask=gidx < n_groups, other=0.0)
+                gb = gb.to(tl.int32, bitcast=True)
+                gid_row = gid_ptr + row * n_groups
+                n_sel = list_groups_block(gid_row, gb, gidx, hi)
+                tl.debug_barrier()
+                first, t0 = search_start(hi, tl.max(gb, axis=0))
+                t, kept = mass_cutoff_any(src, gid_row, n_sel * G, vocab, target, 0.0, 0, 1.0, first, t0,
+                                          True, False, G, SUB, REG)
+            else:
+                # too high, or a huge tie overflowed the bracket: search the whole row
+                t, kept = mass_cutoff_bits(src, src, vocab, vocab, target, 0.0, 0, 1.0, 0, 0,
+                                           False, False, G, SUB)
+        tl.store(params_ptr + row * 4 + 2, t.to(tl.float32, bitcast=True))
+        tl.store(params_ptr + row * 4 + 3, reciprocal_f32(kept))
+
+
+def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig) -> None:
+    _bracket_kernel[(s.rows, s.n_chunks)](
+        probs, s.vocab, s.n_chunks, ws.plan, ws.mhi, ws.cnt, ws.slots,
+        CHUNK=s.chunk, G=cfg.group, CAP=s.cap, num_warps=cfg.pass_warps,
+    )
+    _bracket_select_kernel[(s.rows,)](
+        probs, s.vocab, s.n_chunks, s.n_groups, ws.plan, ws.target, ws.params, ws.mhi, ws.cnt, ws.slots,
+        ws.cand, ws.list_cap, ws.gmax, ws.gid,
+        CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg, G=cfg.group,
+        COPY=max(1, min(8, 8192 // s.cap)), num_warps=cfg.bracket_warps,
+    )
+
+
+# --- pass 5: write ---------------------------------------------------------------------------
+
+@triton.jit
+def _renorm_write_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, CHUNK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    thr1 = tl.load(params_ptr + row * 4)
+    r1 = tl.load(params_ptr + row * 4 + 1)
+    thr2 = tl.load(params_ptr + row * 4 + 2)
+    r2 = tl.load(params_ptr + row * 4 + 3)
+    nan_row = tl.load(flag_ptr + row) != 0
+    offs = chunk * CHUNK + tl.arange(0, CHUNK)
+    mask = offs < vocab
+    x = tl.load(probs_ptr + row * vocab + offs, mask=mask, other=0.0)
+    y = x * r1
+    keep = (x >= thr1) & (x > 0.0) & (y >= thr2)
+    out = tl.where(keep, y * r2, 0.0)
+    out = tl.where(nan_row, float("nan"), out)
+    tl.store(out_ptr + row * vocab + offs, out, mask=mask)
+
+
+def launch_write(probs: torch.Tensor, out: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig) -> None:
+    _renorm_write_kernel[(s.rows, s.n_chunks)](
+        probs, out, s.vocab, ws.params, ws.flag, CHUNK=s.chunk, num_warps=cfg.pass_warps,
+    )

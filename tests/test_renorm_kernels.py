@@ -1,0 +1,256 @@
+"""tpguard's Triton renorm kernels against the torch references (kernels/reference.py).
+
+On CPU the kernels run under the Triton interpreter (set below, before triton is imported);
+on a CUDA machine with TRITON_INTERPRET=0 the same tests run on the GPU. Small block shapes
+(SMALL) push small vocabularies through every path of the kernels: the gather path, the
+bracket passes, the whole-row fallback after a bracket overflow (TINY_CAP) or a sampling miss
+(NO_MARGIN). Every path must give the same kept set as the reference and values within 2 ulp.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tpguard.kernels import reference as ref  # noqa: E402
+from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm  # noqa: E402
+from tpguard.kernels.renorm_min_p import min_p_renorm_triton  # noqa: E402
+from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, RenormConfig  # noqa: E402
+from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton  # noqa: E402
+from tpguard.kernels.renorm_top_p import top_p_renorm_triton  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+DEVICE = "cuda" if (not INTERPRET and torch.cuda.is_available()) else "cpu"
+if DEVICE == "cpu" and not INTERPRET:
+    pytest.skip("Triton needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
+
+SMALL = RenormConfig(chunk=256, sub=256, reg=128, bracket_reg=256, tau_groups=4, min_p_groups=8, list_cap=64,
+                     cap_per_chunk=64, select_warps=4, bracket_warps=4, pass_warps=4)
+STREAMING = SMALL.replace(sub=32, reg=16, bracket_reg=16)  # every search streamed, many steps per round
+TINY_CAP = SMALL.replace(cap_per_chunk=2, list_cap=16)  # bracket and lists overflow
+NO_MARGIN = SMALL.replace(z=0.0)  # sample brackets miss, on both sides
+CONFIGS = {"default": DEFAULT_CONFIG, "small": SMALL}
+
+
+def make_rows(rows: int, vocab: int, kind: str, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    scale = {"flat": 1.0, "peaky": 5.0, "uniform": 0.0}[kind]
+    logits = torch.randn(rows, vocab, generator=g, dtype=torch.float64) * scale
+    return torch.softmax(logits, dim=-1).float().to(DEVICE)
+
+
+def special_rows(vocab: int) -> torch.Tensor:
+    x = make_rows(8, vocab, "flat", 99).cpu()
+    x[0] = 0.0
+    x[0, vocab // 3] = 1.0  # one non-zero entry
+    x[1] = 1.0 / vocab  # every entry tied
+    x[2, : vocab // 2] = 0.0  # half zeros
+    x[3, 1] = float("nan")  # NaN row
+    x[4] = 0.0  # all zeros
+    x[5, ::2] = -x[5, ::2]  # negative entries count as 0
+    x[6] = torch.round(x[6] * 2000) / 2000  # many ties everywhere
+    x[7, 5] = float("inf")  # infinity: NaN row
+    return x.to(DEVICE)
+
+
+def assert_matches(out: torch.Tensor, expect: torch.Tensor) -> None:
+    assert out.shape == expect.shape and out.dtype == torch.float32
+    nan_out, nan_exp = torch.isnan(out), torch.isnan(expect)
+    assert torch.equal(nan_out, nan_exp), "NaN rows differ"
+    o = torch.where(nan_out, 0.0, out).cpu()
+    e = torch.where(nan_exp, 0.0, expect).cpu()
+    diff_keep = (o > 0) != (e > 0)
+    assert not diff_keep.any(), f"kept sets differ in rows {diff_keep.any(1).nonzero().flatten().tolist()}"
+    gap = (o.view(torch.int32).long() - e.view(torch.int32).long()).abs().max().item()
+    assert gap <= 2, f"max ulp gap {gap}"
+
+
+# --- kernels vs reference ---------------------------------------------------------------
+
+@pytest.mark.parametrize("cfg", ["default", "small"])
+@pytest.mark.parametrize("vocab, rows, k, kind", [
+    (100, 7, 1, "flat"), (100, 7, 40, "peaky"), (100, 3, 100, "flat"),
+    (1000, 5, 40, "flat"), (3000, 3, 40, "peaky"), (3000, 2, 1, "flat"), (2500, 2, 300, "flat"),
+])
+def test_top_k(cfg, vocab, rows, k, kind):
+    x = make_rows(rows, vocab, kind, seed=vocab + k)
+    assert_matches(top_k_renorm_triton(x, k, config=CONFIGS[cfg]), ref.top_k_renorm_reference(x, k))
+
+
+@pytest.mark.parametrize("cfg", ["default", "small"])
+@pytest.mark.parametrize("vocab, rows, p, kind", [
+    (100, 7, 1e-6, "flat"), (100, 7, 0.5, "peaky"), (1000, 4, 0.9, "flat"), (1000, 4, 0.9, "peaky"),
+    (3000, 3, 0.9, "flat"), (3000, 2, 0.5, "flat"), (3000, 2, 1.0, "flat"), (2049, 2, 0.99, "peaky"),
+])
+def test_top_p(cfg, vocab, rows, p, kind):
+    x = make_rows(rows, vocab, kind, seed=vocab + int(p * 100))
+    assert_matches(top_p_renorm_triton(x, p, config=CONFIGS[cfg]), ref.top_p_renorm_reference(x, p))
+
+
+@pytest.mark.parametrize("cfg", [TINY_CAP, NO_MARGIN], ids=["bracket-overflow", "sampling-miss"])
+def test_top_p_whole_row_fallbacks(cfg):
+    x = make_rows(4, 1500, "flat", seed=7)
+    for p in (0.3, 0.9):
+        assert_matches(top_p_renorm_triton(x, p, config=cfg), ref.top_p_renorm_reference(x, p))
+
+
+def test_streaming_sub_blocks():
+    x = make_rows(2, 900, "flat", seed=14)
+    assert_matches(top_p_renorm_triton(x, 0.9, config=STREAMING), ref.top_p_renorm_reference(x, 0.9))
+    assert_matches(top_k_top_p_renorm_triton(x, 100, 0.9, config=STREAMING),
+                   ref.top_k_top_p_renorm_reference(x, 100, 0.9))
+
+
+def plans(monkeypatch, module):
+    """Capture the workspaces a launcher allocates (to see which path each row took)."""
+    import tpguard.kernels.renorm_passes as passes
+
+    seen = []
+
+    def capture(*args, **kwargs):
+        ws = passes.workspace_for(*args, **kwargs)
+        seen.append(ws)
+        return ws
+
+    monkeypatch.setattr(module, "workspace_for", capture)
+    return seen
+
+
+def test_every_path_is_taken(monkeypatch):
+    import tpguard.kernels.renorm_top_k as tk_mod
+    import tpguard.kernels.renorm_top_p as tp_mod
+
+    x = torch.cat([make_rows(3, 1500, "flat", seed=21), make_rows(2, 1500, "peaky", seed=22)])
+    seen = plans(monkeypatch, tp_mod)
+    for cfg in (SMALL, TINY_CAP, NO_MARGIN):
+        for p in (0.3, 0.9):
+            assert_matches(top_p_renorm_triton(x, p, config=cfg), ref.top_p_renorm_reference(x, p))
+    status = torch.stack([ws.plan[:, 0] for ws in seen]).cpu()
+    assert (status == 1).any() and (status == 2).any()  # gather-done rows and bracket rows
+    overflowed = [(ws.cnt > ws.slots.shape[-1]).any().item() for ws in seen]
+    assert any(overflowed)  # TINY_CAP: a bracket overflowed its slots
+    seen_k = plans(monkeypatch, tk_mod)
+    for k in (3, 40, 300):  # 40 and 300 entries > reg: the compacted list, then its overflow
+        assert_matches(top_k_renorm_triton(x, k, config=SMALL), ref.top_k_renorm_reference(x, k))
+        assert_matches(top_k_top_p_renorm_triton(x, k, 0.8, config=TINY_CAP),
+                       ref.top_k_top_p_renorm_reference(x, k, 0.8))
+    assert len(seen_k) == 6
+
+
+def test_top_p_default_shapes_above_tau_groups():
+    # 16 * 1024 entries sit in the tau groups: a flat row of 40,000 takes the bracket passes
+    x = make_rows(2, 40000, "flat", seed=11)
+    assert_matches(top_p_renorm_triton(x, 0.9), ref.top_p_renorm_reference(x, 0.9))
+
+
+@pytest.mark.parametrize("cfg", ["default", "small"])
+@pytest.mark.parametrize("vocab, kind", [(100, "flat"), (1000, "peaky"), (3000, "flat")])
+def test_top_k_top_p(cfg, vocab, kind):
+    x = make_rows(6, vocab, kind, seed=vocab)
+    k = torch.tensor([1, 5, 40, vocab - 1, vocab, 1 << 30], dtype=torch.int64, device=DEVICE)
+    p = torch.tensor([0.9, 0.5, 0.9, 0.95, 0.9, 0.3], device=DEVICE)
+    out = top_k_top_p_renorm_triton(x, k.clamp(max=vocab).int(), p, config=CONFIGS[cfg])
+    assert_matches(out, ref.top_k_top_p_renorm_reference(x, k, p))
+    scalar = top_k_top_p_renorm_triton(x, 40, 0.8, config=CONFIGS[cfg])
+    assert_matches(scalar, ref.top_k_top_p_renorm_reference(x, 40, 0.8))
+
+
+@pytest.mark.parametrize("cfg", ["default", "small"])
+@pytest.mark.parametrize("vocab, mp, kind", [
+    (100, 0.0, "flat"), (1000, 0.1, "flat"), (1000, 0.5, "peaky"), (3000, 0.05, "flat"), (3000, 1.0, "peaky"),
+])
+def test_min_p(cfg, vocab, mp, kind):
+    x = make_rows(4, vocab, kind, seed=vocab + int(mp * 10))
+    assert_matches(min_p_renorm_triton(x, mp, config=CONFIGS[cfg]), ref.min_p_renorm_reference(x, mp))
+
+
+@pytest.mark.parametrize("cfg", ["default", "small"])
+@pytest.mark.parametrize("vocab", [64, 2100])
+def test_special_rows(cfg, vocab):
+    x = special_rows(vocab)
+    c = CONFIGS[cfg]
+    assert_matches(top_k_renorm_triton(x, 3, config=c), ref.top_k_renorm_reference(x, 3))
+    assert_matches(top_p_renorm_triton(x, 0.7, config=c), ref.top_p_renorm_reference(x, 0.7))
+    assert_matches(min_p_renorm_triton(x, 0.2, config=c), ref.min_p_renorm_reference(x, 0.2))
+    assert_matches(top_k_top_p_renorm_triton(x, 10, 0.7, config=c), ref.top_k_top_p_renorm_reference(x, 10, 0.7))
+
+
+def test_per_row_parameters():
+    x = make_rows(6, 700, "flat", seed=3)
+    k = torch.tensor([1, 2, 40, 699, 700, 5], dtype=torch.int32, device=DEVICE)
+    p = torch.tensor([1e-6, 0.25, 0.5, 0.9, 1.0, 0.99], device=DEVICE)
+    mp = torch.tensor([0.0, 0.01, 0.1, 0.5, 0.9, 1.0], device=DEVICE)
+    assert_matches(top_k_renorm_triton(x, k, config=SMALL), ref.top_k_renorm_reference(x, k))
+    assert_matches(top_p_renorm_triton(x, p, config=SMALL), ref.top_p_renorm_reference(x, p))
+    assert_matches(min_p_renorm_triton(x, mp, config=SMALL), ref.min_p_renorm_reference(x, mp))
+
+
+def test_rows_1_to_64():
+    x = make_rows(64, 128, "flat", seed=5)
+    assert_matches(top_k_renorm_triton(x, 40), ref.top_k_renorm_reference(x, 40))
+    assert_matches(top_p_renorm_triton(x[:1], 0.9, config=SMALL), ref.top_p_renorm_reference(x[:1], 0.9))
+
+
+# --- determinism and batch invariance -------------------------------------------------------
+
+def test_repeated_calls_are_bit_identical():
+    x = make_rows(3, 1500, "flat", seed=8)
+    runs = [
+        lambda: top_p_renorm_triton(x, 0.9, config=SMALL),  # bracket passes
+        lambda: top_k_renorm_triton(x, 40, config=SMALL),
+        lambda: top_k_top_p_renorm_triton(x, 50, 0.9, config=SMALL),
+        lambda: min_p_renorm_triton(x, 0.1, config=SMALL),
+    ]
+    for run in runs:
+        first = run()
+        for _ in range(2):
+            assert torch.equal(run().view(torch.int32), first.view(torch.int32))
+
+
+def test_batch_invariance():
+    rows = make_rows(3, 1200, "flat", seed=9)
+    others = make_rows(5, 1200, "peaky", seed=10)
+    ops = {
+        "top_p": lambda b: top_p_renorm_triton(b, 0.9, config=SMALL),
+        "top_k": lambda b: top_k_renorm_triton(b, 40, config=SMALL),
+        "top_k_top_p": lambda b: top_k_top_p_renorm_triton(b, 30, 0.8, config=SMALL),
+        "min_p": lambda b: min_p_renorm_triton(b, 0.05, config=SMALL),
+    }
+    for name, op in ops.items():
+        alone = torch.cat([op(rows[i : i + 1]) for i in range(3)])
+        together = op(rows)
+        mixed = op(torch.cat([others[:4], rows, others[4:]]))[4:7]
+        reversed_ = op(rows.flip(0)).flip(0)
+        for got in (together, mixed, reversed_):
+            assert torch.equal(got.view(torch.int32), alone.view(torch.int32)), name
+
+
+# --- public API ------------------------------------------------------------------------------
+
+def test_api_triton_backend():
+    x = make_rows(3, 500, "flat", seed=12)
+    assert torch.equal(top_p_renorm(x, 0.9, backend="triton"), top_p_renorm_triton(x, 0.9))
+    assert torch.equal(top_k_renorm(x, torch.tensor([1, 1 << 40, 7]), backend="triton"),
+                       top_k_renorm_triton(x, torch.tensor([1, 500, 7], dtype=torch.int32, device=DEVICE)))
+    assert_matches(min_p_renorm(x, 0.2, backend="triton"), ref.min_p_renorm_reference(x, 0.2))
+    assert_matches(top_k_top_p_renorm(x, 40, torch.tensor(0.9), backend="triton"),
+                   ref.top_k_top_p_renorm_reference(x, 40, 0.9))
+    assert top_p_renorm(x[:0], 0.9, backend="triton").shape == (0, 500)
+    with pytest.raises(ValueError, match="float32"):
+        top_p_renorm(x.half(), 0.9, backend="triton")
+    with pytest.raises(ValueError, match="values for 3 rows"):
+        top_k_renorm(x, torch.tensor([1, 2]), backend="triton")
+
+
+def test_api_without_validation_clamps_like_the_reference():
+    x = make_rows(4, 200, "flat", seed=13)
+    p = torch.tensor([-1.0, 0.0, 2.0, 0.5], device=DEVICE)
+    k = torch.tensor([-3, 0, 1000, 10], device=DEVICE)
+    assert_matches(top_p_renorm(x, p, backend="triton", validate=False), ref.top_p_renorm_reference(x, p))
+    assert_matches(top_k_renorm(x, k, backend="triton", validate=False), ref.top_k_renorm_reference(x, k))

@@ -1,0 +1,278 @@
+"""`tpguard audit`: are the renorm kernels found here deterministic and batch-invariant?
+
+Runs every sampling/renorm kernel it can find (tpguard's Triton kernels, flashinfer's with and
+without ``is_deterministic``, sgl_kernel's when present, the torch reference and the
+emulated-atomic backend) on identical inputs and prints, per kernel:
+
+* **repeat**: ``n_calls`` calls on the same bytes; how many calls differ from the first one,
+  how many rows ever differ, and the largest difference in ulps (float32 bit patterns).
+* **batch**: the same rows placed in other batches (alone, reversed, among other rows at other
+  positions); how many rows come out different from the first batch's, and the max ulp.
+
+Works on CPU (torch, emulated atomics, tpguard under the Triton interpreter, which is slow: the
+CPU defaults are small) and on GPU with everything. ``run_audit`` returns the rows;
+``print_audit`` prints the table.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+
+@dataclass
+class AuditRow:
+    kernel: str  # e.g. "tpguard", "flashinfer", "flashinfer-det", "sgl_kernel", "torch", "emulated-atomic"
+    op: str  # top_p | top_k | top_k_top_p | min_p
+    calls: int = 0
+    calls_differing: Optional[int] = None
+    rows_differing: Optional[int] = None
+    max_ulp: Optional[int] = None
+    batch_layouts: int = 0
+    batch_rows_differing: Optional[int] = None
+    batch_max_ulp: Optional[int] = None
+    note: str = ""
+
+    @property
+    def deterministic(self) -> Optional[bool]:
+        if self.calls_differing is None:
+            return None
+        return self.calls_differing == 0 and (self.batch_rows_differing or 0) == 0
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-row max distance between float32 bit patterns (NaN == NaN when the bits agree)."""
+    ai = a.contiguous().view(torch.int32).long()
+    bi = b.contiguous().view(torch.int32).long()
+    # map to a monotone integer line so -0.0/+0.0 and signs are handled
+    ai = torch.where(ai < 0, -(ai & 0x7FFFFFFF), ai)
+    bi = torch.where(bi < 0, -(bi & 0x7FFFFFFF), bi)
+    return (ai - bi).abs().max(dim=1).values
+
+
+def make_probs(rows: int, vocab: int, device, seed: int, scale: float = 1.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(rows, vocab, generator=g, dtype=torch.float64) * scale
+    return torch.softmax(z, dim=-1).float().to(device)
+
+
+# --- the kernels we can find -------------------------------------------------------------------
+
+def _tpguard(device) -> Optional[dict]:
+    if device.type == "cpu" and "tpguard.kernels.renorm_top_p" not in sys.modules:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are defined
+    from tpguard.kernels import renorm as tk
+
+    if device.type == "cpu" and not (tk.triton_available() and os.environ.get("TRITON_INTERPRET") == "1"):
+        return None
+    if device.type == "cuda" and not tk.triton_available():
+        return None
+    kw = {"backend": "triton", "validate": False}
+    return {
+        "top_p": lambda x, k, p, m: tk.top_p_renorm(x, p, **kw),
+        "top_k": lambda x, k, p, m: tk.top_k_renorm(x, k, **kw),
+        "top_k_top_p": lambda x, k, p, m: tk.top_k_top_p_renorm(x, k, p, **kw),
+        "min_p": lambda x, k, p, m: tk.min_p_renorm(x, m, **kw),
+    }
+
+
+def _torch(device) -> dict:
+    from tpguard.kernels import reference as ref
+
+    return {
+        "top_p": lambda x, k, p, m: ref.top_p_renorm_reference(x, p),
+        "top_k": lambda x, k, p, m: ref.top_k_renorm_reference(x, k),
+        "top_k_top_p": lambda x, k, p, m: ref.top_k_top_p_renorm_reference(x, k, p),
+        "min_p": lambda x, k, p, m: ref.min_p_renorm_reference(x, m),
+    }
+
+
+def _emulated(device) -> dict:
+    from tpguard.kernels import emulated_atomic as ea
+
+    return {
+        "top_p": lambda x, k, p, m: ea.top_p_renorm_emulated_atomic(x, p),
+        "top_k": lambda x, k, p, m: ea.top_k_renorm_emulated_atomic(x, k),
+        "top_k_top_p": lambda x, k, p, m: ea.top_k_top_p_renorm_emulated_atomic(x, k, p),
+        "min_p": lambda x, k, p, m: ea.min_p_renorm_emulated_atomic(x, m),
+    }
+
+
+def _flashinfer(device, deterministic: bool) -> Optional[dict]:
+    if device.type != "cuda" or importlib.util.find_spec("flashinfer") is None:
+        return None
+    import flashinfer.sampling as fs
+
+    det = deterministic
+    return {
+        "top_p": lambda x, k, p, m: fs.top_p_renorm_probs(x, p, is_deterministic=det),
+        "top_k": lambda x, k, p, m: fs.top_k_renorm_probs(x, k, is_deterministic=det),
+        "top_k_top_p": lambda x, k, p, m: fs.top_p_renorm_probs(
+            fs.top_k_renorm_probs(x, k, is_deterministic=det), p, is_deterministic=det),
+    }
+
+
+def _sgl_kernel(device) -> Optional[dict]:
+    if device.type != "cuda" or importlib.util.find_spec("sgl_kernel") is None:
+        return None
+    import sgl_kernel
+
+    out = {}
+    if hasattr(sgl_kernel, "top_p_renorm_prob"):
+        out["top_p"] = lambda x, k, p, m: sgl_kernel.top_p_renorm_prob(x, p)
+    if hasattr(sgl_kernel, "top_k_renorm_prob"):
+        out["top_k"] = lambda x, k, p, m: sgl_kernel.top_k_renorm_prob(x, k)
+    return out or None
+
+
+def find_kernels(device: torch.device, include: Optional[list[str]] = None) -> dict[str, Optional[dict]]:
+    """kernel name -> {op: fn(x, k, p, min_p)} (None: not available here)."""
+    finders: dict[str, Callable[[], Optional[dict]]] = {
+        "tpguard": lambda: _tpguard(device),
+        "flashinfer": lambda: _flashinfer(device, False),
+        "flashinfer-det": lambda: _flashinfer(device, True),
+        "sgl_kernel": lambda: _sgl_kernel(device),
+        "torch": lambda: _torch(device),
+        "emulated-atomic": lambda: _emulated(device),
+    }
+    found = {}
+    for name, finder in finders.items():
+        if include is not None and name not in include:
+            continue
+        try:
+            found[name] = finder()
+        except Exception:  # noqa: BLE001 - a kernel that cannot even load is "not here"
+            found[name] = None
+    return found
+
+
+# --- the audit ----------------------------------------------------------------------------------
+
+def _repeat(fn, x, k, p, m, n_calls):
+    first = fn(x, k, p, m).clone()
+    calls_diff, rows_diff, max_ulp = 0, torch.zeros(x.shape[0], dtype=torch.bool, device=x.device), 0
+    for _ in range(n_calls - 1):
+        out = fn(x, k, p, m)
+        dist = ulp_distance(out, first)
+        differs = dist > 0
+        rows_diff |= differs
+        calls_diff += int(differs.any())
+        max_ulp = max(max_ulp, int(dist.max()))
+    return calls_diff, int(rows_diff.sum()), max_ulp
+
+
+def _layouts(x: torch.Tensor, others: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(batch, positions, rows of x at those positions): the same rows in other compositions."""
+    rows = x.shape[0]
+    idx = torch.arange(rows, device=x.device)
+    half = others.shape[0] // 2
+    layouts = [
+        (x.flip(0), idx, idx.flip(0)),  # reversed
+        (torch.cat([others[:half], x, others[half:]]), idx + half, idx),  # among other rows
+        (torch.cat([x, others]), idx, idx),  # a larger batch
+    ]
+    for i in range(min(rows, 2)):  # alone
+        one = torch.tensor([i], device=x.device)
+        layouts.append((x[i : i + 1], torch.zeros(1, dtype=torch.long, device=x.device), one))
+    return layouts
+
+
+def _batch_invariance(fn, x, others, k, p, m):
+    reference = fn(x, k, p, m).clone()
+    rows_diff = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    max_ulp = 0
+    layouts = _layouts(x, others)
+    for batch, pos, src in layouts:
+        dist = ulp_distance(fn(batch, k, p, m)[pos], reference[src])
+        rows_diff[src] |= dist > 0
+        max_ulp = max(max_ulp, int(dist.max()))
+    return len(layouts), int(rows_diff.sum()), max_ulp
+
+
+def run_audit(n_calls: int = 20, device: str = "auto", rows: Optional[int] = None, vocab: Optional[int] = None,
+              top_k: int = 40, top_p: float = 0.9, min_p: float = 0.1, kernels: Optional[list[str]] = None,
+              ops: Optional[list[str]] = None, seed: int = 0) -> list[AuditRow]:
+    """Audit every kernel found on ``device`` ("auto", "cpu", "cuda"); see the module doc."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda requested but no CUDA device is available")
+    on_gpu = dev.type == "cuda"
+    rows = rows or (64 if on_gpu else 4)
+    vocab = vocab or (128256 if on_gpu else 4096)
+    if n_calls < 2:
+        raise ValueError(f"n_calls must be >= 2, got {n_calls}")
+    x = make_probs(rows, vocab, dev, seed)
+    others = make_probs(6, vocab, dev, seed + 1, scale=4.0)
+    result = []
+    for name, table in find_kernels(dev, kernels).items():
+        for op in ops or ("top_p", "top_k", "top_k_top_p", "min_p"):
+            row = AuditRow(kernel=name, op=op)
+            fn = (table or {}).get(op)
+            if fn is None:
+                row.note = "not available here" if table is None else "no such op"
+                result.append(row)
+                continue
+            calls = n_calls
+            if name == "tpguard" and not on_gpu:
+                calls = min(n_calls, 3)  # the Triton interpreter is slow
+                row.note = "Triton interpreter"
+            try:
+                row.calls = calls
+                row.calls_differing, row.rows_differing, row.max_ulp = _repeat(fn, x, top_k, top_p, min_p, calls)
+                row.batch_layouts, row.batch_rows_differing, row.batch_max_ulp = _batch_invariance(
+                    fn, x, others, top_k, top_p, min_p)
+            except Exception as e:  # noqa: BLE001 - one broken kernel must not hide the others
+                row.note = f"error: {type(e).__name__}: {str(e).splitlines()[0][:60]}"
+            result.append(row)
+    return result
+
+
+def print_audit(rows: list[AuditRow], file=None) -> None:
+    file = file or sys.stdout
+    head = ["kernel", "op", "calls differing", "rows differing", "max ulp", "batch rows differing",
+            "batch max ulp", "verdict", "note"]
+    print("| " + " | ".join(head) + " |", file=file)
+    print("|" + "---|" * len(head), file=file)
+    for r in rows:
+        def f(v):
+            return "-" if v is None else str(v)
+
+        calls = "-" if r.calls_differing is None else f"{r.calls_differing}/{max(r.calls - 1, 0)}"
+        verdict = {None: "-", True: "deterministic", False: "NON-DETERMINISTIC"}[r.deterministic]
+        print("| " + " | ".join([r.kernel, r.op, calls, f(r.rows_differing), f(r.max_ulp),
+                                 f(r.batch_rows_differing), f(r.batch_max_ulp), verdict, r.note]) + " |", file=file)
+
+
+def main(**kwargs) -> int:
+    """`tpguard audit`: keyword arguments of ``run_audit``; prints the table, returns an exit code
+    (0 whatever the verdicts: the audit reports, it does not judge)."""
+    try:
+        device = kwargs.get("device", "auto")
+        rows = run_audit(**kwargs)
+    except ValueError as e:
+        print(f"tpguard audit: {e}", file=sys.stderr)
+        return 2
+    where = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    n_calls = kwargs.get("n_calls", 20)
+    print(f"# tpguard audit on {where}: {n_calls} calls per kernel on identical input (fewer under the "
+          f"Triton interpreter), and the same rows in other batches")
+    print_audit(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="tpguard audit")
+    ap.add_argument("--calls", dest="n_calls", type=int, default=20)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--rows", type=int, default=None)
+    ap.add_argument("--vocab", type=int, default=None)
+    sys.exit(main(**vars(ap.parse_args())))

@@ -1,0 +1,323 @@
+"""`tpguard bench kernels`: renorm speed and repeat-call determinism, side by side (issue 3).
+
+For top-p, top-k, top-k + top-p and min-p, on float32 ``[rows, vocab]`` probabilities from flat
+or peaky logits, it times (CUDA events, median) tpguard's Triton kernels, flashinfer's default
+and ``is_deterministic=True`` kernels (where flashinfer imports) and the torch reference, and
+prints median us, GB/s (one read + one write of the tensor), the ratio to a one-pass copy of the
+same tensor (the floor), and how many of N repeated calls on the same input differ from the
+first one (bit for bit). Then batch sizes (1, 8, 64 rows) and top_k up to 1024.
+
+Logits: ``flat`` = N(0, 1), ``peaky`` = N(0, 1) * 5 (kept sets of a few hundred entries at
+top_p 0.9), softmax in float64, cast to float32. Seeded: every implementation sees the same bytes.
+
+Usage: python -m tpguard.bench.kernels [--rows 256] [--vocabs 128256,163840] [--logits flat,peaky]
+       [--iters 50] [--repeats 200] [--top-p 0.9] [--top-k 40] [--min-p 0.1]
+       [--batch-sizes 1,8,64] [--top-ks 40,256,1024] [--impls tpguard,flashinfer,flashinfer-det,torch]
+       [--ops top_p,top_k,top_k_top_p,min_p] [--graphs] [--json PATH] [--quick]
+Without CUDA it prints a note and exits 0 (the Triton interpreter is far too slow to time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+
+OPS = ("top_p", "top_k", "top_k_top_p", "min_p")
+IMPLS = ("tpguard", "flashinfer", "flashinfer-det", "torch")
+ISSUE_TABLE_US = {  # issue 3, H200, flashinfer 0.7.2.post1, 256 rows
+    ("top_p", "flashinfer", 128256, "flat"): 787, ("top_p", "flashinfer", 163840, "flat"): 971,
+    ("top_p", "flashinfer", 163840, "peaky"): 472, ("top_p", "flashinfer-det", 128256, "flat"): 1097,
+    ("top_p", "flashinfer-det", 163840, "flat"): 1370, ("top_p", "flashinfer-det", 163840, "peaky"): 657,
+    ("top_k", "flashinfer", 128256, "flat"): 278, ("top_k", "flashinfer", 163840, "flat"): 350,
+    ("top_k", "flashinfer", 163840, "peaky"): 341, ("top_p", "torch", 128256, "flat"): 3685,
+    ("top_p", "torch", 163840, "flat"): 4672, ("top_p", "torch", 163840, "peaky"): 4752,
+}
+TARGETS_US = {"top_p": 300, "top_k": 175, "top_k_top_p": 350}  # 256 x 163840 flat
+
+
+@dataclass
+class Cell:
+    op: str
+    impl: str
+    rows: int
+    vocab: int
+    logits: str
+    top_k: int
+    median_us: Optional[float] = None
+    graph_us: Optional[float] = None
+    gbps: Optional[float] = None
+    x_floor: Optional[float] = None
+    calls: int = 0
+    calls_differing: Optional[int] = None
+    rows_differing: Optional[int] = None
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def make_probs(rows: int, vocab: int, logits: str, device, seed: int = 0) -> torch.Tensor:
+    scale = {"flat": 1.0, "peaky": 5.0}[logits]
+    g = torch.Generator(device=device).manual_seed(seed)
+    z = torch.randn(rows, vocab, generator=g, device=device, dtype=torch.float32).double() * scale
+    return torch.softmax(z, dim=-1).float().contiguous()
+
+
+def time_cuda(fn: Callable[[], object], iters: int, warmup: int = 3) -> float:
+    """Median microseconds of one call, each call between its own pair of CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        times.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1000.0 for s, e in times)
+
+
+def time_graph(fn: Callable[[], object], iters: int) -> Optional[float]:
+    """Median microseconds per replay of one call captured in a CUDA graph (None if it cannot be)."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return time_cuda(graph.replay, iters)
+    except Exception:  # noqa: BLE001 - some kernels sync or allocate in ways capture refuses
+        torch.cuda.synchronize()
+        return None
+
+
+def repeat_differences(fn: Callable[[], torch.Tensor], calls: int) -> tuple[int, int]:
+    """(calls whose output differs from the first call's bits, rows differing in any call)."""
+    first = fn().clone()
+    calls_diff = 0
+    rows_diff = torch.zeros(first.shape[0], dtype=torch.bool, device=first.device)
+    for _ in range(calls - 1):
+        out = fn()
+        differs = (out.view(torch.int32) != first.view(torch.int32)).any(dim=1)
+        rows_diff |= differs
+        calls_diff += int(differs.any())
+    return calls_diff, int(rows_diff.sum())
+
+
+def flashinfer_sampling():
+    try:
+        import flashinfer.sampling as fs  # noqa: F401
+
+        return fs
+    except Exception:  # noqa: BLE001 - missing, or built for another GPU
+        return None
+
+
+def implementation(op: str, impl: str, top_k, top_p: float, min_p: float, fs) -> Optional[Callable]:
+    """fn(probs) -> renormed probs, or None where the implementation has no such op."""
+    if impl == "tpguard":
+        from tpguard.kernels import renorm as tk
+
+        return {
+            "top_p": lambda x: tk.top_p_renorm(x, top_p, validate=False),
+            "top_k": lambda x: tk.top_k_renorm(x, top_k, validate=False),
+            "top_k_top_p": lambda x: tk.top_k_top_p_renorm(x, top_k, top_p, validate=False),
+            "min_p": lambda x: tk.min_p_renorm(x, min_p, validate=False),
+        }[op]
+    if impl == "torch":
+        from tpguard.kernels import reference as ref
+
+        return {
+            "top_p": lambda x: ref.top_p_renorm_reference(x, top_p),
+            "top_k": lambda x: ref.top_k_renorm_reference(x, top_k),
+            "top_k_top_p": lambda x: ref.top_k_top_p_renorm_reference(x, top_k, top_p),
+            "min_p": lambda x: ref.min_p_renorm_reference(x, min_p),
+        }[op]
+    if fs is None or op == "min_p":  # flashinfer has no min-p renorm (only min-p sampling)
+        return None
+    det = impl == "flashinfer-det"
+    return {
+        "top_p": lambda x: fs.top_p_renorm_probs(x, top_p, is_deterministic=det),
+        "top_k": lambda x: fs.top_k_renorm_probs(x, top_k, is_deterministic=det),
+        "top_k_top_p": lambda x: fs.top_p_renorm_probs(
+            fs.top_k_renorm_probs(x, top_k, is_deterministic=det), top_p, is_deterministic=det),
+    }[op]
+
+
+def measure(op, impl, x, top_k, top_p, min_p, fs, iters, repeats, floor_us, graphs, logits) -> Cell:
+    rows, vocab = x.shape
+    cell = Cell(op=op, impl=impl, rows=rows, vocab=vocab, logits=logits, top_k=int(top_k))
+    fn = implementation(op, impl, top_k, top_p, min_p, fs)
+    if fn is None:
+        cell.note = "n/a" if fs is not None or impl == "torch" else "flashinfer not installed"
+        return cell
+    try:
+        it = max(3, iters // 5) if impl == "torch" else iters
+        cell.median_us = time_cuda(lambda: fn(x), it)
+        if graphs and impl != "torch":
+            cell.graph_us = time_graph(lambda: fn(x), iters)
+        n = max(2, repeats // 5) if impl == "torch" else repeats
+        cell.calls = n
+        cell.calls_differing, cell.rows_differing = repeat_differences(lambda: fn(x), n)
+    except Exception as e:  # noqa: BLE001 - report and go on with the other cells
+        cell.note = f"error: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
+        torch.cuda.synchronize()
+        return cell
+    moved = 2 * x.numel() * x.element_size()
+    cell.gbps = moved / (cell.median_us * 1e-6) / 1e9
+    cell.x_floor = cell.median_us / floor_us
+    return cell
+
+
+def copy_floor_us(x: torch.Tensor, iters: int) -> float:
+    out = torch.empty_like(x)
+    return time_cuda(lambda: out.copy_(x), iters)
+
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def print_cells(title: str, cells: list[Cell], key_cols: Sequence[str]) -> None:
+    print(f"\n### {title}\n")
+    head = list(key_cols) + ["impl", "median us", "graph us", "GB/s", "x floor", "calls differing", "note"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for c in cells:
+        keys = [str(getattr(c, k)) for k in key_cols]
+        diff = "-" if c.calls_differing is None else f"{c.calls_differing}/{c.calls - 1}"
+        issue = ISSUE_TABLE_US.get((c.op, c.impl, c.vocab, c.logits)) if c.rows == 256 and c.top_k == 40 else None
+        note = c.note + (f" (issue: {issue} us)" if issue else "")
+        print("| " + " | ".join(keys + [c.impl, fmt(c.median_us, ".0f"), fmt(c.graph_us, ".0f"), fmt(c.gbps, ".0f"),
+                                        fmt(c.x_floor, ".2f"), diff, note]) + " |")
+
+
+def run(rows=256, vocabs=(128256, 163840), logits=("flat", "peaky"), iters=50, repeats=200, top_p=0.9,
+        top_k=40, min_p=0.1, batch_sizes=(1, 8, 64), top_ks=(40, 256, 1024), impls=IMPLS, ops=OPS,
+        graphs=False, json_path=None, seed=0, device="cuda") -> list[Cell]:
+    """Measure and print every table; returns the cells (also written to json_path)."""
+    fs = flashinfer_sampling() if any(i.startswith("flashinfer") for i in impls) else None
+    print(f"# tpguard bench kernels: {torch.cuda.get_device_name(device)}, torch {torch.__version__}, "
+          f"flashinfer {getattr(sys.modules.get('flashinfer'), '__version__', 'not installed')}")
+    print(f"# top_p={top_p} top_k={top_k} min_p={min_p}, median of {iters} calls (CUDA events), "
+          f"determinism over {repeats} calls on one input")
+    if "tpguard" in impls:
+        from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
+
+        print(f"# tpguard block shapes: {DEFAULT_CONFIG}")
+    cells: list[Cell] = []
+    floors = {}
+    main_cells = []
+    for vocab in vocabs:
+        for kind in logits:
+            x = make_probs(rows, vocab, kind, device, seed)
+            floors[(rows, vocab)] = floor = copy_floor_us(x, iters)
+            for op in ops:
+                for impl in impls:
+                    c = measure(op, impl, x, top_k, top_p, min_p, fs, iters, repeats, floor, graphs, kind)
+                    main_cells.append(c)
+            del x
+    print(f"\ncopy floor (read + write, us): " + ", ".join(f"{r}x{v}: {f:.0f}" for (r, v), f in floors.items()))
+    print_cells(f"{rows} rows", main_cells, ("op", "vocab", "logits"))
+    cells += main_cells
+
+    vocab = max(vocabs)
+    bs_cells = []
+    for b in batch_sizes:
+        x = make_probs(b, vocab, "flat", device, seed)
+        floor = copy_floor_us(x, iters)
+        for op in ops:
+            for impl in impls:
+                if impl == "torch":
+                    continue
+                bs_cells.append(measure(op, impl, x, top_k, top_p, min_p, fs, iters, min(repeats, 50), floor,
+                                        True, "flat"))
+    print_cells(f"batch sizes, vocab {vocab}, flat logits (graph us: one call replayed from a CUDA graph)",
+                bs_cells, ("op", "rows"))
+    cells += bs_cells
+
+    k_cells = []
+    x = make_probs(rows, vocab, "flat", device, seed)
+    floor = floors.get((rows, vocab)) or copy_floor_us(x, iters)
+    for k in top_ks:
+        for op in ("top_k", "top_k_top_p"):
+            if op not in ops:
+                continue
+            for impl in impls:
+                if impl == "torch":
+                    continue
+                k_cells.append(measure(op, impl, x, k, top_p, min_p, fs, iters, min(repeats, 50), floor, False,
+                                       "flat"))
+    print_cells(f"top_k sweep, {rows} x {vocab}, flat logits", k_cells, ("op", "top_k"))
+    cells += k_cells
+
+    summary = []
+    for op, target in TARGETS_US.items():
+        ours = [c for c in main_cells if c.op == op and c.impl == "tpguard" and c.vocab == 163840 and c.logits == "flat"]
+        if ours and ours[0].median_us is not None:
+            summary.append(f"{op}: {ours[0].median_us:.0f} us (target <= {target} us)")
+    if summary:
+        print("\ntargets at 256 x 163840 flat: " + "; ".join(summary))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"floors_us": {f"{r}x{v}": t for (r, v), t in floors.items()},
+                       "cells": [asdict(c) for c in cells]}, f, indent=1)
+    return cells
+
+
+def _csv(text: str, cast=str) -> tuple:
+    return tuple(cast(t) for t in text.split(",") if t.strip())
+
+
+def parse_args(argv: Sequence[str]) -> dict:
+    p = argparse.ArgumentParser(prog="tpguard bench kernels", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=256)
+    p.add_argument("--vocabs", type=lambda s: _csv(s, int), default=(128256, 163840))
+    p.add_argument("--logits", type=_csv, default=("flat", "peaky"))
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--repeats", type=int, default=200)
+    p.add_argument("--top-p", type=float, default=0.9)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--min-p", type=float, default=0.1)
+    p.add_argument("--batch-sizes", type=lambda s: _csv(s, int), default=(1, 8, 64))
+    p.add_argument("--top-ks", type=lambda s: _csv(s, int), default=(40, 256, 1024))
+    p.add_argument("--impls", type=_csv, default=IMPLS)
+    p.add_argument("--ops", type=_csv, default=OPS)
+    p.add_argument("--graphs", action="store_true", help="also time CUDA-graph replays in the main table")
+    p.add_argument("--json", dest="json_path", default=None)
+    p.add_argument("--quick", action="store_true", help="fewer iterations and repeats")
+    a = vars(p.parse_args(list(argv)))
+    if a.pop("quick"):
+        a["iters"], a["repeats"] = 10, 20
+    return a
+
+
+def main(argv: Optional[Sequence[str]] = None, **kwargs) -> int:
+    """CLI entry (``argv``, a list of arguments) or keyword arguments of ``run``; returns an exit code."""
+    if argv is not None and not isinstance(argv, (list, tuple)):
+        raise TypeError("argv must be a list of strings")
+    opts = parse_args(argv) if argv is not None and not kwargs else kwargs
+    if not torch.cuda.is_available():
+        print("tpguard bench kernels: no CUDA device here; the kernels are timed on GPUs only "
+              "(tests check them on CPU under TRITON_INTERPRET=1).")
+        return 0
+    bad = [i for i in opts.get("impls", IMPLS) if i not in IMPLS] + [o for o in opts.get("ops", OPS) if o not in OPS]
+    if bad:
+        print(f"tpguard bench kernels: unknown implementation or op {bad[0]!r}", file=sys.stderr)
+        return 2
+    run(**opts)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
