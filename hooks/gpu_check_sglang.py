@@ -39,6 +39,9 @@ CONFIGS = {
     "deterministic": {"TPGUARD_RENORM": "deterministic"},
     "deterministic-flashinfer": {"TPGUARD_RENORM": "deterministic", "TPGUARD_RENORM_BACKEND": "flashinfer"},
     "deterministic-tpguard": {"TPGUARD_RENORM": "deterministic", "TPGUARD_RENORM_BACKEND": "tpguard"},
+    # audit: sglang's rank-0 broadcasts on (SGLANG_SPEC_TP_SYNC=all); tpguard fingerprints what each
+    # rank computed before them, while the outputs (after the broadcast) stay equal.
+    "audit": {"TPGUARD": "audit", "TPGUARD_RENORM": "default", "SGLANG_SPEC_TP_SYNC": "all"},
 }
 
 
@@ -125,8 +128,11 @@ def run_rank(rank: int, world: int, port: int, a: dict) -> dict:
 
     stand_in = sgl_kernel_stand_in()
     cpu = a.get("cpu", False)  # a dry run of this script's logic on a CPU box (no flashinfer)
+    nccl = a.get("nccl", False)  # one GPU per rank, NCCL (else: both ranks share GPU 0 over gloo)
+    gpu = rank if nccl else 0
+    backend = "nccl" if nccl else "gloo"
     if not cpu:
-        torch.cuda.set_device(0)
+        torch.cuda.set_device(gpu)
     from sglang.srt.distributed import parallel_state as ps
     from sglang.srt.plugins import load_plugins
     from sglang.srt.runtime_context import get_parallel
@@ -144,16 +150,20 @@ def run_rank(rank: int, world: int, port: int, a: dict) -> dict:
         HookRegistry.apply_hooks()
         via = "register() (no entry point found)"
     rt = sglang_sites.RUNTIME
-    ps.init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
+    ps.init_distributed_environment(world_size=world, rank=rank, local_rank=gpu, backend=backend,
                                     distributed_init_method=f"tcp://127.0.0.1:{port}", timeout=600)
-    tp = ps.init_model_parallel_group([list(range(world))], rank, "gloo", use_pynccl=False,
+    tp = ps.init_model_parallel_group([list(range(world))], rank, backend, use_pynccl=False,
                                       use_custom_allreduce=False, group_name="tp")
     get_parallel().override_permanently(tp_group=tp, attn_dp_enabled=False)
 
     from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
     from sglang.srt.speculative import dflash_utils
 
-    dev = torch.device("cpu") if cpu else torch.device("cuda", 0)
+    dev = torch.device("cpu") if cpu else torch.device("cuda", gpu)
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSync, SpecTpSyncSite
+
+    tp_sync = SpecTpSync(tp)  # as DFlashWorkerV2._accept_block uses it after the verify function
+    decisions = []
     bs, n, vocab = a["bs"], a["draft"], a["vocab"]
     info = SamplingBatchInfo(
         temperatures=torch.ones((bs, 1), device=dev), top_ps=torch.full((bs,), a["top_p"], device=dev),
@@ -174,9 +184,13 @@ def run_rank(rank: int, world: int, port: int, a: dict) -> dict:
         torch.manual_seed(1234 + step)  # the coins: identical on both ranks (seeds CUDA too)
         if jit_error is None:
             try:
-                dflash_utils.compute_dflash_sampling_correct_drafts_and_bonus(
+                accept_len, bonus = dflash_utils.compute_dflash_sampling_correct_drafts_and_bonus(
                     candidates=candidates, next_token_logits=logits, sampling_info=info,
                     threshold_single=1.0, threshold_acc=1.0)
+                if a.get("spec_sync"):
+                    tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, accept_len)
+                    tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, bonus)
+                decisions.append(torch.cat([accept_len.reshape(-1).long(), bonus.reshape(-1).long()]))
                 continue
             except Exception as e:  # the JIT kernel could not be built or loaded here
                 if step != 0:
@@ -198,11 +212,15 @@ def run_rank(rank: int, world: int, port: int, a: dict) -> dict:
     repeats = a["repeats"]
     differs = sum(int(not torch.equal(first, fn(probs, info.top_ps.repeat_interleave(n)))) for _ in range(repeats))
     from tpguard.hooks.sglang_compat import describe_binding
+    from tpguard.fingerprint import fingerprint
+
+    outputs_fp = f"{fingerprint(torch.cat(decisions)) if decisions else 0:016x}"
 
     return {"rank": rank, "divergences": log, "stats": rt.stats(), "verify_fn": verify_fn,
             "jit_error": jit_error, "plugin_loaded_via": via, "sgl_kernel_stand_in": stand_in,
             "renorm_bound": describe_binding(fn), "renorm_backend": rt.renorm_backend,
-            "repeat_calls_differing": differs, "repeat_calls": repeats, "seconds": round(seconds, 3)}
+            "repeat_calls_differing": differs, "repeat_calls": repeats, "seconds": round(seconds, 3),
+            "outputs_fingerprint": outputs_fp, "backend": backend}
 
 
 # --- the parent ----------------------------------------------------------------------------------
@@ -210,13 +228,15 @@ def run_rank(rank: int, world: int, port: int, a: dict) -> dict:
 def run_config(name: str, args: dict, trace_root: str, timeout: float) -> dict:
     import multiprocessing as mp
 
-    env = {"TPGUARD": "on", "TPGUARD_ON_DIVERGENCE": "record", "SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS": "1",
+    env = {"TPGUARD": "on", "TPGUARD_ON_DIVERGENCE": "record",
+           "SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS": "0" if args.get("nccl") else "1",
            "TPGUARD_TRACE_DIR": os.path.join(trace_root, name), "SGLANG_PLUGINS": "tpguard",
            "TPGUARD_RUN_ID": f"gpu-check-{name}", "TPGUARD_ALL_PROCESSES": "1", **CONFIGS[name]}
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, 2, port, env, args, queue)) for r in range(2)]
+    run_args = {**args, "spec_sync": CONFIGS[name].get("SGLANG_SPEC_TP_SYNC") is not None}
+    procs = [ctx.Process(target=rank_main, args=(r, 2, port, env, run_args, queue)) for r in range(2)]
     for p in procs:
         p.start()
     results, errors = {}, {}
@@ -240,6 +260,8 @@ def run_config(name: str, args: dict, trace_root: str, timeout: float) -> dict:
         quantities: dict[str, int] = {}
         for d in r0["divergences"]:
             quantities[d["quantity"]] = quantities.get(d["quantity"], 0) + 1
+        fps = [(results.get(r) or {}).get("outputs_fingerprint") for r in range(2)]
+        out["outputs_identical"] = fps[0] is not None and fps[0] == fps[1]
         out.update({"steps": args["steps"], "divergent_steps": len(r0["divergences"]),
                     "first_quantity_counts": quantities, "verify_fn": r0["verify_fn"],
                     "jit_error": r0["jit_error"]})
@@ -264,6 +286,11 @@ def verdict(results: dict) -> tuple[bool, list[str]]:
             good = n > 0 and set(q) == {"target_probs"}
             notes.append(f"default: {n}/{r['steps']} steps diverged, first quantity {q or '-'}"
                          + ("" if good else "  <- expected divergences named target_probs"))
+        elif name == "audit":
+            good = n > 0 and r.get("outputs_identical", False)
+            notes.append(f"audit: {n}/{r['steps']} checks would have diverged ({q or '-'}), outputs identical "
+                         f"after sglang's broadcasts: {r.get('outputs_identical')}"
+                         + ("" if good else "  <- expected disagreements counted and equal outputs"))
         else:
             good = n == 0
             notes.append(f"{name}: {n}/{r['steps']} steps diverged" + ("" if good else "  <- expected none"))
@@ -284,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", default="default,deterministic",
                     help="comma list of: " + ", ".join(CONFIGS))
     ap.add_argument("--timeout", type=float, default=540, help="seconds per config")
+    ap.add_argument("--nccl", action="store_true", help="one GPU per rank over NCCL (2 GPUs)")
     ap.add_argument("--cpu", action="store_true", help="dry run of the script on a CPU box (expect FAIL: "
                     "CPU renorm is deterministic)")
     ns = ap.parse_args(argv)
@@ -298,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_check_sglang: no CUDA device here (--cpu for a dry run)", file=sys.stderr)
         return 2
     args = {"steps": ns.steps, "bs": ns.bs, "draft": ns.draft, "vocab": ns.vocab, "top_p": ns.top_p,
-            "scale": ns.scale, "repeats": ns.repeats, "cpu": ns.cpu}
+            "scale": ns.scale, "repeats": ns.repeats, "cpu": ns.cpu, "nccl": ns.nccl}
     trace_root = tempfile.mkdtemp(prefix="tpguard-gpu-check-")
     results = {}
     for name in names:

@@ -62,9 +62,19 @@ def compare_gathered(gathered: torch.Tensor, q: int, out: torch.Tensor | None = 
     """int64 [q + 1] flags on gathered's device: one Triton launch on CUDA, torch elsewhere."""
     if out is None:
         out = torch.empty(q + 1, dtype=torch.int64, device=gathered.device)
-    if gathered.is_cuda and triton is not None and gathered.is_contiguous():
+    global _kernel_failed
+    if gathered.is_cuda and triton is not None and gathered.is_contiguous() and not _kernel_failed:
         w, length = gathered.shape
-        _compare_kernel[(1,)](gathered, out, w, length, q,
-                              BW=max(2, triton.next_power_of_2(w)), BQ=max(2, triton.next_power_of_2(q)))
-        return out
+        try:
+            _compare_kernel[(1,)](gathered, out, w, length, q,
+                                  BW=max(2, triton.next_power_of_2(w)), BQ=max(2, triton.next_power_of_2(q)))
+            return out
+        except Exception as e:  # a Triton that cannot build it: the torch ops give the same flags
+            _kernel_failed = True
+            import logging
+
+            logging.getLogger("tpguard").warning("guard_compare: Triton kernel unavailable (%s); using torch", e)
     return compare_gathered_torch(gathered, q, out)
+
+
+_kernel_failed = False

@@ -40,7 +40,7 @@ class DeviceStepGuard(StepGuard):
 
     def __init__(self, group=None, site: str = "synthetic.verify", quantities=None, policy: str = "record",
                  trace=None, *, heal_capacity: dict[str, int] | None = None, lag: int = 1,
-                 watchdog: bool = True, **kw):
+                 watchdog: bool = True, device: torch.device | str | None = None, **kw):
         from tpguard.quantities import CANONICAL_ORDER
 
         if kw.get("dump_dir"):
@@ -60,7 +60,14 @@ class DeviceStepGuard(StepGuard):
                 self.heal_layout.append((name, offset, int(heal_capacity[name])))
                 offset += int(heal_capacity[name])
         self.length = offset
-        self.dev = self.info.device
+        # Where the vector lives: the group's collective device; a lone process (world 1) with a
+        # GPU keeps it there too, so that nothing ever waits on a device-to-host copy.
+        if device is not None:
+            self.dev = torch.device(device)
+        elif self.info.world_size == 1 and torch.cuda.is_available():
+            self.dev = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.dev = self.info.device
         self._pending: deque = deque()  # (step, result buffer, event or work, enqueue time)
         self._host_ring = [torch.zeros(_HDR + 2 * q, dtype=torch.int64,
                                        pin_memory=self.dev.type == "cuda") for _ in range(_HOST_RING)]

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# All GPU checks of tpguard in as few device calls as possible (docs/benchmarks.md records the
+# results). Runs on `nvidia-h200-x2` (2 GPUs; the one-GPU checks use one of them) or
+# `nvidia-h200` (PHASES without the nccl_* ones).
+#
+#   device run, carry [".whl", ".gpu"]:   PHASES=call1 bash gpu/run_all.sh     (or call2, or a list)
+#
+# .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
+#        sglang 0.5.23's hooked modules import (docs/benchmarks.md says how they were fetched)
+# .gpu/: flashinfer-jit/sampling.so (flashinfer's sampling module built on an H200: no 100 s JIT),
+#        sglang_py.zip (sglang 0.5.23's Python modules, without its Rust .so files)
+# Everything a phase writes goes under /tmp/res/<phase>/; it all comes back as $OUT/results.tgz,
+# with $OUT/summary.txt (the short lines each phase printed).
+set -u -o pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/res
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export FLASHINFER_CUDA_ARCH_LIST=9.0a TRITON_INTERPRET=0 OMP_NUM_THREADS=4
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+SUMMARY=/tmp/res/summary.txt
+say() { echo "[$(el)s] $*" | tee -a "$SUMMARY"; }
+
+# --- set-up -------------------------------------------------------------------------------------
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  > /tmp/res/pip.log 2>&1 || say "wheel install failed: $(tail -2 /tmp/res/pip.log)"
+if [ -f .gpu/flashinfer-jit/sampling.so ]; then
+  mkdir -p /tmp/site/flashinfer/data/aot/sampling && cp .gpu/flashinfer-jit/sampling.so /tmp/site/flashinfer/data/aot/sampling/
+fi
+[ -f .gpu/sglang_py.zip ] && { mkdir -p /tmp/sg && (cd /tmp/sg && unzip -q -o "$OLDPWD/.gpu/sglang_py.zip"); }
+# The repo first: tpguard/__init__.py maps tpguard.kernels/.hooks/.launch to the top-level folders.
+export PYTHONPATH=$PWD:/tmp/sg:/tmp/site
+{ nvidia-smi -L; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda, torch.cuda.device_count(), 'GPU(s)', torch.cuda.get_device_name(0))";
+  python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)"; python3 -c "import sglang; print('sglang', sglang.__version__)"; } > /tmp/res/env.txt 2>&1
+say "env: $(tr '\n' ';' < /tmp/res/env.txt)"
+NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+G2=$(( NGPU > 1 ? 1 : 0 ))  # the second GPU when there is one
+
+# --- phases ---------------------------------------------------------------------------------------
+kernels() {  # issue 3: renorm kernels on the GPU: tests, variant sweep, the table, audit
+  local d=/tmp/res/kernels; mkdir -p $d
+  timeout 100 python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests/test_renorm_kernels.py tests/test_renorm_reference.py > $d/pytest.log 2>&1
+  say "kernels pytest rc=$? $(tail -1 $d/pytest.log)"
+  timeout 80 python3 kernels/gpu_sweep.py --budget 50 --json $d/sweep.json > $d/sweep.log 2>&1
+  say "kernels sweep rc=$?"
+  local best; best=$(python3 - $d/sweep.json <<'PY'
+import json, sys
+try:
+    data = json.load(open(sys.argv[1]))
+    r, variants = data["variants"], data["configs"]
+    keys = ("top_p_flat", "top_k40_flat", "top_k_top_p_flat", "top_p_peaky")
+    ok = {v: sum(c[k]["us"] for k in keys) for v, c in r.items()
+          if all(k in c and "us" in c[k] and c[k]["same_kept_as_reference"] for k in keys)}
+    best = min(ok, key=ok.get)
+    print(",".join(f"{k}={v}" for k, v in variants[best].items()))
+except Exception:
+    print("")
+PY
+)
+  say "kernels best variant: '${best}'"
+  TPGUARD_RENORM_CONFIG="$best" timeout 150 python3 -m tpguard.bench.kernels --graphs --impls tpguard,flashinfer,flashinfer-det,torch --json $d/bench.json > $d/bench.log 2>&1
+  say "kernels bench rc=$?"
+  timeout 60 python3 -m tpguard.audit --calls 200 --device cuda --rows 256 --vocab 163840 > $d/audit.log 2>&1
+  say "kernels audit rc=$?"
+}
+
+fingerprint() {  # fingerprint kernels: CUDA tests and throughput
+  local d=/tmp/res/fingerprint; mkdir -p $d
+  timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_fingerprint.py tests/test_gpu_guard_graphs.py > $d/pytest.log 2>&1
+  say "fingerprint+graph pytest rc=$? $(tail -1 $d/pytest.log)"
+  timeout 60 python3 -m tpguard.bench.fingerprint > $d/bench.log 2>&1
+  say "fingerprint bench rc=$?"
+}
+
+guard1() {  # issue 6 on one GPU: the guard's cost (graph replay and eager)
+  local d=/tmp/res/guard1; mkdir -p $d
+  timeout 90 python3 -m tpguard.bench.guard --json $d/guard1.json > $d/bench.log 2>&1
+  say "guard bench (1 GPU) rc=$? $(grep -E 'device work' $d/bench.log)"
+}
+
+harness1() {  # issue 4: 2 ranks sharing one GPU over gloo
+  local d=/tmp/res/harness1; mkdir -p $d
+  OUT=$d BUDGET_S=${HARNESS_BUDGET:-170} timeout 260 bash launch/gpu_check.sh > $d/gpu_check.log 2>&1
+  say "harness (2 ranks, 1 GPU, gloo) rc=$?"; grep "gpu_check:" $d/gpu_check.log | cut -c1-260 | tee -a "$SUMMARY"
+}
+
+sglang1() {  # issue 5: sglang's DFlash verify with the plugin, 2 ranks sharing one GPU
+  local d=/tmp/res/sglang1; mkdir -p $d
+  timeout ${SGLANG_TIMEOUT:-300} python3 -m tpguard.hooks.gpu_check_sglang $d/sglang1.json --configs default,deterministic --timeout 240 > $d/log.txt 2>&1
+  say "sglang (1 GPU, gloo) rc=$?"; grep -E "PASS|FAIL|^  " $d/log.txt | cut -c1-260 | tee -a "$SUMMARY"
+}
+
+nccl_guard() {  # issue 7.3/7.4: guard cost and fused heal over NCCL; graph capture with the all-gather
+  local d=/tmp/res/nccl_guard; mkdir -p $d
+  timeout 120 torchrun --nproc-per-node 2 -m tpguard.bench.guard --json $d/guard2.json > $d/bench.log 2>&1
+  say "guard bench (2 GPUs, NCCL) rc=$?"; grep -E "device work|eager|heal:" $d/bench.log | tee -a "$SUMMARY"
+  TRACE_DIR=$d/trace timeout 90 torchrun --nproc-per-node 2 gpu/graph_nccl_check.py $d/graph.json > $d/graph.log 2>&1
+  say "graph capture (NCCL) rc=$? $(tail -1 $d/graph.log)"
+}
+
+nccl_harness() {  # issue 7.1: the harness over NCCL, 256 x 163840, top_p 0.9, flat, DFlash chain
+  local d=/tmp/res/nccl_harness; mkdir -p $d
+  local steps=${NCCL_STEPS:-2000}
+  local common="--device cuda --backend nccl --bs 32 --draft-tokens 8 --vocab 163840 --logits flat --top-p 0.9 --algo dflash --no-progress --timeout 120"
+  for run in "flashinfer:flashinfer:record:${FI_STEPS:-$steps}" "flashinfer-det:flashinfer-det:record:$steps" \
+             "torch:torch:record:$steps" "tpguard:tpguard:record:$steps" "flashinfer-heal:flashinfer:heal:${FI_STEPS:-$steps}"; do
+    IFS=: read -r name renorm policy n <<< "$run"
+    timeout ${RUN_TIMEOUT:-200} python3 -m tpguard.cli launch --nproc-per-node 2 $common --renorm $renorm --on-divergence $policy \
+      --steps $n --trace $d/$name.trace --summary-json $d/$name.json > $d/$name.log 2>&1
+    local rc=$?
+    say "nccl harness $name rc=$rc $(python3 -c "
+import json,sys
+d=json.load(open('$d/$name.json')); f=d.get('first_divergence') or {}
+print(f\"steps {d.get('steps_done')}/{d.get('steps_planned')} divergences {d.get('divergences')} first {f.get('step')} {f.get('quantity')} culprit {f.get('culprit_ranks')} flips {d.get('decision_flips')} healed {d.get('actions',{}).get('healed',0)} identical {d.get('outputs_identical')} {d.get('ms_per_step')} ms/step guard {d.get('guard_ms_per_step')} ms\")" 2>&1 | tail -1)"
+  done
+  rm -rf $d/*.trace/dumps
+}
+
+nccl_sglang() {  # issue 7.2: sglang's DFlash verify with the plugin over NCCL; audit under SpecTpSync=all
+  local d=/tmp/res/nccl_sglang; mkdir -p $d
+  timeout ${SGLANG_TIMEOUT:-300} python3 -m tpguard.hooks.gpu_check_sglang $d/sglang2.json --nccl --configs default,deterministic,audit --timeout 240 > $d/log.txt 2>&1
+  say "sglang (2 GPUs, NCCL) rc=$?"; grep -E "PASS|FAIL|^  " $d/log.txt | cut -c1-260 | tee -a "$SUMMARY"
+}
+
+on_gpu() { local g=$1; shift; ( export CUDA_VISIBLE_DEVICES=$g; "$@" ); }
+
+PHASES=${PHASES:-call1}
+case "$PHASES" in
+  call1)
+    ( on_gpu 0 kernels ) &
+    ( on_gpu $G2 fingerprint; on_gpu $G2 guard1; on_gpu $G2 harness1 ) &
+    wait
+    [ "$NGPU" -gt 1 ] && nccl_guard
+    ;;
+  call2)
+    ( on_gpu 0 sglang1 ) &
+    wait
+    [ "$NGPU" -gt 1 ] && { nccl_harness; nccl_sglang; }
+    ;;
+  *)
+    for p in ${PHASES//,/ }; do "$p"; done
+    ;;
+esac
+
+say "done"
+tar czf "$OUT/results.tgz" -C /tmp res 2>/dev/null
+cp "$SUMMARY" "$OUT/summary.txt"
+ls -la "$OUT"
+cat "$SUMMARY"
