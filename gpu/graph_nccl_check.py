@@ -66,7 +66,11 @@ def main():
         if len(sys.argv) > 1:
             with open(sys.argv[1], "w") as f:
                 json.dump(results, f)
-    dist.destroy_process_group()
+    torch.cuda.synchronize()
+    dist.barrier()
+    # Tearing down NCCL communicators used inside captured graphs can block at exit: leave now.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 if [ -f .gpu/flashinfer-jit/sampling.so ]; then
   mkdir -p /tmp/site/flashinfer/data/aot/sampling && cp .gpu/flashinfer-jit/sampling.so /tmp/site/flashinfer/data/aot/sampling/
 fi
-[ -f .gpu/sglang_py.zip ] && { mkdir -p /tmp/sg && (cd /tmp/sg && unzip -q -o "$OLDPWD/.gpu/sglang_py.zip"); }
+[ -f .gpu/sglang_py.zip ] && python3 -c "import zipfile; zipfile.ZipFile('.gpu/sglang_py.zip').extractall('/tmp/sg')"
 # The repo first: tpguard/__init__.py maps tpguard.kernels/.hooks/.launch to the top-level folders.
 export PYTHONPATH=$PWD:/tmp/sg:/tmp/site
 { nvidia-smi -L; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda, torch.cuda.device_count(), 'GPU(s)', torch.cuda.get_device_name(0))";

@@ -32,7 +32,6 @@ from tpguard.fingerprint import fingerprint_bytes, to_signed
 from tpguard.guard import _HDR, StepGuard, all_gather_flat
 from tpguard.quantities import DECISION_QUANTITIES
 
-_HOST_RING = 8  # pinned header buffers in flight (H2D copies must not see a later step's values)
 
 
 class DeviceStepGuard(StepGuard):
@@ -68,10 +67,18 @@ class DeviceStepGuard(StepGuard):
             self.dev = torch.device("cuda", torch.cuda.current_device())
         else:
             self.dev = self.info.device
-        self._pending: deque = deque()  # (step, result buffer, event or work, enqueue time)
-        self._host_ring = [torch.zeros(_HDR + 2 * q, dtype=torch.int64,
-                                       pin_memory=self.dev.type == "cuda") for _ in range(_HOST_RING)]
-        self._ring_i = 0
+        self._pending: deque = deque()  # (step, host result, event or None, enqueue time)
+        # Preallocated slots, reused round-robin (a slot is free again once its step was read:
+        # at most lag + 1 steps are in flight): header staging (pinned), vector, result, result copy.
+        pin = self.dev.type == "cuda"
+        w = self.info.world_size
+        self._slots = [{
+            "header": torch.zeros(_HDR + 2 * q, dtype=torch.int64, pin_memory=pin),
+            "vec": torch.zeros(self.length, dtype=torch.int64, device=self.dev),
+            "result": torch.zeros(w * self.length + q + 1, dtype=torch.int64, device=self.dev),
+            "host": torch.zeros(w * self.length + q + 1, dtype=torch.int64, pin_memory=pin),
+        } for _ in range(self.lag + 3)]
+        self._slot_i = 0
         self._idx_cache: dict[tuple, torch.Tensor] = {}
         self._graph = None  # buffers of the capturable path, built by prepare_graph()
         self._watchdog = None
@@ -100,18 +107,21 @@ class DeviceStepGuard(StepGuard):
 
     # --- the device half ------------------------------------------------------------------------
 
-    def _device_vector(self, step: int) -> torch.Tensor:
+    def _next_slot(self) -> dict:
+        slot = self._slots[self._slot_i]
+        self._slot_i = (self._slot_i + 1) % len(self._slots)
+        return slot
+
+    def _device_vector(self, step: int, slot: dict) -> torch.Tensor:
         """[step, site, mask, fingerprints, numels, heal payload] on the comm device, no host sync."""
         q = len(self.quantities)
-        host = self._host_ring[self._ring_i]
-        self._ring_i = (self._ring_i + 1) % _HOST_RING
-        host.zero_()
+        header = [0] * (_HDR + 2 * q)
         mask = 0
         batch_names, batch = [], []
         for name, fp in self._fps.items():
             i = self.index[name]
             mask |= 1 << i
-            host[_HDR + q + i] = self._numels.get(name, 0)
+            header[_HDR + q + i] = self._numels.get(name, 0)
             if fp is None:
                 batch_names.append(name)
                 batch.append(self._tensors[name])
@@ -120,10 +130,12 @@ class DeviceStepGuard(StepGuard):
                 batch.append(None)
                 self._tensors.setdefault("__fp_" + name, fp)
             else:
-                host[_HDR + i] = fp
-        host[0], host[1], host[2] = step, self.site_id, mask
-        vec = torch.zeros(self.length, dtype=torch.int64, device=self.dev)
-        vec[: _HDR + 2 * q].copy_(host, non_blocking=True)
+                header[_HDR + i] = fp
+        header[0], header[1], header[2] = step, self.site_id, mask
+        staged = slot["header"]
+        staged.numpy()[:] = header  # one host write into pinned memory, then one async copy
+        vec = slot["vec"]
+        vec[: _HDR + 2 * q].copy_(staged, non_blocking=True)
         if batch_names:
             fps = self._fingerprints(batch_names, batch)
             key = tuple(self.index[n] for n in batch_names)
@@ -160,13 +172,13 @@ class DeviceStepGuard(StepGuard):
                 out.index_copy_(0, torch.tensor(ks, device=self.dev), fps)
         return out
 
-    def _enqueue(self, vec: torch.Tensor, step: int) -> None:
+    def _enqueue(self, vec: torch.Tensor, step: int, slot: dict) -> None:
         """All-gather, fused heal, compare, and the asynchronous copy to pinned host memory."""
         from tpguard.kernels.guard_compare import compare_gathered
 
         w, n = self.info.world_size, self.length
         q = len(self.quantities)
-        result = torch.empty(w * n + q + 1, dtype=torch.int64, device=self.dev)
+        result = slot["result"]
         gathered = result[: w * n]
         if w == 1:
             gathered.copy_(vec)
@@ -185,13 +197,13 @@ class DeviceStepGuard(StepGuard):
             self._apply_rank0_decisions(gathered.view(w, n))
         compare_gathered(gathered.view(w, n), q, out=result[w * n:])
         if self.dev.type == "cuda":
-            host = torch.empty(result.numel(), dtype=torch.int64, pin_memory=True)
+            host = slot["host"]
             host.copy_(result, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
             self._pending.append((step, host, event, time.monotonic()))
         else:
-            self._pending.append((step, result, None, time.monotonic()))
+            self._pending.append((step, result.clone(), None, time.monotonic()))
 
     def _apply_rank0_decisions(self, gathered: torch.Tensor) -> None:
         for name, offset, _ in self.heal_layout:
@@ -208,7 +220,8 @@ class DeviceStepGuard(StepGuard):
         t0 = time.perf_counter()
         if self.wants(step):
             self.heartbeat.beat(step)
-            self._enqueue(self._device_vector(step), step)
+            slot = self._next_slot()
+            self._enqueue(self._device_vector(step, slot), step, slot)
             self.stats["checked"] += 1
             self.last_checked = step
         self._reset_step()
@@ -248,8 +261,8 @@ class DeviceStepGuard(StepGuard):
         q = len(self.quantities)
         flags = result[w * n:]
         gathered = result[: w * n].view(w, n)[:, : _HDR + 2 * q]
-        if not bool(flags[q]) and step % self.clean_every:
-            return None  # clean and not sampled for the trace: nothing to parse
+        if not bool(flags[q]) and (step % self.clean_every or (self.trace is None and self.merged_trace is None)):
+            return None  # clean, and no step record to write: nothing to parse
         div = self._compare(gathered.cpu(), step)
         if div is not None:
             if self.heal_layout:
