@@ -132,8 +132,9 @@ case "$PHASES" in
     ;;
   call2)
     ( on_gpu 0 sglang1 ) &
+    ( on_gpu $G2 guard1 ) &
     wait
-    [ "$NGPU" -gt 1 ] && { nccl_harness; nccl_sglang; }
+    [ "$NGPU" -gt 1 ] && { nccl_guard; FI_STEPS=${FI_STEPS:-500} nccl_harness; nccl_sglang; }
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done
