@@ -22,6 +22,9 @@ say() { echo "[$(el)s] $*" | tee -a "$SUMMARY"; }
 # --- set-up -------------------------------------------------------------------------------------
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   > /tmp/res/pip.log 2>&1 || say "wheel install failed: $(tail -2 /tmp/res/pip.log)"
+# sglang's JIT verify kernel checks that flashinfer's cutlass include path exists (the slim wheel
+# drops cutlass; the speculative-sampling kernel does not include it).
+mkdir -p /tmp/site/flashinfer/data/cutlass/include /tmp/site/flashinfer/data/cutlass/tools/util/include
 if [ -f .gpu/flashinfer-jit/sampling.so ]; then
   mkdir -p /tmp/site/flashinfer/data/aot/sampling && cp .gpu/flashinfer-jit/sampling.so /tmp/site/flashinfer/data/aot/sampling/
 fi
@@ -72,7 +75,7 @@ fingerprint() {  # fingerprint kernels: CUDA tests and throughput
 
 guard1() {  # issue 6 on one GPU: the guard's cost (graph replay and eager)
   local d=/tmp/res/guard1; mkdir -p $d
-  timeout 90 python3 -m tpguard.bench.guard --json $d/guard1.json > $d/bench.log 2>&1
+  timeout 90 python3 -m tpguard.bench.guard --profile --json $d/guard1.json > $d/bench.log 2>&1
   say "guard bench (1 GPU) rc=$? $(grep -E 'device work' $d/bench.log)"
 }
 

@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=163840)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--json", default=None, help="also write results to this file")
+    ap.add_argument("--profile", action="store_true", help="also print where the host time of an "
+                    "eager guarded step goes (cProfile)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("tpguard bench guard: needs a CUDA GPU (the guard's cost is a GPU number)")
@@ -146,6 +148,29 @@ def main(argv: list[str] | None = None) -> int:
             guard.check()
 
         out[f"step_{mode}_us"] = time_eager(step, args.iters)
+        guard.drain()
+        guard.close()
+
+    if args.profile and rank == 0:
+        import cProfile
+        import pstats
+
+        guard = DeviceStepGuard(site="bench.profile", run_id="bench", watchdog=False)
+
+        def guarded_only():
+            for n in CANONICAL_ORDER:
+                guard.record(n, t[n])
+            guard.check()
+
+        out["guard_only_eager_us"] = time_eager(guarded_only, args.iters)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(30):
+            guarded_only()
+        torch.cuda.synchronize()
+        prof.disable()
+        print("host profile of 30 eager guard-only steps (full set):")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
         guard.drain()
         guard.close()
 
