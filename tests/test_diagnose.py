@@ -155,3 +155,15 @@ def test_bad_cli_arguments_exit_2_without_traceback():
     for args in (["diagnose"], ["diagnose", "x", "--bogus"], ["nosuchcommand"]):
         p = subprocess.run([sys.executable, "-m", "tpguard.cli", *args], capture_output=True, text=True)
         assert p.returncode == 2 and p.stderr.startswith("tpguard: error:") and "Traceback" not in p.stderr
+
+
+def test_bundled_h200_example_names_the_renorm():
+    """The example shipped with the package: 30 steps of the NCCL harness on two H200s with
+    flashinfer's default top-p renorm (docs/benchmarks.md)."""
+    from importlib.resources import files
+
+    folder = files("tpguard") / "examples"
+    j = diagnose([str(folder)]).to_json()
+    f = j["first_divergence"]
+    assert (f["step"], f["quantity"], f["culprit_ranks"]) == (0, "target_probs", [1])
+    assert "renorm kernel non-determinism" in j["cause"]
