@@ -11,7 +11,6 @@ import torch.distributed as dist
 
 from tpguard.bench.guard import make_tensors
 from tpguard.device_guard import DeviceStepGuard, decisions_capacity
-from tpguard.quantities import CANONICAL_ORDER
 
 
 def capture(fn):

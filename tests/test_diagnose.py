@@ -11,7 +11,7 @@ import pytest
 from tpguard.bench.diagnose import write_synthetic_trace
 from tpguard.cli import main as cli_main
 from tpguard.diagnose import diagnose
-from tpguard.records import EventRecord, Header, StepRecord
+from tpguard.records import Header, StepRecord
 from tpguard.trace import TraceWriter
 
 
@@ -34,7 +34,7 @@ def test_clean_and_diverged_exit_codes_and_json(tmp_path, capsys):
     j = json.loads(out)
     assert rc == 0 and j["verdict"] == "clean" and j["first_divergence"] is None and j["steps"] == 50
     assert set(j) >= {"verdict", "steps", "ranks", "first_divergence", "last_step_by_rank", "cause", "fix", "warnings"}
-    bad = write_synthetic_trace(tmp_path / "bad", 9000, diverge_at=7000, quantity="coins", culprit=1)
+    write_synthetic_trace(tmp_path / "bad", 9000, diverge_at=7000, quantity="coins", culprit=1)
     rc, out, err = run_cli(["diagnose", str(tmp_path / "bad"), "--json"], capsys)
     j = json.loads(out)
     assert rc == 1 and j["verdict"] == "diverged"
@@ -67,7 +67,7 @@ def test_reading_rule_across_sites_and_null_values(tmp_path):
 def test_mixed_merged_and_per_rank_files(tmp_path):
     per_rank = write_synthetic_trace(tmp_path / "p", 30, ranks=3, diverge_at=12, quantity="bonus", culprit=2,
                                      run_id="mix")
-    with TraceWriter(tmp_path / "mix.merged.jsonl", Header(run_id="mix", world_size=3, ranks=[0, 1, 2])) as w:
+    with TraceWriter(tmp_path / "mix.merged.jsonl", Header(run_id="mix", world_size=3, ranks=[0, 1, 2])):
         pass  # a merged file with only its header is fine
     j = diagnose([*per_rank[:2], tmp_path / "mix.merged.jsonl", per_rank[2]]).to_json()
     f = j["first_divergence"]

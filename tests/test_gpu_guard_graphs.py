@@ -27,7 +27,6 @@ def test_graph_replay_fingerprints_follow_the_data_and_match_eager():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         guard.device_check()
-    q = len(CANONICAL_ORDER)
     i = CANONICAL_ORDER.index("target_probs")
 
     def replay_fp():

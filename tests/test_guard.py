@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from multiproc import run_ranks, run_ranks_raw
+from multiproc import run_ranks
 from tpguard.diagnose import diagnose
 from tpguard.quantities import CANONICAL_ORDER, DECISION_QUANTITIES
 
@@ -186,7 +186,7 @@ def _clean_steps(rank, world, n, trace_dir):
                       quantities=("seq_lens", "coins", "accept_len", "out_tokens"))
     g = torch.Generator().manual_seed(7)
     divergences = 0
-    for s in range(n):
+    for _ in range(n):
         guard.record("seq_lens", torch.randint(0, 100, (8,), generator=g))
         guard.record("coins", torch.rand(8, 4, generator=g))
         guard.record("accept_len", torch.randint(0, 4, (8,), generator=g))

@@ -164,7 +164,7 @@ class DeviceStepGuard(StepGuard):
                 out[k:k + 1].copy_(self._tensors["__fp_" + names[k]].reshape(1))
             else:
                 by_device.setdefault(t.device, []).append(k)
-        for device, ks in by_device.items():
+        for ks in by_device.values():
             fps = fingerprint_many([tensors[k] for k in ks]).to(self.dev, non_blocking=True)
             if len(ks) == len(names):
                 out.copy_(fps)
@@ -343,7 +343,6 @@ class DeviceStepGuard(StepGuard):
         if self.dev.type == "cuda":
             torch.cuda.current_stream().synchronize()
         result = self._graph["host"].clone()
-        w, n = self.info.world_size, self.length
         step = int(result[0])  # the device step counter, as gathered
         self.stats["checked"] += 1
         return self._process(step, result)

@@ -288,7 +288,6 @@ class StepGuard:
 
     def _compare(self, gathered: torch.Tensor, step: int) -> Divergence | None:
         rows = gathered.tolist()
-        q = len(self.quantities)
         by_quantity: dict[str, dict[int, str | None]] = {}
         for i, name in enumerate(self.quantities):
             by_quantity[name] = {
