@@ -18,10 +18,17 @@ Design (one read pass over the data, no host sync):
 * The "top" hash over the row fingerprints is fused into the last kernel when all rows fit one
   program; otherwise the row fingerprints are hashed as one long row of words.
 * ``fingerprint_many_triton``: many tensors through a device table of segment records (address,
-  rows, words, stride, seeds, ...): at most 3 lane launches (short rows, long rows 16-byte
-  aligned, long rows unaligned) plus 1 finalize launch, whatever the number of tensors.
+  rows, words, stride, seeds, ...): one lane launch for all short rows, one per (16-byte aligned
+  or not, word size) class of long rows present (at most 6; the guard's full set has 1), plus 1
+  finalize launch, whatever the number of tensors.
+* Long rows are hashed ``rows_per_tile`` side by side: a thread holds the same columns of
+  several rows, so the per-column position work (``_pos_mix``) is shared by those rows.
+* Per-row groups of words are summed through ``tl.reshape`` WITHOUT ``can_reorder``: a reordering
+  reshape let the sm_90 compiler mix rows of multi-row tiles (GPU run 1: wrong row fingerprints
+  of [3, 5] tensors and of the guard's decisions set); the interpreter never reorders.
 
-Cost: ~25 SASS integer instructions per 32-bit word (sm_90, counted offline), balanced between
+Cost: ~22 SASS instructions per 32-bit word in the loop of an [8, 1024] tile (sm_90, Triton 3.6,
+counted offline; the former [1, 2048] tiles: ~27; kernels/NOTES-fingerprint.md), balanced between
 the integer ALU pipe and the FMA pipe (``KernelConfig.shifts``). By that count 4- and 8-byte
 dtypes should be bound by memory bandwidth on H100/H200, and 1-/2-byte dtypes (one word per
 element) by integer throughput. `tpguard.bench.fingerprint` measures it.
@@ -91,11 +98,20 @@ if INTERPRET and triton is not None and _triton_version() < (3, 8):
 class KernelConfig:
     """Tiling and code shape. Results never depend on it (integer sums), only speed does."""
 
-    block_words: int = 2048  # words per program per loop step (long rows: 1 row x block_words)
-    chunk_words: int = 16384  # words of one row per program; longer rows are split into chunks
+    block_words: int = 8192  # words per program per loop step (a [rows_per_tile, BN] tile)
+    rows_per_tile: int = 8  # long rows: rows hashed side by side, sharing per-column work
+    chunk_words: int = 4096  # columns of a row per program; longer rows are split into chunks
     num_warps: int = 8  # for full tiles; smaller tiles use fewer
     finalize_rows: int = 1024  # rows per finalize program; also the limit for a fused top hash
     shifts: int = 1  # fmix32 shifts done as IMAD.HI: 0 none, 1 the ">>16" ones, 2 all
+
+    def __post_init__(self):
+        for name in ("block_words", "rows_per_tile", "chunk_words", "finalize_rows"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"KernelConfig.{name} must be a power of two, got {value}")
+        if self.rows_per_tile > self.block_words:
+            raise ValueError("KernelConfig.rows_per_tile must not exceed block_words")
 
 
 DEFAULT_CONFIG = KernelConfig()
@@ -145,13 +161,25 @@ if triton is not None:
         return r
 
     @triton.jit
-    def _fmix32(x, SHIFTS: tl.constexpr):
-        x ^= _shr(x, 16, SHIFTS >= 1)
+    def _fmix32_rest(x, SHIFTS: tl.constexpr):
+        """fmix32 after its first ``x ^= x >> 16`` step."""
         x *= _FMIX32_A
         x ^= _shr(x, 13, SHIFTS >= 2)
         x *= _FMIX32_B
         x ^= _shr(x, 16, SHIFTS >= 1)
         return x
+
+    @triton.jit
+    def _fmix32(x, SHIFTS: tl.constexpr):
+        x ^= _shr(x, 16, SHIFTS >= 1)
+        return _fmix32_rest(x, SHIFTS)
+
+    @triton.jit
+    def _pos_mix(pos):
+        """P = pos ^ (pos >> 16), with pos = j * C2 + s_lo: per column, shared by all rows of a tile.
+        Shifts distribute over xor, so fmix32(t ^ pos) = fmix32_rest(t ^ (t >> 16) ^ P): one 3-input
+        xor per word instead of two xors."""
+        return pos ^ (pos >> 16)
 
     @triton.jit
     def _fmix64(x):
@@ -163,21 +191,23 @@ if triton is not None:
         return x
 
     @triton.jit
-    def _word_hashes(w, pos, s_hi, SHIFTS: tl.constexpr):
-        """h_j and g_j of the definition, for uint32 words w and pos = j * C2 + s_lo."""
-        h = _fmix32((w * _C1) ^ pos, SHIFTS)
+    def _word_hashes(w, pmix, s_hi, SHIFTS: tl.constexpr):
+        """h_j and g_j of the definition, for uint32 words w and pmix = _pos_mix(j * C2 + s_lo)."""
+        t = w * _C1
+        h = _fmix32_rest(t ^ _shr(t, 16, SHIFTS >= 1) ^ pmix, SHIFTS)
         g = _fmix32(h + s_hi, SHIFTS)
         return h, g
 
     @triton.jit
     def _as_words(x, EB: tl.constexpr):
-        """Loaded storage values -> uint32 words (1- and 2-byte values zero-extended)."""
+        """Loaded storage values -> uint32 words. 1- and 2-byte values go through an unsigned view
+        of their own width first, so they are zero-extended whatever the pointer's signedness."""
         if EB == 4:
             w = x.to(tl.uint32, bitcast=True)
         elif EB == 2:
             w = x.to(tl.uint16, bitcast=True).to(tl.uint32)
         else:
-            w = x.to(tl.uint32)
+            w = x.to(tl.uint8, bitcast=True).to(tl.uint32)
         return w
 
     @triton.jit
@@ -190,11 +220,14 @@ if triton is not None:
 
     @triton.jit
     def _group_sum(x, BR: tl.constexpr, BN: tl.constexpr, V: tl.constexpr):
-        """uint32 [BR, BN] -> uint64 [BR, BN // V], sums of V words (any grouping will do: lane sums
-        are order-independent), so that one 64-bit accumulator add serves V words."""
+        """uint32 [BR, BN] -> uint64 [BR, BN // V], sums of V adjacent words of a row, so that one
+        64-bit accumulator add serves V words. The reshape must keep element order
+        (can_reorder=False): with can_reorder=True the compiler may regroup elements across rows
+        (it did on sm_90, Triton 3.6: a [4, 8] tile became [4, 2, 4] groups mixing rows), which
+        the interpreter never does. With V words per thread the ordered reshape costs no moves."""
         x = x.to(tl.uint64)
         if V > 1:
-            x = tl.sum(tl.reshape(x, [BR, BN // V, V], can_reorder=True), axis=2)
+            x = tl.sum(tl.reshape(x, [BR, BN // V, V]), axis=2)
         return x
 
     @triton.jit
@@ -210,18 +243,18 @@ if triton is not None:
         V: tl.constexpr = 4 if BN >= 4 else BN
         acc1 = tl.zeros([BR, BN // V], dtype=tl.uint64)
         acc2 = tl.zeros([BR, BN // V], dtype=tl.uint64)
-        nxt = tl.load(ptrs, mask=n_full > 0)
+        nxt = tl.load(ptrs, mask=n_full > 0, other=0)
         for k in range(n_full):
             w = nxt
-            nxt = tl.load(ptrs + (k + 1) * BN, mask=k + 1 < n_full)
-            h, g = _word_hashes(_as_words(w, EB), pos, s_hi, SHIFTS)
+            nxt = tl.load(ptrs + (k + 1) * BN, mask=k + 1 < n_full, other=0)
+            h, g = _word_hashes(_as_words(w, EB), _pos_mix(pos), s_hi, SHIFTS)
             acc1 += _group_sum(h, BR, BN, V)
             acc2 += _group_sum(g, BR, BN, V)
             pos += POS_STEP
         if tail > 0:
             cmask = tl.arange(0, BN)[None, :] < tail
             w = tl.load(ptrs + n_full * BN, mask=cmask, other=0)
-            h, g = _word_hashes(_as_words(w, EB), pos, s_hi, SHIFTS)
+            h, g = _word_hashes(_as_words(w, EB), _pos_mix(pos), s_hi, SHIFTS)
             acc1 += _group_sum(tl.where(cmask, h, 0), BR, BN, V)
             acc2 += _group_sum(tl.where(cmask, g, 0), BR, BN, V)
         return tl.sum(acc1, axis=1), tl.sum(acc2, axis=1)
@@ -232,8 +265,8 @@ if triton is not None:
         lo = (fp & _M32).to(tl.uint32)
         hi = (fp >> 32).to(tl.uint32)
         pos_lo = (2 * rows).to(tl.uint32) * _C2 + t_lo
-        h_lo, g_lo = _word_hashes(lo, pos_lo, t_hi, 0)
-        h_hi, g_hi = _word_hashes(hi, pos_lo + _C2, t_hi, 0)
+        h_lo, g_lo = _word_hashes(lo, _pos_mix(pos_lo), t_hi, 0)
+        h_hi, g_hi = _word_hashes(hi, _pos_mix(pos_lo + _C2), t_hi, 0)
         l1 = tl.where(row_ok, h_lo.to(tl.uint64) + h_hi.to(tl.uint64), 0)
         l2 = tl.where(row_ok, g_lo.to(tl.uint64) + g_hi.to(tl.uint64), 0)
         return tl.sum(l1, axis=0), tl.sum(l2, axis=0)
@@ -330,9 +363,10 @@ if triton is not None:
     @triton.jit
     def _many_lanes_kernel(table_ptr, partial_ptr, rec0, n_recs,
                            BR: tl.constexpr, BN: tl.constexpr, CHUNK_TILES: tl.constexpr,
-                           ALIGNED: tl.constexpr, SHIFTS: tl.constexpr):
+                           ALIGNED: tl.constexpr, EB: tl.constexpr, SHIFTS: tl.constexpr):
         """One work item (segment, row block, chunk) per program, over the records
-        rec0 .. rec0 + n_recs - 1 of the table (sorted by first item); writes partial lane sums."""
+        rec0 .. rec0 + n_recs - 1 of the table (sorted by first item); writes partial lane sums.
+        EB: bytes per word of every segment of the launch, or 0: each record says (short rows)."""
         pid = tl.program_id(0)
         rec = rec0
         for i in range(1, n_recs):
@@ -357,7 +391,10 @@ if triton is not None:
         rows_ld = tl.minimum(rows, n_rows - 1)
         col0 = c * (CHUNK_TILES * BN)
         width = tl.minimum(n_words - col0, CHUNK_TILES * BN)
-        if eb == 4:
+        if EB != 0:  # one word size for the whole launch: one copy of the loop, fewer registers
+            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
+                                        EB, BR, BN, ALIGNED, SHIFTS)
+        elif eb == 4:
             l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
                                         4, BR, BN, ALIGNED, SHIFTS)
         elif eb == 2:
@@ -453,8 +490,8 @@ def _words(t: torch.Tensor) -> _Words:
     size = t.element_size()
     eb = min(size, 4)
     per = max(1, size // 4)
-    if rows == 0 or cols == 0:
-        return _Words(t, rows, cols * per, 0, eb)
+    if rows == 0 or cols == 0:  # nothing is read; a word-typed pointer all the same
+        return _Words(t.reshape(-1).view(_WORD_DTYPE[eb]), rows, cols * per, 0, eb)
     row_stride = t.stride(0) if rows > 1 else 0
     view = torch.as_strided(t, (rows, cols), (row_stride, 1)).view(_WORD_DTYPE[eb])
     return _Words(view, rows, cols * per, row_stride * per, eb)
@@ -470,8 +507,10 @@ def _next_pow2(x: int) -> int:
 
 
 def _tile(rows: int, n_words: int, cfg: KernelConfig) -> tuple[int, int, int, int]:
-    """(BR, BN, chunk_tiles, chunks): long rows get 1 x block_words tiles, short rows share one."""
-    bn = min(_next_pow2(max(n_words, 1)), cfg.block_words)
+    """(BR, BN, chunk_tiles, chunks): long rows get [rows_per_tile, block_words / rows_per_tile]
+    tiles (rows side by side share the per-column position work), short rows many per tile."""
+    br_long = max(1, min(cfg.rows_per_tile, _next_pow2(max(rows, 1))))
+    bn = min(_next_pow2(max(n_words, 1)), cfg.block_words // br_long)
     br = max(1, min(cfg.block_words // bn, _next_pow2(max(rows, 1))))
     chunk_tiles = max(1, cfg.chunk_words // bn)
     chunks = max(1, -(-n_words // (chunk_tiles * bn)))
@@ -490,9 +529,15 @@ class _NoGuard:
         return False
 
 
+_NO_GUARD = _NoGuard()
+
+
 def _device_guard(device: torch.device):
-    """Triton launches on the current device: make it the tensors' one."""
-    return torch.cuda.device(device) if device.type == "cuda" else _NoGuard()
+    """Triton launches on the current device: make it the tensors' one (a context switch only
+    when it is not already current: that costs host time on every eager call)."""
+    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+        return _NO_GUARD
+    return torch.cuda.device(device)
 
 
 def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
@@ -632,15 +677,14 @@ class ManyPlan:
 
         short_bn = _next_pow2(max((w.n_words for _, _, w in short), default=1))
         short_rows = _next_pow2(max((w.rows for _, _, w in short), default=1))
-        groups = [
-            (short, max(1, min(cfg.block_words // short_bn, short_rows)), short_bn, False),
-            (long_aligned, 1, cfg.block_words, True),
-            (long_unaligned, 1, cfg.block_words, False),
-        ]
+        groups = [(short, max(1, min(cfg.block_words // short_bn, short_rows)), short_bn, False, 0)]
+        for aligned, segs in ((True, long_aligned), (False, long_unaligned)):
+            for eb in (4, 2, 1):  # one launch per word size: no dead loop copies in registers
+                groups.append(_long_group([x for x in segs if x[2].eb == eb], cfg, aligned, eb))
         records: list[list[int]] = []
         self._launches: list[tuple] = []
         part = 0
-        for segs, br, bn, aligned in groups:
+        for segs, br, bn, aligned, eb in groups:
             if not segs:
                 continue
             chunk_tiles = max(1, cfg.chunk_words // bn)
@@ -652,7 +696,7 @@ class ManyPlan:
                 item += -(-w.rows // br) * chunks
             self._launches.append(((item,), rec0, len(segs),
                                    dict(BR=br, BN=bn, CHUNK_TILES=chunk_tiles, ALIGNED=aligned,
-                                        SHIFTS=cfg.shifts, num_warps=_warps(br * bn, cfg))))
+                                        EB=eb, SHIFTS=cfg.shifts, num_warps=_warps(br * bn, cfg))))
         for i, t, w in empty:
             records.append(_record(i, t, w, 0, 1, 0))
         self.n_records = len(records)
@@ -692,6 +736,14 @@ class ManyPlan:
                                                      BC=self._fbc,
                                                      num_warps=_warps(self._fbr * self._fbc, self.config))
         return out
+
+
+def _long_group(segs: list, cfg: KernelConfig, aligned: bool, eb: int) -> tuple:
+    """(segments, BR, BN, aligned, eb) of a long-rows launch: [rows_per_tile, BN] tiles, fewer
+    rows per tile when no segment has that many rows."""
+    rows = _next_pow2(max((w.rows for _, _, w in segs), default=1))
+    br = max(1, min(cfg.rows_per_tile, rows))
+    return segs, br, cfg.block_words // br, aligned, eb
 
 
 def _record(i: int, t: torch.Tensor, w: _Words, part: int, chunks: int, item0: int) -> list[int]:

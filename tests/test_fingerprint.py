@@ -196,7 +196,9 @@ GPU_CHECK = textwrap.dedent("""
         for shape in shapes:
             same(make(shape, dtype))
     for cfg in (small, k.KernelConfig(shifts=0), k.KernelConfig(shifts=2),
-                k.KernelConfig(block_words=4096, num_warps=16, chunk_words=32768)):
+                k.KernelConfig(block_words=2048, rows_per_tile=1, chunk_words=16384),
+                k.KernelConfig(block_words=4096, rows_per_tile=4, num_warps=4, chunk_words=2048),
+                k.KernelConfig(block_words=16384, num_warps=16, chunk_words=8192)):
         same(make((9, 7000), torch.float32), cfg)
         same(make((40, 300), torch.bfloat16), cfg)
         same(make((3000,), torch.int64), cfg)
@@ -214,7 +216,13 @@ GPU_CHECK = textwrap.dedent("""
     cuda = [t.cuda() for t in tensors]
     assert torch.equal(k.fingerprint_many_triton(cuda).cpu(), k.fingerprint_many_reference(tensors))
     assert torch.equal(k.fingerprint_many(cuda).cpu(), k.fingerprint_many_reference(tensors))
-    assert k.ManyPlan(cuda).launches <= 4 + 1
+    assert k.ManyPlan(cuda).launches <= 1 + 3 + 1 + 1  # short, 3 long classes, finalize, 1 copy
+    # the guard's "decisions" set (tpguard.bench.guard.make_tensors): short rows of 4 word sizes
+    decisions = [torch.randint(0, 255, (16,), dtype=torch.uint8), make((64,), torch.int64),
+                 make((64, 4), torch.int64), make((64, 4), torch.float32),
+                 make((64, 4), torch.int32), make((64,), torch.int32), make((3, 5), torch.bool)]
+    assert torch.equal(k.fingerprint_many_triton([t.cuda() for t in decisions]).cpu(),
+                       k.fingerprint_many_reference(decisions))
 
     # CUDA graphs: capture single and many launchers, change data in place, replay
     x = make((64, 20000), torch.float32).cuda()

@@ -8,6 +8,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit runs: kernels pic
 
 import importlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -147,7 +148,9 @@ def test_fingerprint_many():
     assert got.dtype == torch.int64 and torch.equal(got, want)
     assert [top_value(t) for t in tensors] == [ref.to_unsigned(int(v)) for v in want]
     plan = kfp.ManyPlan(tensors)
-    assert plan.launches == 3 + 1 + 1  # 3 lane classes + finalize + one copy (the transposed one)
+    # lane launches: short rows; long rows fp32 aligned, fp32 / bf16 / int8 unaligned; + finalize
+    # + one copy (the transposed one)
+    assert plan.launches == 1 + 4 + 1 + 1
     # A plan (and the cached one) is reused for new data at the same addresses.
     tensors[0].add_(1)
     tensors[6].mul_(2)  # the copied one
@@ -183,3 +186,52 @@ def test_bad_input_gets_clear_errors():
     with pytest.raises(ValueError, match="pass the tensors"):
         plan.run()
     assert kfp.fingerprint_many_triton([]).shape == (0,)
+
+
+# --- what the compiler may do and the interpreter normally does not ---------------------------
+
+@pytest.fixture
+def compiler_freedoms(monkeypatch):
+    """Make the interpreter take two liberties that compiled Triton takes: `tl.reshape(...,
+    can_reorder=True)` may put elements anywhere (on sm_90 it mixed the rows of a [4, 8] tile:
+    the first GPU run's mismatch), and a masked load without `other` leaves masked lanes undefined.
+    Here: reordered reshapes reverse the element order, and such lanes read 0xA5 bytes."""
+    from triton.runtime import interpreter
+
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    handle = getattr(interpreter, "TensorHandle", None)
+    if builder is None or handle is None or not hasattr(builder, "create_reshape") \
+            or not hasattr(builder, "create_masked_load"):
+        pytest.skip("this Triton's interpreter has no patchable reshape/masked load")
+    plain_reshape = builder.create_reshape
+    plain_load = builder.create_masked_load
+
+    def reshape(self, arg, shape, allow_reorder):
+        if allow_reorder:
+            return handle(np.ascontiguousarray(arg.data.reshape(-1)[::-1]).reshape(shape), arg.dtype.scalar)
+        return plain_reshape(self, arg, shape, allow_reorder)
+
+    def masked_load(self, ptrs, mask, other, *args):
+        if other is None:
+            dtype_tt = ptrs.get_element_ty()
+            garbage = np.zeros(ptrs.data.shape, dtype=interpreter._get_np_dtype(dtype_tt))
+            garbage.reshape(-1).view(np.uint8)[:] = 0xA5
+            other = handle(garbage, dtype_tt)
+        return plain_load(self, ptrs, mask, other, *args)
+
+    monkeypatch.setattr(builder, "create_reshape", reshape)
+    monkeypatch.setattr(builder, "create_masked_load", masked_load)
+
+
+def test_kernels_take_no_liberties(compiler_freedoms):
+    """Multi-row tiles (short rows, long rows side by side) with reordering reshapes and undefined
+    masked lanes: still the reference, so nothing depends on what the interpreter happens to do."""
+    for dtype in (torch.bool, torch.uint8, torch.bfloat16, torch.float32, torch.int64):
+        for shape in [(3, 5), (7,), (4, 33), (3, 1500)]:
+            assert_matches(make(shape, dtype), CHUNKY)
+    assert_matches(make((5, 3000), torch.float32))
+    tensors = guard_like_set()
+    assert torch.equal(kfp.fingerprint_many_triton(tensors), kfp.fingerprint_many_reference(tensors))
+    decisions = [make((256,), torch.int32, 1), make((256,), torch.int64, 2),
+                 make((32, 8), torch.int32, 3), torch.randint(0, 256, (16,), dtype=torch.uint8)]
+    assert torch.equal(kfp.fingerprint_many_triton(decisions), kfp.fingerprint_many_reference(decisions))
