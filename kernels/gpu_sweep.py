@@ -1,9 +1,12 @@
 """Block-shape sweep and per-pass timing of the renorm kernels on one GPU (run by gpu_check.sh).
 
-For each RenormConfig variant: median us of top-p (flat, peaky), top-k(40), top-k + top-p and
-min-p on 256 x 163840 float32, and whether the output equals the default config's bit for bit
-(the results may only differ where a float64 sum ties at the cutoff). Then, for the default
-config, the time of each pass (CUDA events around each launch). Prints a table; --json writes all.
+For each RenormConfig variant: the GPU time of top-p (flat, peaky), top-k(40), top-k(1024),
+top-k + top-p and min-p on 256 x 163840 float32, as the median replay of one call captured in a
+CUDA graph (``us``: no host overhead, so variants compare on the GPU alone; the eager median is
+kept as ``eager_us``), whether the kept set equals the torch reference's and whether the output
+equals the default config's bit for bit. Then, for the default config, each pass's GPU time:
+every launch of one call re-launched 10 times inside a CUDA graph (the passes are idempotent),
+so the breakdown carries no launch gaps. Prints a table; --json writes all (after every variant).
 
 Usage: python -P kernels/gpu_sweep.py [--rows 256] [--vocab 163840] [--iters 30] [--budget S] [--json PATH]
 """
@@ -18,19 +21,20 @@ import time
 from contextlib import contextmanager
 
 import torch
+import triton
 
 from tpguard.kernels import renorm_min_p, renorm_passes, renorm_top_k, renorm_top_p
 from tpguard.kernels import reference as ref
 from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
 
-VARIANTS = {
+VARIANTS = {  # in order of interest: the time budget cuts the list short
     "default": {},
-    "chunk4096_w4": {"chunk": 4096, "pass_warps": 4},
     "select_w8": {"select_warps": 8, "reg": 2048},
-    "bracket_w16": {"bracket_warps": 16, "bracket_reg": 8192},
+    "group32": {"group": 32, "tau_groups": 512, "select_warps": 8, "reg": 2048},
+    "bracket_w32": {"bracket_warps": 32, "bracket_reg": 16384},
+    "chunk16k_w16": {"chunk": 16384, "pass_warps": 16},
+    "compact1024": {"compact_sub": 1024},
     "tau512": {"tau_groups": 512},
-    "z6": {"z": 6.0},
-    "pass_w16": {"pass_warps": 16},
 }
 
 
@@ -41,6 +45,7 @@ def probs(rows, vocab, scale, seed=0):
 
 
 def time_us(fn, iters):
+    """Median eager microseconds of one call (CUDA events around each call)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -53,6 +58,25 @@ def time_us(fn, iters):
         evs.append((a, b))
     torch.cuda.synchronize()
     return statistics.median(a.elapsed_time(b) * 1000 for a, b in evs)
+
+
+def graph_us(fn, iters, per_replay=1):
+    """Median GPU microseconds of fn (a call, or per_replay calls) replayed from a CUDA graph;
+    None when capture fails."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(per_replay):
+                fn()
+        return time_us(graph.replay, iters) / per_replay
+    except Exception:  # noqa: BLE001 - report eager times instead
+        torch.cuda.synchronize()
+        return None
 
 
 def ops_for(cfg, flat, peaky):
@@ -82,28 +106,24 @@ def check(out, expect):
 
 
 @contextmanager
-def pass_timer(log):
-    """Record CUDA events around every kernel launch of the renorm modules."""
+def recording(log):
+    """Record every kernel launch of the renorm modules as (name, relaunch closure)."""
     patched = []
 
     def wrap(mod, name):
         kernel = getattr(mod, name)
 
-        class Timed:
+        class Recorded:
             def __getitem__(self, grid):
                 launch = kernel[grid]
 
                 def run(*args, **kwargs):
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    res = launch(*args, **kwargs)
-                    b.record()
-                    log.append((name, a, b))
-                    return res
+                    log.append((name, lambda: launch(*args, **kwargs)))
+                    return launch(*args, **kwargs)
 
                 return run
 
-        setattr(mod, name, Timed())
+        setattr(mod, name, Recorded())
         patched.append((mod, name, kernel))
 
     for mod, name in [(renorm_passes, "_row_stats_kernel"), (renorm_passes, "_bracket_kernel"),
@@ -119,19 +139,17 @@ def pass_timer(log):
 
 
 def breakdown(fn, iters):
-    """Median us per pass over iters calls."""
-    per = {}
-    for _ in range(3):
+    """GPU us per pass: each launch of one call replayed 10 times from a CUDA graph."""
+    fn()
+    log = []
+    with recording(log):
         fn()
     torch.cuda.synchronize()
-    for _ in range(iters):
-        log = []
-        with pass_timer(log):
-            fn()
-        torch.cuda.synchronize()
-        for name, a, b in log:
-            per.setdefault(name, []).append(a.elapsed_time(b) * 1000)
-    return {k: statistics.median(v) for k, v in per.items()}
+    per = {}
+    for name, relaunch in log:
+        us = graph_us(relaunch, iters, per_replay=10)
+        per[name.strip("_").replace("_kernel", "")] = us
+    return per
 
 
 def main(argv=None):
@@ -148,15 +166,18 @@ def main(argv=None):
     peaky = probs(a.rows, a.vocab, 5.0, seed=1)
     out = torch.empty_like(flat)
     floor = time_us(lambda: out.copy_(flat), a.iters)
-    print(f"# {torch.cuda.get_device_name()} {a.rows}x{a.vocab} fp32; copy floor {floor:.1f} us", flush=True)
+    print(f"# {torch.cuda.get_device_name()} {a.rows}x{a.vocab} fp32; copy floor {floor:.1f} us; "
+          f"torch {torch.__version__}, triton {triton.__version__}; {DEFAULT_CONFIG}", flush=True)
+    print("# variants: graph-replay us / eager us per op", flush=True)
     expected = {name: r() for name, (_, r) in ops_for(DEFAULT_CONFIG, flat, peaky).items()}
     results = {"floor_us": floor, "variants": {}, "breakdown": {}, "configs": VARIANTS}
     baseline = {}
     for name, (fn, _) in ops_for(DEFAULT_CONFIG, flat, peaky).items():
         try:
             results["breakdown"][name] = bd = breakdown(fn, a.iters)
-            print(f"passes {name:18s} " + " ".join(f"{k.strip('_').replace('_kernel', '')}={v:.1f}"
-                                                   for k, v in bd.items()), flush=True)
+            print(f"passes {name:18s} " + " ".join(f"{k}={v:.1f}" if v is not None else f"{k}=?"
+                                                   for k, v in bd.items())
+                  + f" sum={sum(v for v in bd.values() if v is not None):.1f}", flush=True)
         except Exception as e:  # noqa: BLE001
             print(f"passes {name}: {type(e).__name__}: {e}", flush=True)
     for vname in a.variants.split(","):
@@ -176,13 +197,15 @@ def main(argv=None):
                     if name in baseline else None
                 if not torch.equal(torch.isnan(res), torch.isnan(expected[name])):
                     same_kept = False
-                us = time_us(fn, a.iters)
-                row[name] = {"us": us, "same_kept_as_reference": same_kept, "max_ulp_vs_reference": gap,
-                             "bits_equal_default": same_bits}
+                eager = time_us(fn, a.iters)
+                gpu = graph_us(fn, a.iters)
+                row[name] = {"us": gpu if gpu is not None else eager, "eager_us": eager,
+                             "graph": gpu is not None, "same_kept_as_reference": same_kept,
+                             "max_ulp_vs_reference": gap, "bits_equal_default": same_bits}
             except Exception as e:  # noqa: BLE001 - report and continue with the others
                 row[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
         results["variants"][vname] = row
-        cells = " ".join(f"{k}={v['us']:.0f}" + ("" if v["same_kept_as_reference"] else "!KEPT")
+        cells = " ".join(f"{k}={v['us']:.0f}/{v['eager_us']:.0f}" + ("" if v["same_kept_as_reference"] else "!KEPT")
                          + ("" if v["bits_equal_default"] in (True, None) else "~")
                          if "us" in v else f"{k}=ERR" for k, v in row.items())
         print(f"{vname:16s} ({time.time() - t0:4.0f}s) {cells}", flush=True)

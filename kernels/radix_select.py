@@ -71,16 +71,22 @@ def _pick(t, probes, d, ok):
 @triton.jit
 def kth_largest_block(b, k, first, t0, last):
     """Largest pattern t with #{b >= t} >= k (t0 when none), over a register block of
-    non-negative bit patterns (padding 0). Rounds first..last-1; last < 16 leaves low bits 0."""
+    non-negative bit patterns (padding 0). Rounds first..last-1; last < 16 leaves low bits 0.
+
+    The three probe counts of a round come from one int64 reduction (20-bit fields, exact for
+    blocks below 2**20 entries): one block-wide barrier sequence per round instead of three."""
     t = t0
     for r in range(first, last):
         shift = 30 - 2 * r
         c1 = t + (1 << shift)
         c2 = t + (2 << shift)  # negative (bit 31 set) in round 0: not a pattern
         c3 = t + (3 << shift)
-        ok1 = (c1 >= 0) & (tl.sum((b >= c1).to(tl.int32), axis=0) >= k)
-        ok2 = (c2 >= 0) & (tl.sum((b >= c2).to(tl.int32), axis=0) >= k)
-        ok3 = (c3 >= 0) & (tl.sum((b >= c3).to(tl.int32), axis=0) >= k)
+        w = ((b >= c1) & (c1 >= 0)).to(tl.int64) + (((b >= c2) & (c2 >= 0)).to(tl.int64) << 20) \
+            + (((b >= c3) & (c3 >= 0)).to(tl.int64) << 40)
+        packed = tl.sum(w, axis=0)
+        ok1 = (c1 >= 0) & ((packed & 0xFFFFF) >= k)
+        ok2 = (c2 >= 0) & (((packed >> 20) & 0xFFFFF) >= k)
+        ok3 = (c3 >= 0) & ((packed >> 40) >= k)
         t = tl.where(ok3, c3, tl.where(ok2, c2, tl.where(ok1, c1, t)))
     return t
 

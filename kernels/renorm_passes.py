@@ -23,6 +23,7 @@ every sum in a fixed order. Torch reference: kernels/reference.py.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass
 
@@ -43,6 +44,7 @@ from tpguard.kernels.radix_select import (
 STATUS_DONE = 1
 STATUS_FULL_SELECT = 2  # top-p: exact cutoff from the bracket pass
 STATUS_FULL_SUM = 3  # min-p: cutoff known, kept mass from the bracket pass
+MAX_BLOCK = 1 << 20  # register blocks searched by kth_largest_block (20-bit count fields)
 
 
 @dataclass(frozen=True)
@@ -54,13 +56,14 @@ class RenormConfig:
     select_warps: int = 16  # the per-row kernels hold a row's group maxima in registers
     sub: int = 1024  # entries per step when the per-row searches stream
     reg: int = 4096  # candidates searched from registers (more are streamed)
-    bracket_warps: int = 32  # bracket_select: the bracket's entries (~13k on flat rows) in registers
-    bracket_reg: int = 16384
+    bracket_warps: int = 16  # bracket_select (run 2 on the H200: 16 warps / 8192 beat 32 / 16384)
+    bracket_reg: int = 8192  # bracket entries searched from registers (~10k on flat rows)
     group: int = 16  # G: entries per gmax group
     sample_stride: int = 32  # SG: one sampled entry per SG entries (a multiple of G)
     tau_groups: int = 1024  # top-p: groups gathered before falling back to the bracket pass
     min_p_groups: int = 512  # min-p: most groups gathered before the bracket pass
     list_cap: int = 16384  # gathered entries above the cutoff's lower bound kept per row
+    compact_sub: int = 4096  # entries per step when a select kernel compacts gathered groups
     cap_per_chunk: int = 1024  # bracket entries kept per chunk before the fallback searches
     z: float = 5.0  # bracket half-width in standard deviations of the sample estimate
 
@@ -99,13 +102,20 @@ class Shapes:
     cap: int
 
 
+@functools.lru_cache(maxsize=256)
 def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
+    """Block shapes for a batch (cached: the host path of a call stays a few microseconds)."""
     if cfg.sample_stride % cfg.group or cfg.chunk % cfg.sample_stride:
         raise ValueError("RenormConfig: sample_stride must be a multiple of group, chunk of sample_stride")
     chunk = cfg.chunk  # fixed (not shrunk for short rows): fewer kernel variants to compile
     n_chunks = triton.cdiv(vocab, chunk)
     n_groups = triton.cdiv(vocab, cfg.group)
     n_samples = triton.cdiv(vocab, cfg.sample_stride)
+    ng_block = max(16, triton.next_power_of_2(n_groups))
+    if ng_block > MAX_BLOCK or max(cfg.reg, cfg.bracket_reg) > MAX_BLOCK:
+        # kth_largest_block packs three counts into 20-bit fields of one int64
+        raise ValueError(f"vocabulary of {vocab} entries is too large for group={cfg.group} "
+                         f"(at most {MAX_BLOCK * cfg.group})")
     return Shapes(
         rows=rows,
         vocab=vocab,
@@ -114,7 +124,7 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
         n_groups=n_groups,
         n_samples=n_samples,
         ch_block=max(2, triton.next_power_of_2(n_chunks)),
-        ng_block=max(16, triton.next_power_of_2(n_groups)),
+        ng_block=ng_block,
         ns_block=max(16, triton.next_power_of_2(n_samples)),
         cap=min(cfg.cap_per_chunk, chunk),
     )
@@ -122,60 +132,62 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
 
 @dataclass
 class Workspace:
-    """Per-call scratch, carved from one allocation; every buffer a kernel reads is written
-    earlier in the same call."""
+    """Per-call scratch, carved from three allocations (one per dtype); every buffer a kernel
+    reads is written earlier in the same call. Buffers are flat; kernels index them by row."""
 
-    chunk_sum: torch.Tensor  # float64 [rows, n_chunks]
-    chunk_bad: torch.Tensor  # int32 [rows, n_chunks]
-    gmax: torch.Tensor  # float32 [rows, n_groups]
-    gsamp: torch.Tensor  # float32 [rows, n_samples]
-    gid: torch.Tensor  # int32 [rows, n_groups]
-    cand: torch.Tensor  # float32 [rows, list]: values above a cutoff's lower bound, in order
-    params: torch.Tensor  # float32 [rows, 4]: thr1, r1, thr2, r2
+    chunk_sum: torch.Tensor  # float64 [rows * n_chunks]
+    chunk_bad: torch.Tensor  # int32 [rows * n_chunks]
+    gmax: torch.Tensor  # float32 [rows * n_groups]
+    gsamp: torch.Tensor  # float32 [rows * n_samples]
+    gid: torch.Tensor  # int32 [rows * n_groups]
+    cand: torch.Tensor  # float32 [rows * list_cap]: values above a cutoff's lower bound, in order
+    params: torch.Tensor  # float32 [rows * 4]: thr1, r1, thr2, r2
     flag: torch.Tensor  # int32 [rows]: 1 = NaN row
     plan: torch.Tensor  # int32 [rows, 4]: status, lo bits, hi bits, -
     target: torch.Tensor  # float64 [rows]
-    mhi: torch.Tensor  # float64 [rows, n_chunks]
-    cnt: torch.Tensor  # int32 [rows, n_chunks]
-    slots: torch.Tensor  # float32 [rows, n_chunks, cap]
+    mhi: torch.Tensor  # float64 [rows * n_chunks]
+    cnt: torch.Tensor  # int32 [rows * n_chunks]
+    slots: torch.Tensor  # float32 [rows * n_chunks * cap]
     list_cap: int
+    cap: int
+
+
+_DTYPE_OF = {"chunk_sum": torch.float64, "target": torch.float64, "mhi": torch.float64,
+             "chunk_bad": torch.int32, "gid": torch.int32, "flag": torch.int32, "plan": torch.int32,
+             "cnt": torch.int32, "gmax": torch.float32, "gsamp": torch.float32, "cand": torch.float32,
+             "params": torch.float32, "slots": torch.float32}
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(s: Shapes, cfg: RenormConfig, with_sample: bool, with_bracket: bool):
+    """(list_cap, {dtype: (names, sizes)}): each buffer followed by padding to 64 entries
+    (aligned pointers); split() of one allocation per dtype gives buffer, pad, buffer, pad..."""
+    r = s.rows
+    list_cap = max(min(cfg.list_cap, s.vocab), s.n_chunks * s.cap if with_bracket else 0)
+    numel = {
+        "chunk_sum": r * s.n_chunks, "chunk_bad": r * s.n_chunks, "gmax": r * s.n_groups,
+        "gsamp": r * s.n_samples if with_sample else 1, "gid": r * s.n_groups, "cand": r * list_cap,
+        "params": r * 4, "flag": r, "plan": r * 4, "target": r,
+        "mhi": r * s.n_chunks if with_bracket else 1, "cnt": r * s.n_chunks if with_bracket else 1,
+        "slots": r * s.n_chunks * s.cap if with_bracket else 1,
+    }
+    groups = {}
+    for name, n in numel.items():
+        names, sizes = groups.setdefault(_DTYPE_OF[name], ([], []))
+        names.append(name)
+        sizes += [n, (n + 63) // 64 * 64 - n]
+    return list_cap, groups
 
 
 def workspace_for(s: Shapes, cfg: RenormConfig, device: torch.device, with_sample: bool,
                   with_bracket: bool) -> Workspace:
-    r = s.rows
-    list_cap = max(min(cfg.list_cap, s.vocab), s.n_chunks * s.cap if with_bracket else 0)
-    layout = [
-        ("chunk_sum", torch.float64, (r, s.n_chunks)),
-        ("chunk_bad", torch.int32, (r, s.n_chunks)),
-        ("gmax", torch.float32, (r, s.n_groups)),
-        ("gsamp", torch.float32, (r, s.n_samples) if with_sample else (1,)),
-        ("gid", torch.int32, (r, s.n_groups)),
-        ("cand", torch.float32, (r, list_cap)),
-        ("params", torch.float32, (r, 4)),
-        ("flag", torch.int32, (r,)),
-        ("plan", torch.int32, (r, 4)),
-        ("target", torch.float64, (r,)),
-        ("mhi", torch.float64, (r, s.n_chunks) if with_bracket else (1,)),
-        ("cnt", torch.int32, (r, s.n_chunks) if with_bracket else (1,)),
-        ("slots", torch.float32, (r, s.n_chunks, s.cap) if with_bracket else (1,)),
-    ]
-    offsets, total = [], 0
-    for _, dtype, shape in layout:
-        offsets.append(total)
-        n = 1
-        for d in shape:
-            n *= d
-        total += (n * torch.empty((), dtype=dtype).element_size() + 255) // 256 * 256
-    raw = torch.empty(total, dtype=torch.uint8, device=device)  # one allocation per call
+    list_cap, groups = _layout(s, cfg, with_sample, with_bracket)
     views = {}
-    for (name, dtype, shape), off in zip(layout, offsets):
-        n = 1
-        for d in shape:
-            n *= d
-        size = torch.empty((), dtype=dtype).element_size()
-        views[name] = raw[off : off + n * size].view(dtype).view(shape)
-    return Workspace(list_cap=list_cap, **views)
+    for dtype, (names, sizes) in groups.items():
+        parts = torch.empty(sum(sizes), dtype=dtype, device=device).split(sizes)
+        views.update(zip(names, parts[::2]))
+    views["plan"] = views["plan"].view(s.rows, 4)
+    return Workspace(list_cap=list_cap, cap=s.cap, **views)
 
 
 # --- pass 1: row statistics ------------------------------------------------------------------

@@ -76,7 +76,7 @@ def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                          HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
                          G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
                          NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
-                         TAU_GROUPS: tl.constexpr):
+                         TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     src = probs_ptr + row * vocab
     gid_row = gid_ptr + row * n_groups
@@ -123,7 +123,7 @@ def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                 thr1, r1, thr2, r2 = _top_k_stages(src, gid_row, n_cand, vocab, k, first, t0, max_bits, p,
                                                    WITH_TOP_P, True, G, SUB, REG)
             else:  # large k: keep only the entries >= a (about k of them)
-                count, _ = compact_values(src, gid_row, n_cand, vocab, a, list_row, list_cap, True, G, SUB)
+                count, _ = compact_values(src, gid_row, n_cand, vocab, a, list_row, list_cap, True, G, CSUB)
                 tl.debug_barrier()
                 if count <= list_cap:
                     thr1, r1, thr2, r2 = _top_k_stages(list_row, list_row, count, count, k, first, t0, max_bits,
@@ -137,7 +137,7 @@ def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                 r1 = tl.full((), 1.0, tl.float32)
                 status, thr2, kept, lo, hi, target = top_p_plan(
                     src, gid_row, list_row, list_cap, gb, gidx, max_bits, gsamp_ptr + row * n_samples,
-                    n_samples, vocab, total, p, G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z)
+                    n_samples, vocab, total, p, G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB)
                 r2 = reciprocal_f32(kept)
     else:
         thr1 = tl.full((), 0x7F800000, tl.int32)  # +inf: keep nothing (empty or NaN rows)
@@ -159,11 +159,14 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
     if rows == 0:
         return out
     with_top_p = top_p is not None
-    s = shapes_for(rows, vocab, cfg)
-    ws = workspace_for(s, cfg, probs.device, with_sample=with_top_p, with_bracket=with_top_p)
     has_k = isinstance(top_k, torch.Tensor)
     has_p = isinstance(top_p, torch.Tensor)
-    launch_row_stats(probs, s, ws, cfg, with_sample=with_top_p)
+    # the bracket passes serve only rows whose k >= vocab (plain top-p); a scalar k < vocab has
+    # none: two launches and the samples skipped
+    full_top_p = with_top_p and (has_k or int(top_k) >= vocab)
+    s = shapes_for(rows, vocab, cfg)
+    ws = workspace_for(s, cfg, probs.device, with_sample=full_top_p, with_bracket=full_top_p)
+    launch_row_stats(probs, s, ws, cfg, with_sample=full_top_p)
     _top_k_select_kernel[(rows,)](
         probs, vocab, s.n_chunks, s.n_groups, s.n_samples,
         ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp, ws.gid, ws.cand, ws.list_cap,
@@ -172,9 +175,10 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
         ws.params, ws.flag, ws.plan, ws.target, float(cfg.z),
         HAS_K_ARR=has_k, HAS_P_ARR=has_p, WITH_TOP_P=with_top_p,
         G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, NS_BLOCK=s.ns_block,
-        SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups, num_warps=cfg.select_warps,
+        SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
+        CSUB=cfg.compact_sub, num_warps=cfg.select_warps,
     )
-    if with_top_p:
+    if full_top_p:
         launch_bracket(probs, s, ws, cfg)
     launch_write(probs, out, s, ws, cfg)
     return out

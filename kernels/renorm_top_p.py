@@ -111,7 +111,7 @@ def sample_bracket(samp_row_ptr, n_samples, tau, m_tau, m_low, target, Z, W: tl.
 @triton.jit
 def top_p_plan(src, gid_row, list_row, list_cap, gb, gidx, max_bits, samp_row, n_samples, vocab, total, p,
                G: tl.constexpr, SG: tl.constexpr, NS_BLOCK: tl.constexpr, SUB: tl.constexpr,
-               REG: tl.constexpr, TAU_GROUPS: tl.constexpr, Z):
+               REG: tl.constexpr, TAU_GROUPS: tl.constexpr, Z, CSUB: tl.constexpr):
     """(status, thr bits, kept mass, lo, hi, target) for top-p on one row (see module doc).
     gb: the row's group maxima (bits) in registers."""
     target = p.to(tl.float64) * total
@@ -130,7 +130,7 @@ def top_p_plan(src, gid_row, list_row, list_cap, gb, gidx, max_bits, samp_row, n
         if n_cand <= REG:
             m_tau = upper_mass_any(src, gid_row, n_cand, vocab, tau, 0, 1.0, True, False, G, SUB, REG)
         else:  # keep only the entries >= tau: usually about TAU_GROUPS of them
-            count, m_tau = compact_values(src, gid_row, n_cand, vocab, tau, list_row, list_cap, True, G, SUB)
+            count, m_tau = compact_values(src, gid_row, n_cand, vocab, tau, list_row, list_cap, True, G, CSUB)
             tl.debug_barrier()
         if (m_tau >= target) & (m_tau > 0.0):
             first, t0 = search_start(tau, max_bits)
@@ -156,7 +156,8 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                          p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
                          HAS_P_ARR: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
                          CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, NS_BLOCK: tl.constexpr,
-                         SUB: tl.constexpr, REG: tl.constexpr, TAU_GROUPS: tl.constexpr):
+                         SUB: tl.constexpr, REG: tl.constexpr, TAU_GROUPS: tl.constexpr,
+                         CSUB: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     ch = tl.arange(0, CH_BLOCK)
     chm = ch < n_chunks
@@ -178,7 +179,7 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
         status, thr, kept, lo, hi, target = top_p_plan(
             probs_ptr + row * vocab, gid_ptr + row * n_groups, cand_ptr + row * list_cap, list_cap,
             gb, gidx, tl.max(gb, axis=0), gsamp_ptr + row * n_samples, n_samples, vocab, total, p,
-            G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z)
+            G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB)
     full = status >= 2
     tl.store(flag_ptr + row, (n_bad > 0).to(tl.int32))
     tl.store(plan_ptr + row * 4, status)
@@ -209,7 +210,8 @@ def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[Renor
         ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp, ws.gid, ws.cand, ws.list_cap,
         p_arr, p_val, ws.params, ws.flag, ws.plan, ws.target, float(cfg.z),
         HAS_P_ARR=has_arr, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
-        NS_BLOCK=s.ns_block, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups, num_warps=cfg.select_warps,
+        NS_BLOCK=s.ns_block, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
+        CSUB=cfg.compact_sub, num_warps=cfg.select_warps,
     )
     launch_bracket(probs, s, ws, cfg)
     launch_write(probs, out, s, ws, cfg)

@@ -30,8 +30,21 @@ if DEVICE == "cpu" and not INTERPRET:
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
 
+# On a GPU every distinct block shape is a Triton compile (~2 s each); the full module compiles
+# hundreds and does not fit a 90 s run. There, only the GPU smoke set runs (the shapes of the
+# benchmark, whose compiled kernels the sweep and the bench then reuse, plus the special rows)
+# unless TPGUARD_RENORM_GPU_TESTS=all. On CPU (interpreter, CI) everything runs.
+GPU_SMOKE = {"test_gpu_smoke_bench_shapes", "test_special_rows[2100-default]"}
+GPU_ALL = os.environ.get("TPGUARD_RENORM_GPU_TESTS", "").strip().lower() == "all"
+
+
+@pytest.fixture(autouse=True)
+def _gpu_smoke_only(request):
+    if DEVICE == "cuda" and not GPU_ALL and request.node.name not in GPU_SMOKE:
+        pytest.skip("GPU smoke run (TPGUARD_RENORM_GPU_TESTS=all runs every test)")
+
 SMALL = RenormConfig(chunk=256, sub=256, reg=128, bracket_reg=256, tau_groups=4, min_p_groups=8, list_cap=64,
-                     cap_per_chunk=64, select_warps=4, bracket_warps=4, pass_warps=4)
+                     cap_per_chunk=64, select_warps=4, bracket_warps=4, pass_warps=4, compact_sub=128)
 STREAMING = SMALL.replace(sub=32, reg=16, bracket_reg=16)  # every search streamed, many steps per round
 TINY_CAP = SMALL.replace(cap_per_chunk=2, list_cap=16)  # bracket and lists overflow
 NO_MARGIN = SMALL.replace(z=0.0)  # sample brackets miss, on both sides
@@ -100,6 +113,15 @@ def test_top_p_whole_row_fallbacks(cfg):
         assert_matches(top_p_renorm_triton(x, p, config=cfg), ref.top_p_renorm_reference(x, p))
 
 
+def test_group32_select_w8_shapes():
+    # the sweep's "group32" variant shape (groups of 32, 8-warp selects) at small sizes
+    cfg = SMALL.replace(group=32, sample_stride=32, select_warps=8, reg=256, compact_sub=64)
+    x = torch.cat([make_rows(2, 1500, "flat", seed=41), make_rows(1, 1500, "peaky", seed=42)])
+    assert_matches(top_p_renorm_triton(x, 0.9, config=cfg), ref.top_p_renorm_reference(x, 0.9))
+    assert_matches(top_k_renorm_triton(x, 40, config=cfg), ref.top_k_renorm_reference(x, 40))
+    assert_matches(min_p_renorm_triton(x, 0.1, config=cfg), ref.min_p_renorm_reference(x, 0.1))
+
+
 def test_streaming_sub_blocks():
     x = make_rows(2, 900, "flat", seed=14)
     assert_matches(top_p_renorm_triton(x, 0.9, config=STREAMING), ref.top_p_renorm_reference(x, 0.9))
@@ -133,7 +155,7 @@ def test_every_path_is_taken(monkeypatch):
             assert_matches(top_p_renorm_triton(x, p, config=cfg), ref.top_p_renorm_reference(x, p))
     status = torch.stack([ws.plan[:, 0] for ws in seen]).cpu()
     assert (status == 1).any() and (status == 2).any()  # gather-done rows and bracket rows
-    overflowed = [(ws.cnt > ws.slots.shape[-1]).any().item() for ws in seen]
+    overflowed = [(ws.cnt > ws.cap).any().item() for ws in seen]
     assert any(overflowed)  # TINY_CAP: a bracket overflowed its slots
     seen_k = plans(monkeypatch, tk_mod)
     for k in (3, 40, 300):  # 40 and 300 entries > reg: the compacted list, then its overflow
@@ -195,6 +217,39 @@ def test_rows_1_to_64():
     x = make_rows(64, 128, "flat", seed=5)
     assert_matches(top_k_renorm_triton(x, 40), ref.top_k_renorm_reference(x, 40))
     assert_matches(top_p_renorm_triton(x[:1], 0.9, config=SMALL), ref.top_p_renorm_reference(x[:1], 0.9))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="bench shapes on the GPU only (CPU covers the same paths with SMALL)")
+def test_gpu_smoke_bench_shapes():
+    """Every path at the benchmark's shapes (vocab 163840, default config), repeat calls and a
+    row alone vs in a batch: the kernels compiled here are the ones the sweep and bench use."""
+    vocab = 163840
+    x = torch.cat([make_rows(2, vocab, "flat", seed=31), make_rows(2, vocab, "peaky", seed=32)])
+    k = torch.tensor([40, vocab, 1, 1024], dtype=torch.int32, device=DEVICE)
+    p = torch.tensor([0.9, 0.9, 0.5, 0.95], device=DEVICE)
+    runs = {
+        "top_p": (lambda b: top_p_renorm_triton(b, 0.9), lambda b: ref.top_p_renorm_reference(b, 0.9)),
+        "top_k": (lambda b: top_k_renorm_triton(b, 40), lambda b: ref.top_k_renorm_reference(b, 40)),
+        "top_k1024": (lambda b: top_k_renorm_triton(b, 1024), lambda b: ref.top_k_renorm_reference(b, 1024)),
+        "top_k_top_p": (lambda b: top_k_top_p_renorm_triton(b, 40, 0.9),
+                        lambda b: ref.top_k_top_p_renorm_reference(b, 40, 0.9)),
+        "top_k_top_p_rows": (lambda b: top_k_top_p_renorm_triton(b, k[: b.shape[0]], p[: b.shape[0]]),
+                             lambda b: ref.top_k_top_p_renorm_reference(b, k[: b.shape[0]], p[: b.shape[0]])),
+        "min_p": (lambda b: min_p_renorm_triton(b, 0.1), lambda b: ref.min_p_renorm_reference(b, 0.1)),
+    }
+    for name, (op, expect) in runs.items():
+        out = op(x)
+        assert_matches(out, expect(x))
+        assert torch.equal(op(x).view(torch.int32), out.view(torch.int32)), name
+        if name != "top_k_top_p_rows":  # per-row parameters follow their row
+            assert torch.equal(op(x[2:3]).view(torch.int32), out[2:3].view(torch.int32)), name
+
+
+def test_gpu_smoke_names_exist(request):
+    # the GPU smoke set names tests by id: a renamed test must not silently leave it
+    names = {item.name for item in request.session.items}
+    if len(names) > 10:  # the whole module was collected (not a -k selection)
+        assert GPU_SMOKE <= names, GPU_SMOKE - names
 
 
 # --- determinism and batch invariance -------------------------------------------------------

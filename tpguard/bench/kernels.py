@@ -256,7 +256,7 @@ def run(rows=256, vocabs=(128256, 163840), logits=("flat", "peaky"), iters=50, r
             for impl in impls:
                 if impl == "torch":
                     continue
-                k_cells.append(measure(op, impl, x, k, top_p, min_p, fs, iters, min(repeats, 50), floor, False,
+                k_cells.append(measure(op, impl, x, k, top_p, min_p, fs, iters, min(repeats, 50), floor, graphs,
                                        "flat"))
     print_cells(f"top_k sweep, {rows} x {vocab}, flat logits", k_cells, ("op", "top_k"))
     cells += k_cells
