@@ -40,9 +40,9 @@ G2=$(( NGPU > 1 ? 1 : 0 ))  # the second GPU when there is one
 # --- phases ---------------------------------------------------------------------------------------
 kernels() {  # issue 3: renorm kernels on the GPU: tests, variant sweep, the table, audit
   local d=/tmp/res/kernels; mkdir -p $d
-  timeout 100 python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests/test_renorm_kernels.py tests/test_renorm_reference.py > $d/pytest.log 2>&1
+  timeout ${K_PYTEST:-100} python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests/test_renorm_kernels.py tests/test_renorm_reference.py > $d/pytest.log 2>&1
   say "kernels pytest rc=$? $(tail -1 $d/pytest.log)"
-  timeout 80 python3 kernels/gpu_sweep.py --budget 50 --json $d/sweep.json > $d/sweep.log 2>&1
+  timeout ${K_SWEEP:-80} python3 kernels/gpu_sweep.py --budget 50 --json $d/sweep.json > $d/sweep.log 2>&1
   say "kernels sweep rc=$?"
   local best; best=$(python3 - $d/sweep.json <<'PY'
 import json, sys
@@ -59,23 +59,23 @@ except Exception:
 PY
 )
   say "kernels best variant: '${best}'"
-  TPGUARD_RENORM_CONFIG="$best" timeout 150 python3 -m tpguard.bench.kernels --graphs --impls tpguard,flashinfer,flashinfer-det,torch --json $d/bench.json > $d/bench.log 2>&1
+  TPGUARD_RENORM_CONFIG="$best" timeout ${K_BENCH:-150} python3 -m tpguard.bench.kernels --graphs --impls tpguard,flashinfer,flashinfer-det,torch --json $d/bench.json > $d/bench.log 2>&1
   say "kernels bench rc=$?"
-  timeout 60 python3 -m tpguard.audit --calls 200 --device cuda --rows 256 --vocab 163840 > $d/audit.log 2>&1
+  timeout ${K_AUDIT:-60} python3 -m tpguard.audit --calls 200 --device cuda --rows 256 --vocab 163840 > $d/audit.log 2>&1
   say "kernels audit rc=$?"
 }
 
 fingerprint() {  # fingerprint kernels: CUDA tests and throughput
   local d=/tmp/res/fingerprint; mkdir -p $d
-  timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_fingerprint.py tests/test_gpu_guard_graphs.py > $d/pytest.log 2>&1
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_fingerprint.py tests/test_gpu_guard_graphs.py > $d/pytest.log 2>&1
   say "fingerprint+graph pytest rc=$? $(tail -1 $d/pytest.log)"
-  timeout 60 python3 -m tpguard.bench.fingerprint > $d/bench.log 2>&1
-  say "fingerprint bench rc=$?"
+  timeout 80 python3 -m tpguard.bench.fingerprint ${FP_BENCH_ARGS:-} > $d/bench.log 2>&1
+  say "fingerprint bench rc=$? $(grep -E '^main:|best' $d/bench.log | head -3 | tr '\n' ' ')"
 }
 
 guard1() {  # issue 6 on one GPU: the guard's cost (graph replay and eager)
   local d=/tmp/res/guard1; mkdir -p $d
-  timeout 90 python3 -m tpguard.bench.guard --profile --json $d/guard1.json > $d/bench.log 2>&1
+  timeout 70 python3 -m tpguard.bench.guard --profile --json $d/guard1.json > $d/bench.log 2>&1
   say "guard bench (1 GPU) rc=$? $(grep -E 'device work' $d/bench.log)"
 }
 
@@ -87,7 +87,7 @@ harness1() {  # issue 4: 2 ranks sharing one GPU over gloo
 
 sglang1() {  # issue 5: sglang's DFlash verify with the plugin, 2 ranks sharing one GPU
   local d=/tmp/res/sglang1; mkdir -p $d
-  timeout ${SGLANG_TIMEOUT:-300} python3 -m tpguard.hooks.gpu_check_sglang $d/sglang1.json --configs default,deterministic --timeout 240 > $d/log.txt 2>&1
+  timeout ${SGLANG_TIMEOUT:-300} python3 -m tpguard.hooks.gpu_check_sglang $d/sglang1.json --configs default,deterministic --timeout $(( ${SGLANG_TIMEOUT:-300} / 2 )) > $d/log.txt 2>&1
   say "sglang (1 GPU, gloo) rc=$?"; grep -E "PASS|FAIL|^  " $d/log.txt | cut -c1-260 | tee -a "$SUMMARY"
 }
 
@@ -97,6 +97,12 @@ nccl_guard() {  # issue 7.3/7.4: guard cost and fused heal over NCCL; graph capt
   say "guard bench (2 GPUs, NCCL) rc=$?"; grep -E "device work|eager|heal:" $d/bench.log | tee -a "$SUMMARY"
   TRACE_DIR=$d/trace timeout 90 torchrun --nproc-per-node 2 gpu/graph_nccl_check.py $d/graph.json > $d/graph.log 2>&1
   say "graph capture (NCCL) rc=$? $(tail -1 $d/graph.log)"
+}
+
+nccl_guard_bench() {  # the guard's cost over NCCL only
+  local d=/tmp/res/nccl_guard; mkdir -p $d
+  timeout 80 torchrun --nproc-per-node 2 -m tpguard.bench.guard --json $d/guard2.json > $d/bench.log 2>&1
+  say "guard bench (2 GPUs, NCCL) rc=$?"; grep -E "device work|eager|heal:" $d/bench.log | tee -a "$SUMMARY"
 }
 
 nccl_harness() {  # issue 7.1: the harness over NCCL, 256 x 163840, top_p 0.9, flat, DFlash chain
@@ -138,6 +144,12 @@ case "$PHASES" in
     ( on_gpu $G2 guard1 ) &
     wait
     [ "$NGPU" -gt 1 ] && { nccl_guard; FI_STEPS=${FI_STEPS:-500} nccl_harness; nccl_sglang; }
+    ;;
+  call3)
+    ( export K_PYTEST=90 K_SWEEP=70 K_BENCH=130 K_AUDIT=45; on_gpu 0 kernels ) &
+    ( export FP_BENCH_ARGS=--sweep SGLANG_TIMEOUT=150; on_gpu $G2 fingerprint; on_gpu $G2 guard1; on_gpu $G2 sglang1 ) &
+    wait
+    [ "$NGPU" -gt 1 ] && nccl_guard_bench
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done
