@@ -17,7 +17,9 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export FLASHINFER_CUDA_ARCH_LIST=9.0a TRITON_INTERPRET=0 OMP_NUM_THREADS=4
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 SUMMARY=/tmp/res/summary.txt
-say() { echo "[$(el)s] $*" | tee -a "$SUMMARY"; }
+say() { echo "[$(el)s] $*" | tee -a "$SUMMARY"; cp "$SUMMARY" "$OUT/summary.txt"; }
+# If the call is about to be cut at its time limit, still bring back what is there.
+[ -n "${TAR_AT:-}" ] && ( sleep "$TAR_AT"; tar czf "$OUT/results.tgz" -C /tmp res 2>/dev/null ) &
 
 # --- set-up -------------------------------------------------------------------------------------
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
