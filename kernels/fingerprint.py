@@ -98,10 +98,11 @@ if INTERPRET and triton is not None and _triton_version() < (3, 8):
 class KernelConfig:
     """Tiling and code shape. Results never depend on it (integer sums), only speed does."""
 
-    block_words: int = 8192  # words per program per loop step (a [rows_per_tile, BN] tile)
+    # Defaults: the fastest correct config of the H200 sweep (docs/benchmarks.md, run 3).
+    block_words: int = 4096  # words per program per loop step (a [rows_per_tile, BN] tile)
     rows_per_tile: int = 8  # long rows: rows hashed side by side, sharing per-column work
     chunk_words: int = 4096  # columns of a row per program; longer rows are split into chunks
-    num_warps: int = 8  # for full tiles; smaller tiles use fewer
+    num_warps: int = 4  # for full tiles; smaller tiles use fewer
     finalize_rows: int = 1024  # rows per finalize program; also the limit for a fused top hash
     shifts: int = 1  # fmix32 shifts done as IMAD.HI: 0 none, 1 the ">>16" ones, 2 all
 

@@ -49,18 +49,20 @@ MAX_BLOCK = 1 << 20  # register blocks searched by kth_largest_block (20-bit cou
 
 @dataclass(frozen=True)
 class RenormConfig:
-    """Block shapes. Results depend only on these and the vocabulary size, never on the batch."""
+    """Block shapes. Results depend only on these and the vocabulary size, never on the batch.
+
+    Defaults: the fastest correct variant of the H200 sweep (docs/benchmarks.md, run 3)."""
 
     chunk: int = 8192  # entries per program in the full passes (a power of two, >= 64)
     pass_warps: int = 8
-    select_warps: int = 16  # the per-row kernels hold a row's group maxima in registers
+    select_warps: int = 8  # the per-row kernels hold a row's group maxima in registers
     sub: int = 1024  # entries per step when the per-row searches stream
-    reg: int = 4096  # candidates searched from registers (more are streamed)
+    reg: int = 2048  # candidates searched from registers (more are streamed)
     bracket_warps: int = 16  # bracket_select (run 2 on the H200: 16 warps / 8192 beat 32 / 16384)
     bracket_reg: int = 8192  # bracket entries searched from registers (~10k on flat rows)
-    group: int = 16  # G: entries per gmax group
+    group: int = 32  # G: entries per gmax group
     sample_stride: int = 32  # SG: one sampled entry per SG entries (a multiple of G)
-    tau_groups: int = 1024  # top-p: groups gathered before falling back to the bracket pass
+    tau_groups: int = 512  # top-p: groups gathered before falling back to the bracket pass
     min_p_groups: int = 512  # min-p: most groups gathered before the bracket pass
     list_cap: int = 16384  # gathered entries above the cutoff's lower bound kept per row
     compact_sub: int = 4096  # entries per step when a select kernel compacts gathered groups
