@@ -265,25 +265,16 @@ class DeviceStepGuard(StepGuard):
             return None  # clean, and no step record to write: nothing to parse
         div = self._compare(gathered.cpu(), step)
         if div is not None:
-            if self.heal_layout:
-                div.action = "healed"  # rank 0's decisions were already applied on the device
-                self.stats["healed"] += 1
-                self.stats["divergences"] += 1
-                self._write(div.to_record(), both=True)
-                self.flush()
-                if self.metrics is not None:
-                    self.metrics.divergence(div)
-                for listener in self.listeners:
-                    listener(div)
-            else:
-                self._act(div, gathered)
+            self._act(div, gathered)
         return div
 
     def _diverging_rows(self, name: str) -> list[int] | None:
         return None  # no extra collectives on the asynchronous path (docs/production.md)
 
     def heal(self, gathered=None) -> list[str]:
-        raise RuntimeError("DeviceStepGuard heals on the device (heal_capacity), not by broadcast")
+        """Nothing to send: rank 0's decisions already travelled in the step's all-gather and were
+        copied on the device (`_apply_rank0_decisions`)."""
+        return [name for name, _, _ in self.heal_layout]
 
     # --- CUDA graphs ---------------------------------------------------------------------------
 
