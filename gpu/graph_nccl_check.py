@@ -10,20 +10,8 @@ import torch
 import torch.distributed as dist
 
 from tpguard.bench.guard import make_tensors
+from tpguard.bench.timing import capture
 from tpguard.device_guard import DeviceStepGuard, decisions_capacity
-
-
-def capture(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
 
 
 def main():

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from contextlib import contextmanager
 
 import torch
+
+from tpguard.bench.timing import time_events, time_graph
 import triton
 
 from tpguard.kernels import renorm_min_p, renorm_passes, renorm_top_k, renorm_top_p
@@ -44,39 +45,9 @@ def probs(rows, vocab, scale, seed=0):
     return torch.softmax(z, dim=-1).float().contiguous()
 
 
-def time_us(fn, iters):
-    """Median eager microseconds of one call (CUDA events around each call)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    evs = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        evs.append((a, b))
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) * 1000 for a, b in evs)
-
-
 def graph_us(fn, iters, per_replay=1):
-    """Median GPU microseconds of fn (a call, or per_replay calls) replayed from a CUDA graph;
-    None when capture fails."""
-    try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(per_replay):
-                fn()
-        return time_us(graph.replay, iters) / per_replay
-    except Exception:  # noqa: BLE001 - report eager times instead
-        torch.cuda.synchronize()
-        return None
+    """Median GPU us of fn replayed from a CUDA graph; None when capture fails."""
+    return time_graph(fn, iters, per_replay=per_replay, strict=False)
 
 
 def ops_for(cfg, flat, peaky):
@@ -165,7 +136,7 @@ def main(argv=None):
     flat = probs(a.rows, a.vocab, 1.0)
     peaky = probs(a.rows, a.vocab, 5.0, seed=1)
     out = torch.empty_like(flat)
-    floor = time_us(lambda: out.copy_(flat), a.iters)
+    floor = time_events(lambda: out.copy_(flat), a.iters)
     print(f"# {torch.cuda.get_device_name()} {a.rows}x{a.vocab} fp32; copy floor {floor:.1f} us; "
           f"torch {torch.__version__}, triton {triton.__version__}; {DEFAULT_CONFIG}", flush=True)
     print("# variants: graph-replay us / eager us per op", flush=True)
@@ -197,7 +168,7 @@ def main(argv=None):
                     if name in baseline else None
                 if not torch.equal(torch.isnan(res), torch.isnan(expected[name])):
                     same_kept = False
-                eager = time_us(fn, a.iters)
+                eager = time_events(fn, a.iters)
                 gpu = graph_us(fn, a.iters)
                 row[name] = {"us": gpu if gpu is not None else eager, "eager_us": eager,
                              "graph": gpu is not None, "same_kept_as_reference": same_kept,

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import statistics
 import sys
 import time
 
 import torch
+
+from tpguard.bench.timing import time_batched, time_graph, time_host
 
 MAIN_SHAPE = ((256, 163840), torch.float32)
 SHAPES = [
@@ -41,49 +42,8 @@ def _make(shape, dtype, device, seed=0):
     return torch.randint(-(1 << 30), 1 << 30, shape, generator=g, device=device, dtype=torch.int64).to(dtype)
 
 
-def time_cuda(fn, iters: int, rounds: int = 7, warmup: int = 3) -> float:
-    """Microseconds per call of fn(): `rounds` batches of `iters` back-to-back calls between CUDA
-    events, median over batches. Back-to-back calls keep the GPU queue ahead of the host, so this
-    is device time whenever the host launches faster than the device runs."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    per_call = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        per_call.append(start.elapsed_time(end) * 1000.0 / iters)
-    return statistics.median(per_call)
-
-
-def time_host(fn, iters: int) -> float:
-    """Microseconds of host time per call of fn() (Python + launch overhead; no sync inside)."""
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    host = (time.perf_counter() - t0) / iters * 1e6
-    torch.cuda.synchronize()
-    return host
-
-
-def time_graph(fn, iters: int) -> float:
-    """Microseconds per replay of one fn() call captured in a CUDA graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up outside capture: compiles kernels, caches plans
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return time_cuda(graph.replay, iters)
+def graph_batched(fn, iters: int) -> float:
+    return time_graph(fn, iters, timer=time_batched)
 
 
 def check(t: torch.Tensor) -> str:
@@ -108,13 +68,13 @@ def bench_shapes(shapes, iters: int, do_check: bool) -> list[dict]:
         x = _make(shape, dtype, "cuda")
         nbytes = x.numel() * x.element_size()
         status = check(x) if do_check else "skipped"
-        t_fp = time_cuda(lambda: k.fingerprint_triton(x), iters)
-        t_graph = time_graph(lambda: k.fingerprint_triton(x), iters)
-        t_rows = time_cuda(lambda: k.fingerprint_rows_triton(x), iters)
+        t_fp = time_batched(lambda: k.fingerprint_triton(x), iters)
+        t_graph = graph_batched(lambda: k.fingerprint_triton(x), iters)
+        t_rows = time_batched(lambda: k.fingerprint_rows_triton(x), iters)
         y = torch.empty_like(x)
         flat = x.view(-1)
-        t_sum = time_cuda(lambda: flat.sum(), iters)  # read-only floor (torch reduction)
-        t_copy = time_cuda(lambda: y.copy_(x), iters)  # read + write
+        t_sum = time_batched(lambda: flat.sum(), iters)  # read-only floor (torch reduction)
+        t_copy = time_batched(lambda: y.copy_(x), iters)  # read + write
         row = dict(shape=tuple(shape), dtype=str(dtype).replace("torch.", ""), mb=nbytes / 1e6,
                    fp_us=t_fp, graph_us=t_graph, rows_us=t_rows, sum_us=t_sum, copy_us=t_copy,
                    check=status)
@@ -151,11 +111,11 @@ def bench_many(iters: int, do_check: bool) -> list[str]:
             got = k.fingerprint_many_triton(tensors).cpu()
             status = "ok" if torch.equal(got, k.fingerprint_many_reference(tensors)) else "MISMATCH"
         launches = k.ManyPlan(tensors).launches
-        t_many = time_cuda(lambda: k.fingerprint_many_triton(tensors), iters)
+        t_many = time_batched(lambda: k.fingerprint_many_triton(tensors), iters)
         h_many = time_host(lambda: k.fingerprint_many_triton(tensors), iters)
-        t_graph = time_graph(lambda: k.fingerprint_many_triton(tensors), iters)
+        t_graph = graph_batched(lambda: k.fingerprint_many_triton(tensors), iters)
         one_by_one = lambda: [fingerprint_device(t) for t in tensors]  # noqa: E731
-        t_each = time_cuda(one_by_one, iters)
+        t_each = time_batched(one_by_one, iters)
         h_each = time_host(one_by_one, iters)
         print(f"{name:>10} {len(tensors):7d} {launches:8d} | {t_many:8.1f} {h_many:8.1f} "
               f"{t_graph:8.1f} | {t_each:9.1f} {h_each:8.1f} | {status}")
@@ -202,7 +162,7 @@ def sweep(iters: int, budget_s: float = 55.0) -> None:
         if not ok:
             print(f"{label}: MISMATCH")
             continue
-        us = time_graph(lambda: k.fingerprint_triton(x, config=cfg), iters)
+        us = graph_batched(lambda: k.fingerprint_triton(x, config=cfg), iters)
         timed.append((us, cfg))
         print(f"{label}: {us:8.1f} us {nbytes / us / 1e6:5.2f} TB/s")
     if not timed:
@@ -219,7 +179,7 @@ def sweep(iters: int, budget_s: float = 55.0) -> None:
         if not torch.equal(k.fingerprint_many_triton(full, config=cfg).cpu(), want):
             print(f"  {cfg}: MISMATCH")
             continue
-        us = time_graph(lambda: k.fingerprint_many_triton(full, config=cfg), iters)
+        us = graph_batched(lambda: k.fingerprint_many_triton(full, config=cfg), iters)
         print(f"  {cfg}: {us:8.1f} us (main shape {us_main:.1f} us)")
     print(f"sweep took {time.perf_counter() - t0:.0f} s")
 

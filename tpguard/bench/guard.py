@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 
 import torch
 import torch.distributed as dist
 
+from tpguard.bench.timing import time_graph, time_wall
 from tpguard.quantities import CANONICAL_ORDER, DECISIONS_MODE
 
 
@@ -42,44 +42,6 @@ def make_tensors(bs: int, draft: int, vocab: int, device, seed: int = 0) -> dict
         "commit_lens": torch.randint(1, draft, (bs,), dtype=torch.int32, device=device, generator=g),
         "out_tokens": torch.randint(0, vocab, (bs, draft), device=device, generator=g),
     }
-
-
-def time_graph(fn, iters: int) -> float:
-    """Median us of a captured graph's replay of fn (GPU time, no launch gaps)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000)
-    return statistics.median(times)
-
-
-def time_eager(fn, iters: int, warmup: int = 5) -> float:
-    """Median us per call, wall clock with the device synchronised around each call."""
-    import time
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times)
 
 
 def stand_in_verify(t: dict, top_p: float = 0.9, top_k: int = 40):
@@ -137,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  args.iters)
 
     # 2. Eager verify steps, guard off vs on.
-    out["step_off_us"] = time_eager(lambda: stand_in_verify(t), args.iters)
+    out["step_off_us"] = time_wall(lambda: stand_in_verify(t), args.iters)
     for mode, names in (("full", CANONICAL_ORDER), ("decisions", DECISIONS_MODE)):
         guard = DeviceStepGuard(site=f"bench.eager.{mode}", run_id="bench", watchdog=False)
 
@@ -147,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                 guard.record(n, t[n])
             guard.check()
 
-        out[f"step_{mode}_us"] = time_eager(step, args.iters)
+        out[f"step_{mode}_us"] = time_wall(step, args.iters)
         guard.drain()
         guard.close()
 
@@ -162,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                 guard.record(n, t[n])
             guard.check()
 
-        out["guard_only_eager_us"] = time_eager(guarded_only, args.iters)
+        out["guard_only_eager_us"] = time_wall(guarded_only, args.iters)
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(30):
@@ -191,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
             guard.check()
 
         out["broadcasts_per_step"] = len(decisions)
-        out["broadcasts_eager_us"] = time_eager(broadcasts, args.iters)
+        out["broadcasts_eager_us"] = time_wall(broadcasts, args.iters)
         out["fused_heal_collectives_per_step"] = 1
-        out["fused_heal_eager_us"] = time_eager(fused, args.iters)
+        out["fused_heal_eager_us"] = time_wall(fused, args.iters)
         guard.drain()
         guard.close()
         guard = DeviceStepGuard(site="bench.heal.graph", policy="heal", run_id="bench", watchdog=False,

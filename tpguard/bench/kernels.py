@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
 
 import torch
+
+from tpguard.bench.timing import time_events, time_graph
 
 OPS = ("top_p", "top_k", "top_k_top_p", "min_p")
 IMPLS = ("tpguard", "flashinfer", "flashinfer-det", "torch")
@@ -67,38 +68,8 @@ def make_probs(rows: int, vocab: int, logits: str, device, seed: int = 0) -> tor
     return torch.softmax(z, dim=-1).float().contiguous()
 
 
-def time_cuda(fn: Callable[[], object], iters: int, warmup: int = 3) -> float:
-    """Median microseconds of one call, each call between its own pair of CUDA events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        times.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1000.0 for s, e in times)
-
-
-def time_graph(fn: Callable[[], object], iters: int) -> Optional[float]:
-    """Median microseconds per replay of one call captured in a CUDA graph (None if it cannot be)."""
-    try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return time_cuda(graph.replay, iters)
-    except Exception:  # noqa: BLE001 - some kernels sync or allocate in ways capture refuses
-        torch.cuda.synchronize()
-        return None
+def graph_or_none(fn: Callable[[], object], iters: int) -> Optional[float]:
+    return time_graph(fn, iters, strict=False)
 
 
 def repeat_differences(fn: Callable[[], torch.Tensor], calls: int) -> tuple[int, int]:
@@ -163,9 +134,9 @@ def measure(op, impl, x, top_k, top_p, min_p, fs, iters, repeats, floor_us, grap
         return cell
     try:
         it = max(3, iters // 5) if impl == "torch" else iters
-        cell.median_us = time_cuda(lambda: fn(x), it)
+        cell.median_us = time_events(lambda: fn(x), it)
         if graphs and impl != "torch":
-            cell.graph_us = time_graph(lambda: fn(x), iters)
+            cell.graph_us = graph_or_none(lambda: fn(x), iters)
         n = max(2, repeats // 5) if impl == "torch" else repeats
         cell.calls = n
         cell.calls_differing, cell.rows_differing = repeat_differences(lambda: fn(x), n)
@@ -181,7 +152,7 @@ def measure(op, impl, x, top_k, top_p, min_p, fs, iters, repeats, floor_us, grap
 
 def copy_floor_us(x: torch.Tensor, iters: int) -> float:
     out = torch.empty_like(x)
-    return time_cuda(lambda: out.copy_(x), iters)
+    return time_events(lambda: out.copy_(x), iters)
 
 
 def fmt(v, spec):
@@ -227,7 +198,7 @@ def run(rows=256, vocabs=(128256, 163840), logits=("flat", "peaky"), iters=50, r
                     c = measure(op, impl, x, top_k, top_p, min_p, fs, iters, repeats, floor, graphs, kind)
                     main_cells.append(c)
             del x
-    print(f"\ncopy floor (read + write, us): " + ", ".join(f"{r}x{v}: {f:.0f}" for (r, v), f in floors.items()))
+    print("\ncopy floor (read + write, us): " + ", ".join(f"{r}x{v}: {f:.0f}" for (r, v), f in floors.items()))
     print_cells(f"{rows} rows", main_cells, ("op", "vocab", "logits"))
     cells += main_cells
 
