@@ -90,11 +90,7 @@ class DeviceStepGuard(StepGuard):
     # --- record: keep references; fingerprint all device tensors in one batch at check() --------
 
     def record(self, name: str, tensor: torch.Tensor | None) -> None:
-        if name not in self.index:
-            raise ValueError(f"unknown quantity {name!r} for site {self.site} (known: {list(self.quantities)})")
-        if tensor is None:
-            self._fps.pop(name, None)
-            self._tensors.pop(name, None)
+        if self._forget_if_none(name, tensor):
             return
         if tensor.device.type == "cpu" and self.dev.type == "cuda":
             # Host-side state (a CUDA generator's seed/offset is a CPU tensor): hash it on the host.

@@ -179,14 +179,20 @@ class StepGuard:
         step = self.step if step is None else step
         return should_check(step, self.every, self.sample_one_in, self.sample_seed)
 
+    def _forget_if_none(self, name: str, value) -> bool:
+        """Check the name; a None value means "not captured this step" (forget any earlier one)."""
+        if name not in self.index:
+            raise ValueError(f"unknown quantity {name!r} for site {self.site} (known: {list(self.quantities)})")
+        if value is None:
+            self._fps.pop(name, None)
+            self._tensors.pop(name, None)
+            return True
+        return False
+
     def record(self, name: str, tensor: torch.Tensor | None) -> None:
         """Fingerprint `tensor` now (it may be overwritten later); None means not captured."""
         t0 = time.perf_counter()
-        if name not in self.index:
-            raise ValueError(f"unknown quantity {name!r} for site {self.site} (known: {list(self.quantities)})")
-        if tensor is None:
-            self._fps.pop(name, None)
-            self._tensors.pop(name, None)
+        if self._forget_if_none(name, tensor):
             return
         self._fps[name] = fingerprint_device(tensor)
         self._numels[name] = tensor.numel()
@@ -199,8 +205,8 @@ class StepGuard:
 
     def record_fingerprint(self, name: str, value: int | torch.Tensor, numel: int = 0) -> None:
         """An already computed fingerprint (e.g. emitted by a kernel's write pass)."""
-        if name not in self.index:
-            raise ValueError(f"unknown quantity {name!r} for site {self.site}")
+        if self._forget_if_none(name, value):
+            return
         self._fps[name] = value if isinstance(value, torch.Tensor) else to_signed(int(value))
         self._numels[name] = numel
 
