@@ -23,7 +23,7 @@ td.first{outline:3px solid #b00020;outline-offset:-3px}
 td.c .tip{display:none;position:absolute;z-index:9;left:30px;top:20px;background:#222;color:#fff;
 text-align:left;padding:6px 8px;white-space:pre;font:12px ui-monospace,monospace;border-radius:4px}
 td.c:hover .tip{display:block}
-.legend span{display:inline-block;width:14px;height:14px;margin:0 4px -2px 12px}
+.legend{margin-top:8px} .legend span{display:inline-block;width:14px;height:14px;margin:0 4px -2px 12px;border:1px solid #ccc}
 """
 
 
@@ -87,8 +87,9 @@ def render_html(diag: Diagnosis) -> str:
     grid.append("</table>")
     if not views:
         grid = ["<p>No steps to show.</p>"]
-    legend = ("<div class='legend'>agree<span style='background:#cdebd3'></span> differ"
-              "<span style='background:#f4a3a8'></span> not captured<span style='background:#eee'></span>"
-              " (hover a cell for per-rank values)</div>")
+    legend = ("<div class='legend'><span style='background:#cdebd3'></span>agree"
+              "<span style='background:#f4a3a8'></span>differ"
+              "<span style='background:#eee'></span>not captured"
+              " &nbsp;(hover a cell for per-rank values; the outlined cell is the first divergence)</div>")
     return ("<!doctype html><html><head><meta charset='utf-8'><title>tpguard diagnose</title>"
             f"<style>{_CSS}</style></head><body>{''.join(head)}{legend}{''.join(grid)}</body></html>")
