@@ -13,23 +13,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import select
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-import traceback
 
 import pytest
 
-HERE = os.path.abspath(__file__)
-# Triton kernels of sglang (DSpark's accept) run on CPU under the interpreter; it must be set
-# before triton is imported.
-ZYGOTE_ENV = {"TRITON_INTERPRET": "1", "SGLANG_PLUGINS": "tpguard", "PYTHONWARNINGS": "ignore"}
-CLEARED = ("TPGUARD", "SGLANG_SPEC_TP_SYNC")  # prefixes a scenario's env starts without
+import sglang_zygote  # noqa: E402 - tests/ is on sys.path (pytest and `python tests/x.py --zygote`)
+
+# sglang's Triton kernels run on CPU under the interpreter: sglang_zygote.ZYGOTE_ENV sets it.
 
 PRELOAD = (
     "torch", "torch.distributed",
@@ -307,153 +297,8 @@ PLAIN = {"doctor": plain_doctor, "not_a_worker": plain_not_a_worker}
 SCENARIOS = {k[len("scenario_"):]: v for k, v in dict(globals()).items() if k.startswith("scenario_")}
 
 
-# =============================================================================================
-# The zygote: import sglang once, fork the ranks of each scenario.
-# =============================================================================================
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(name: str, rank: int, world: int, port: int, out_path: str) -> None:
-    result = {"ok": False}
-    try:
-        if name in PLAIN:
-            result = {"ok": True, "value": PLAIN[name]()}
-            return
-        from sglang.srt.distributed import parallel_state as ps
-        from sglang.srt.plugins import load_plugins
-        from sglang.srt.runtime_context import get_parallel
-
-        load_plugins()  # as sglang does first thing in a scheduler process
-        ps.init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
-                                        distributed_init_method=f"tcp://127.0.0.1:{port}", timeout=60)
-        tp = ps.init_model_parallel_group([list(range(world))], rank, "gloo", use_pynccl=False,
-                                          use_custom_allreduce=False, group_name="tp")
-        get_parallel().override_permanently(tp_group=tp, attn_dp_enabled=False)
-        result = {"ok": True, "value": SCENARIOS[name](rank, world, tp)}
-    except BaseException as e:  # noqa: BLE001 - reported to the test
-        result = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-    finally:
-        try:
-            from tpguard.hooks import sglang_sites
-
-            if sglang_sites.RUNTIME is not None:
-                sglang_sites.RUNTIME.close_all()
-        except Exception:
-            pass
-        with open(out_path, "w") as f:
-            json.dump(result, f)
-
-
-def _fork_scenario(req: dict) -> dict:
-    world, name, timeout = req.get("world", 2), req["scenario"], req.get("timeout", 60)
-    port = _free_port()
-    tmp = tempfile.mkdtemp(prefix="tpguard-sg-")
-    pids = []
-    for rank in range(world):
-        pid = os.fork()
-        if pid == 0:  # child
-            code = 0
-            try:
-                os.dup2(2, 1)  # stray prints must not reach the zygote's answer pipe
-                for k in [k for k in os.environ if k.startswith(CLEARED)]:
-                    del os.environ[k]
-                os.environ.update(req.get("env", {}))
-                os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
-                _rank_main(name, rank, world, port, os.path.join(tmp, f"{rank}.json"))
-            except BaseException:  # noqa: BLE001
-                code = 1
-            finally:
-                os._exit(code)
-        pids.append(pid)
-    deadline = time.monotonic() + timeout
-    alive = set(pids)
-    while alive and time.monotonic() < deadline:
-        for pid in list(alive):
-            done, _ = os.waitpid(pid, os.WNOHANG)
-            if done:
-                alive.discard(pid)
-        time.sleep(0.02)
-    for pid in alive:  # only the ranks this zygote forked
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    results = []
-    for rank in range(world):
-        path = os.path.join(tmp, f"{rank}.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                results.append(json.load(f))
-        else:
-            results.append({"ok": False, "error": "rank timed out or died", "traceback": ""})
-    return {"results": results}
-
-
-def zygote_main() -> None:
-    import importlib
-
-    # Answers go to a private copy of stdout; anything else printed lands on stderr.
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    for mod in PRELOAD:
-        importlib.import_module(mod)
-    out.write(json.dumps({"ready": True}) + "\n")
-    out.flush()
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            reply = _fork_scenario(json.loads(line))
-        except Exception as e:  # noqa: BLE001
-            reply = {"error": f"{type(e).__name__}: {e}"}
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
-
-
-class Zygote:
-    def __init__(self, start_timeout: float = 300.0):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(CLEARED)}
-        env.update(ZYGOTE_ENV)
-        self.proc = subprocess.Popen([sys.executable, HERE, "--zygote"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=None, text=True, env=env,
-                                     cwd=os.path.dirname(os.path.dirname(HERE)))
-        line = self._readline(start_timeout)
-        if not line or not json.loads(line).get("ready"):
-            self.close()
-            raise RuntimeError("the sglang zygote did not start (see stderr above)")
-
-    def _readline(self, timeout: float) -> str:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        return self.proc.stdout.readline() if ready else ""
-
-    def run(self, scenario: str, env: dict | None = None, world: int = 2, timeout: float = 60.0) -> list:
-        if scenario in PLAIN:
-            world = 1
-        req = {"scenario": scenario, "env": env or {}, "world": world, "timeout": timeout}
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        line = self._readline(timeout + 30)
-        assert line, f"zygote gave no answer for {scenario}"
-        reply = json.loads(line)
-        assert "error" not in reply, reply["error"]
-        for rank, r in enumerate(reply["results"]):
-            assert r["ok"], f"rank {rank} of {scenario}: {r['error']}\n{r.get('traceback', '')}"
-        return [r["value"] for r in reply["results"]]
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 if __name__ == "__main__" and "--zygote" in sys.argv:
-    zygote_main()
+    sglang_zygote.zygote_main(PRELOAD, SCENARIOS, PLAIN, None)
     sys.exit(0)
 
 
@@ -467,7 +312,7 @@ if importlib.util.find_spec("sglang") is None:  # not importing it here: the zyg
 
 @pytest.fixture(scope="module")
 def zygote():
-    z = Zygote()
+    z = sglang_zygote.Zygote(__file__, PLAIN)
     yield z
     z.close()
 

@@ -1,0 +1,179 @@
+"""Running real sglang code on 2 gloo ranks, fast: a "zygote" process imports sglang once (it
+takes ~10 s) and forks the ranks of each scenario from there.
+
+A test file defines its scenarios (functions run on every rank with the real TP group), makes
+itself the zygote's program with
+
+    if __name__ == "__main__" and "--zygote" in sys.argv:
+        sglang_zygote.zygote_main(PRELOAD, SCENARIOS, PLAIN, SERVER_ARGS)
+
+and talks to it through `Zygote(__file__, PLAIN)`. Each rank loads tpguard through sglang's own
+`load_plugins()` (as a scheduler process does), then builds sglang's TP group over gloo.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+
+# TRITON_INTERPRET must be set before triton is imported (sglang imports it).
+ZYGOTE_ENV = {"TRITON_INTERPRET": "1", "SGLANG_PLUGINS": "tpguard", "PYTHONWARNINGS": "ignore"}
+CLEARED = ("TPGUARD", "SGLANG_SPEC_TP_SYNC")  # prefixes a scenario's env starts without
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(name: str, rank: int, world: int, port: int, out_path: str, scenarios: dict,
+               plain: dict, server_args: dict | None) -> None:
+    result = {"ok": False}
+    try:
+        if name in plain:
+            result = {"ok": True, "value": plain[name]()}
+            return
+        from sglang.srt.distributed import parallel_state as ps
+        from sglang.srt.plugins import load_plugins
+        from sglang.srt.runtime_context import get_context, get_parallel
+
+        load_plugins()  # as sglang does first thing in a scheduler process
+        ps.init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
+                                        distributed_init_method=f"tcp://127.0.0.1:{port}", timeout=60)
+        tp = ps.init_model_parallel_group([list(range(world))], rank, "gloo", use_pynccl=False,
+                                          use_custom_allreduce=False, group_name="tp")
+        get_parallel().override_permanently(tp_group=tp, attn_dp_enabled=False)
+        if server_args:
+            get_context().override_server_args(**server_args, tp_size=world).install()
+        result = {"ok": True, "value": scenarios[name](rank, world, tp)}
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        result = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    finally:
+        try:
+            from tpguard.hooks import sglang_sites
+
+            if sglang_sites.RUNTIME is not None:
+                sglang_sites.RUNTIME.close_all()
+        except Exception:
+            pass
+        with open(out_path, "w") as f:
+            json.dump(result, f)
+
+
+def _fork_scenario(req: dict, scenarios: dict, plain: dict, server_args: dict | None) -> dict:
+    world, name, timeout = req.get("world", 2), req["scenario"], req.get("timeout", 60)
+    port = _free_port()
+    tmp = tempfile.mkdtemp(prefix="tpguard-sg-")
+    pids = []
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:  # child
+            code = 0
+            try:
+                os.dup2(2, 1)  # stray prints must not reach the zygote's answer pipe
+                for k in [k for k in os.environ if k.startswith(CLEARED)]:
+                    del os.environ[k]
+                os.environ.update(req.get("env", {}))
+                os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
+                _rank_main(name, rank, world, port, os.path.join(tmp, f"{rank}.json"), scenarios, plain,
+                           server_args)
+            except BaseException:  # noqa: BLE001
+                code = 1
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    deadline = time.monotonic() + timeout
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        for pid in list(alive):
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done:
+                alive.discard(pid)
+        time.sleep(0.02)
+    for pid in alive:  # only the ranks this zygote forked
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    results = []
+    for rank in range(world):
+        path = os.path.join(tmp, f"{rank}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                results.append(json.load(f))
+        else:
+            results.append({"ok": False, "error": "rank timed out or died", "traceback": ""})
+    return {"results": results}
+
+
+def zygote_main(preload: tuple[str, ...], scenarios: dict[str, Callable], plain: dict[str, Callable],
+                server_args: dict | None = None) -> None:
+    """The zygote's loop: import `preload` once, then one JSON request per stdin line."""
+    out = os.fdopen(os.dup(1), "w")  # answers go to a private copy of stdout
+    os.dup2(2, 1)  # anything else printed lands on stderr
+    for mod in preload:
+        importlib.import_module(mod)
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            reply = _fork_scenario(json.loads(line), scenarios, plain, server_args)
+        except Exception as e:  # noqa: BLE001
+            reply = {"error": f"{type(e).__name__}: {e}"}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+class Zygote:
+    """The test side: starts `python TEST_FILE --zygote` and runs scenarios on it."""
+
+    def __init__(self, test_file: str, plain_names=(), start_timeout: float = 300.0):
+        self.plain_names = set(plain_names)
+        test_file = os.path.abspath(test_file)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(CLEARED)}
+        env.update(ZYGOTE_ENV)
+        self.proc = subprocess.Popen([sys.executable, test_file, "--zygote"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=None, text=True, env=env,
+                                     cwd=os.path.dirname(os.path.dirname(test_file)))
+        line = self._readline(start_timeout)
+        if not line or not json.loads(line).get("ready"):
+            self.close()
+            raise RuntimeError("the sglang zygote did not start (see stderr above)")
+
+    def _readline(self, timeout: float) -> str:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        return self.proc.stdout.readline() if ready else ""
+
+    def run(self, scenario: str, env: dict | None = None, world: int = 2, timeout: float = 60.0) -> list:
+        if scenario in self.plain_names:
+            world = 1
+        req = {"scenario": scenario, "env": env or {}, "world": world, "timeout": timeout}
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        line = self._readline(timeout + 30)
+        assert line, f"zygote gave no answer for {scenario}"
+        reply = json.loads(line)
+        assert "error" not in reply, reply["error"]
+        for rank, r in enumerate(reply["results"]):
+            assert r["ok"], f"rank {rank} of {scenario}: {r['error']}\n{r.get('traceback', '')}"
+        return [r["value"] for r in reply["results"]]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
