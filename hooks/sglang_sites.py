@@ -171,7 +171,7 @@ class Runtime:
         from tpguard.records import Header
         from tpguard.trace import TraceWriter, merged_trace_path, rank_trace_path
 
-        run_id = agree_on_run_id(info, self.run_id)
+        run_id = agree_on_run_id(info, self.run_id, self.config.timeout_s)
         if info.distributed:
             import torch.distributed as dist
 

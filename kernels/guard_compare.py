@@ -17,7 +17,8 @@ try:
 except ImportError:  # CPU-only install
     triton = None
 
-HDR = 3  # step, site id, present mask
+# The vector's header words (step, site id, present mask): defined with the layout in tpguard/guard.py.
+from tpguard.guard import _HDR as HDR  # noqa: E402
 
 
 def compare_gathered_torch(gathered: torch.Tensor, q: int, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -38,14 +39,14 @@ def compare_gathered_torch(gathered: torch.Tensor, q: int, out: torch.Tensor | N
 if triton is not None:
 
     @triton.jit
-    def _compare_kernel(g_ptr, out_ptr, W, L, Q, BW: tl.constexpr, BQ: tl.constexpr):
+    def _compare_kernel(g_ptr, out_ptr, W, L, Q, BW: tl.constexpr, BQ: tl.constexpr, H: tl.constexpr = 3):
         r = tl.arange(0, BW)[:, None]
         c = tl.arange(0, BQ)[None, :]
         ok = (r < W) & (c < Q)
         mask = tl.load(g_ptr + r * L + 2, mask=r < W, other=0)
         present = ((mask >> c.to(tl.int64)) & 1) != 0
         present = present & ok
-        vals = tl.load(g_ptr + r * L + 3 + c, mask=ok, other=0)  # 3: header words
+        vals = tl.load(g_ptr + r * L + H + c, mask=ok, other=0)
         big = tl.full(vals.shape, 9223372036854775807, tl.int64)
         small = tl.full(vals.shape, -9223372036854775807 - 1, tl.int64)
         hi = tl.min(tl.where(present, vals, big), axis=0)
@@ -66,8 +67,8 @@ def compare_gathered(gathered: torch.Tensor, q: int, out: torch.Tensor | None = 
     if gathered.is_cuda and triton is not None and gathered.is_contiguous() and not _kernel_failed:
         w, length = gathered.shape
         try:
-            _compare_kernel[(1,)](gathered, out, w, length, q,
-                                  BW=max(2, triton.next_power_of_2(w)), BQ=max(2, triton.next_power_of_2(q)))
+            _compare_kernel[(1,)](gathered, out, w, length, q, BW=max(2, triton.next_power_of_2(w)),
+                                  BQ=max(2, triton.next_power_of_2(q)), H=HDR)
             return out
         except Exception as e:  # a Triton that cannot build it: the torch ops give the same flags
             _kernel_failed = True

@@ -35,26 +35,18 @@ from tpguard.launch.summary import RunSummary
 from tpguard.launch.tree import for_algo
 from tpguard.launch.workload import SamplingParams, Workload
 from tpguard.quantities import DECISION_QUANTITIES
-from tpguard.watchdog import wait_with_deadline
 
 
-RUN_ID_BYTES = 128
+def agree_run_id(run_id: str | None, timeout_s: float) -> str:
+    """Rank 0's run id on every rank (tpguard.guard.agree_on_run_id), or the one given."""
+    from tpguard.errors import RankTimeoutError
+    from tpguard.guard import GroupInfo, agree_on_run_id
 
-
-def agree_run_id(run_id: str | None, device: torch.device, timeout_s: float) -> str:
-    """Rank 0's run id on every rank: one fixed-size broadcast, deadline-bounded like every wait."""
-    from tpguard.guard import new_run_id
-
-    buf = torch.zeros(RUN_ID_BYTES, dtype=torch.uint8)
-    if dist.get_rank() == 0:
-        raw = (run_id or new_run_id()).encode()[:RUN_ID_BYTES]
-        buf[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    buf = buf.to(device)
-    work = dist.broadcast(buf, src=0, async_op=True)
-    if not wait_with_deadline(work, timeout_s, torch.cuda.Event() if device.type == "cuda" else None):
+    try:
+        return agree_on_run_id(GroupInfo(None), run_id, timeout_s)
+    except RankTimeoutError:
         raise StartupTimeoutError(f"tpguard: not every rank reached the harness's start within {timeout_s:g} s "
-                                  f"(world size {dist.get_world_size()})")
-    return bytes(buf.cpu().tolist()).rstrip(b"\0").decode()
+                                  f"(world size {dist.get_world_size()})") from None
 
 
 def _no_record(name, tensor) -> None:
@@ -89,9 +81,8 @@ def run_harness(opts: HarnessOptions) -> RunSummary:
     rank, world = dist.get_rank(), dist.get_world_size()
     pg_backend = str(dist.get_backend()).lower()
     device = torch.device("cuda", torch.cuda.current_device()) if opts.device == "cuda" else torch.device("cpu")
-    comm = torch.device("cuda", torch.cuda.current_device()) if "nccl" in pg_backend else torch.device("cpu")
     renorm = get_backend(opts.renorm, opts.device)
-    run_id = agree_run_id(opts.run_id, comm, opts.timeout)
+    run_id = agree_run_id(opts.run_id, opts.timeout)
     state_group = dist.new_group(backend=pg_backend)
     guard = _make_guard(opts, run_id, renorm.describe())
 

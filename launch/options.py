@@ -12,12 +12,12 @@ import argparse
 import re
 from dataclasses import dataclass, field
 
+from tpguard.config import POLICIES
 from tpguard.quantities import CANONICAL_ORDER, DECISIONS_MODE
 
 ALGOS = ("dflash", "eagle")
 LOGITS = ("flat", "peaky", "mixed")
 RENORMS = ("auto", "torch", "emulated-atomic", "flashinfer", "flashinfer-det", "tpguard")
-POLICIES = ("record", "heal", "abort")
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 QUANTITY_SETS = {"full": CANONICAL_ORDER, "decisions": DECISIONS_MODE}

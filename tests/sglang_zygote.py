@@ -31,6 +31,25 @@ ZYGOTE_ENV = {"TRITON_INTERPRET": "1", "SGLANG_PLUGINS": "tpguard", "PYTHONWARNI
 CLEARED = ("TPGUARD", "SGLANG_SPEC_TP_SYNC")  # prefixes a scenario's env starts without
 
 
+def count_collectives() -> dict:
+    """Count gather/broadcast collectives from here on, in a rank (instrumentation of the real
+    torch.distributed functions, which still run)."""
+    import torch.distributed as dist
+
+    counts = {"n": 0}
+    for name in ("all_gather_into_tensor", "all_gather_single", "all_gather", "broadcast_object_list"):
+        fn = getattr(dist, name, None)
+        if fn is None:
+            continue
+
+        def counted(*a, _fn=fn, **k):
+            counts["n"] += 1
+            return _fn(*a, **k)
+
+        setattr(dist, name, counted)
+    return counts
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

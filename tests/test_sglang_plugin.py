@@ -76,22 +76,7 @@ def _divergence_log(site: str):
     return log
 
 
-def _count_collectives():
-    """Count gather/broadcast collectives from here on (instrumentation, not a stand-in)."""
-    import torch.distributed as dist
-
-    counts = {"n": 0}
-    for name in ("all_gather_into_tensor", "all_gather_single", "all_gather", "broadcast_object_list"):
-        fn = getattr(dist, name, None)
-        if fn is None:
-            continue
-
-        def counted(*a, _fn=fn, **k):
-            counts["n"] += 1
-            return _fn(*a, **k)
-
-        setattr(dist, name, counted)
-    return counts
+_count_collectives = sglang_zygote.count_collectives
 
 
 def scenario_sync_planted(rank, world, tp):

@@ -95,7 +95,7 @@ class DeviceStepGuard(StepGuard):
         if tensor.device.type == "cpu" and self.dev.type == "cuda":
             # Host-side state (a CUDA generator's seed/offset is a CPU tensor): hash it on the host.
             self._fps[name] = to_signed(fingerprint_bytes(tensor.contiguous().numpy().tobytes()
-                                                          + str(tuple(tensor.shape)).encode()))
+                                                          + f"{tensor.dtype}{tuple(tensor.shape)}".encode()))
         else:
             self._fps[name] = None  # fingerprinted in the batch at check()
         self._numels[name] = tensor.numel()
@@ -153,6 +153,8 @@ class DeviceStepGuard(StepGuard):
         """int64 [len(names)] on the comm device: one `fingerprint_many` batch per device."""
         from tpguard.kernels.fingerprint import fingerprint_many
 
+        if all(t is not None and t.device == self.dev for t in tensors):
+            return fingerprint_many(tensors)  # the usual case: one batch, nothing to assemble
         out = torch.empty(len(names), dtype=torch.int64, device=self.dev)
         by_device: dict[torch.device, list[int]] = {}
         for k, t in enumerate(tensors):

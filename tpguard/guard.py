@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import xxhash
 
+from tpguard.config import POLICIES
 from tpguard.divergence import Divergence, first_divergence
 from tpguard.errors import RankDivergenceError, RankTimeoutError
 from tpguard.fingerprint import fingerprint_device, fingerprint_rows_i64, format_fp, to_signed
@@ -36,7 +37,6 @@ from tpguard.sampling import should_check
 from tpguard.trace import TraceWriter, merged_trace_path, rank_trace_path
 from tpguard.watchdog import Heartbeat, default_store, wait_with_deadline
 
-POLICIES = ("record", "heal", "abort")
 _HDR = 3  # step, site id, present mask
 
 
@@ -76,14 +76,23 @@ class GroupInfo:
         return self.global_ranks[0]
 
 
-def agree_on_run_id(info: GroupInfo, run_id: str | None) -> str:
-    """Every rank of the group uses group rank 0's run id (one broadcast, at construction)."""
+RUN_ID_BYTES = 128
+
+
+def agree_on_run_id(info: GroupInfo, run_id: str | None, timeout_s: float = 60.0) -> str:
+    """Every rank of the group uses group rank 0's run id: one fixed-size broadcast, bounded by
+    the timeout like every wait of the guard. A given run id (the same on every rank) needs none."""
     if run_id is not None or info.world_size == 1:
         return run_id or new_run_id()
-    obj = [new_run_id() if info.rank == 0 else None]
-    dist.broadcast_object_list(obj, src=info.src0(), group=info.group,
-                               device=info.device if info.device.type == "cuda" else None)
-    return obj[0]
+    buf = torch.zeros(RUN_ID_BYTES, dtype=torch.uint8)
+    if info.rank == 0:
+        raw = new_run_id().encode()[:RUN_ID_BYTES]
+        buf[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    buf = buf.to(info.device)
+    work = dist.broadcast(buf, src=info.src0(), group=info.group, async_op=True)
+    if not wait_with_deadline(work, timeout_s, torch.cuda.Event() if buf.is_cuda else None):
+        raise RankTimeoutError("run start", 0, [], {}, timeout_s)
+    return bytes(buf.cpu().tolist()).rstrip(b"\0").decode()
 
 
 def open_traces(trace_dir: str | os.PathLike, header: Header, rank: int, merged: bool,
@@ -139,7 +148,7 @@ class StepGuard:
         self.every = max(1, int(every))
         self.clean_every = max(1, int(clean_every))
         self.dump_dir = Path(dump_dir) if dump_dir else None
-        self.run_id = agree_on_run_id(self.info, run_id)
+        self.run_id = agree_on_run_id(self.info, run_id, self.timeout_s)
         self.site_id = site_id(site)
         self.sample_one_in = int(sample_one_in)
         # The seed must be the same on every rank: derive it from the agreed run id by default.
@@ -253,17 +262,11 @@ class StepGuard:
                 host[_HDR + i] = fp
         host[2] = mask
         dev = self.info.device
-        vec = torch.tensor(host, dtype=torch.int64)
-        if device_fps:
-            idx = torch.tensor([_HDR + i for i, _ in device_fps], dtype=torch.long)
-            on_cpu = [fp for _, fp in device_fps if fp.device.type == "cpu"]
-            if len(on_cpu) == len(device_fps) or dev.type == "cpu":
-                vec[idx] = torch.stack([fp.to("cpu") for _, fp in device_fps])
-                vec = vec.to(dev)
-            else:
-                vec = vec.to(dev, non_blocking=True)
-                vec[idx.to(dev)] = torch.stack([fp.to(dev) for _, fp in device_fps])
-        return vec.to(dev)
+        vec = torch.tensor(host, dtype=torch.int64, device=dev)
+        if device_fps:  # fingerprints computed on their tensors' devices, moved to the comm device
+            idx = torch.tensor([_HDR + i for i, _ in device_fps], dtype=torch.long, device=dev)
+            vec[idx] = torch.stack([fp.to(dev) for _, fp in device_fps])
+        return vec
 
     def _all_gather(self, vec: torch.Tensor, step: int) -> torch.Tensor:
         if self.info.world_size == 1:
