@@ -212,3 +212,22 @@ def test_single_process_guard_without_distributed(tmp_path):
     guard.close()
     with pytest.raises(ValueError, match="unknown quantity"):
         guard.record("nope", torch.zeros(1))
+
+
+def _precomputed_fingerprints(rank, world):
+    from tpguard.guard import StepGuard
+
+    guard = StepGuard(site="synthetic.verify", run_id="t4", quantities=("target_probs", "out_tokens"))
+    found = []
+    for s in range(3):
+        # e.g. emitted by a renorm kernel's write pass: only the value travels
+        guard.record_fingerprint("target_probs", 0xABC + (rank if s == 1 else 0), numel=16)
+        guard.record("out_tokens", torch.arange(4))
+        div = guard.check()
+        found.append(None if div is None else (div.step, div.quantity, div.culprit_ranks))
+    guard.close()
+    return found
+
+
+def test_precomputed_fingerprints_are_compared():
+    assert run_ranks(_precomputed_fingerprints, 2) == [[None, (1, "target_probs", [1]), None]] * 2

@@ -91,11 +91,6 @@ def parse_fp(text: str) -> int:
 
 # --- words ---------------------------------------------------------------------------------
 
-def words_per_element(dtype: torch.dtype) -> int:
-    size = torch.empty((), dtype=dtype).element_size()
-    return 1 if size < 4 else size // 4
-
-
 def row_words(t: torch.Tensor) -> np.ndarray:
     """The tensor as a [rows, words] uint32 array (host copy; reference path)."""
     t = t.detach().resolve_conj().resolve_neg()  # hash the values a lazy view stands for
