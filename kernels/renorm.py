@@ -89,6 +89,11 @@ def _check_range(value, name: str, validate: bool, lo: float, hi: float, lo_open
         raise ValueError(f"{name} must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {value!r}")
 
 
+def _check_top_p(top_p, rows: int, validate: bool) -> None:
+    _check_param(top_p, rows, "top_p", integer=False)
+    _check_range(top_p, "top_p", validate, 0.0, 1.0, lo_open=True)
+
+
 def _check_top_k(top_k, rows: int, validate: bool) -> None:
     _check_param(top_k, rows, "top_k", integer=True)
     if isinstance(top_k, torch.Tensor):
@@ -147,8 +152,7 @@ def top_k_renorm(probs: torch.Tensor, top_k: Param, *, backend: str = "auto", va
 def top_p_renorm(probs: torch.Tensor, top_p: Param, *, backend: str = "auto", validate: bool = True) -> torch.Tensor:
     """Keep the smallest top set whose mass reaches p * row mass (ties at the cutoff kept), renormalised."""
     _check_probs(probs)
-    _check_param(top_p, probs.shape[0], "top_p", integer=False)
-    _check_range(top_p, "top_p", validate, 0.0, 1.0, lo_open=True)
+    _check_top_p(top_p, probs.shape[0], validate)
     if _use_triton(probs, backend):
         from tpguard.kernels.renorm_top_p import top_p_renorm_triton
 
@@ -161,8 +165,7 @@ def top_k_top_p_renorm(probs: torch.Tensor, top_k: Param, top_p: Param, *, backe
     """top-k renorm, then top-p renorm of the result (SGLang's order); top_k >= vocab skips top-k."""
     _check_probs(probs)
     _check_top_k(top_k, probs.shape[0], validate)
-    _check_param(top_p, probs.shape[0], "top_p", integer=False)
-    _check_range(top_p, "top_p", validate, 0.0, 1.0, lo_open=True)
+    _check_top_p(top_p, probs.shape[0], validate)
     if _use_triton(probs, backend):
         from tpguard.kernels.renorm_top_k import top_k_top_p_renorm_triton
 
