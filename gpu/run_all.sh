@@ -19,7 +19,8 @@ T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 SUMMARY=/tmp/res/summary.txt
 say() { echo "[$(el)s] $*" | tee -a "$SUMMARY"; cp "$SUMMARY" "$OUT/summary.txt"; }
 # If the call is about to be cut at its time limit, still bring back what is there.
-[ -n "${TAR_AT:-}" ] && ( sleep "$TAR_AT"; tar czf "$OUT/results.tgz" -C /tmp res 2>/dev/null ) &
+# (killed at the end: a live sleeper would hold the call open until TAR_AT)
+TAR_PID=; [ -n "${TAR_AT:-}" ] && { ( sleep "$TAR_AT"; tar czf "$OUT/results.tgz" -C /tmp res 2>/dev/null ) > /dev/null 2>&1 & TAR_PID=$!; }
 
 # --- set-up -------------------------------------------------------------------------------------
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -111,9 +112,10 @@ nccl_harness() {  # issue 7.1: the harness over NCCL, 256 x 163840, top_p 0.9, f
   local d=/tmp/res/nccl_harness; mkdir -p $d
   local steps=${NCCL_STEPS:-2000}
   local common="--device cuda --backend nccl --bs 32 --draft-tokens 8 --vocab 163840 --logits flat --top-p 0.9 --algo dflash --no-progress --timeout 120"
-  for run in "flashinfer:flashinfer:record:${FI_STEPS:-$steps}" "flashinfer-det:flashinfer-det:record:$steps" \
-             "torch:torch:record:$steps" "tpguard:tpguard:record:$steps" "flashinfer-heal:flashinfer:heal:${FI_STEPS:-$steps}"; do
-    IFS=: read -r name renorm policy n <<< "$run"
+  local runs=${RUNS:-"flashinfer:flashinfer:record flashinfer-det:flashinfer-det:record torch:torch:record tpguard:tpguard:record flashinfer-heal:flashinfer:heal"}
+  for run in $runs; do
+    IFS=: read -r name renorm policy <<< "$run"
+    local n=$steps; [[ $renorm == flashinfer ]] && n=${FI_STEPS:-$steps}
     timeout ${RUN_TIMEOUT:-200} python3 -m tpguard.cli launch --nproc-per-node 2 $common --renorm $renorm --on-divergence $policy \
       --steps $n --trace $d/$name.trace --summary-json $d/$name.json > $d/$name.log 2>&1
     local rc=$?
@@ -125,10 +127,11 @@ print(f\"steps {d.get('steps_done')}/{d.get('steps_planned')} divergences {d.get
   rm -rf $d/*.trace/dumps
 }
 
-nccl_sglang() {  # issue 7.2: sglang's DFlash verify with the plugin over NCCL; audit under SpecTpSync=all
-  local d=/tmp/res/nccl_sglang; mkdir -p $d
-  timeout ${SGLANG_TIMEOUT:-300} python3 -m tpguard.hooks.gpu_check_sglang $d/sglang2.json --nccl --configs default,deterministic,audit --timeout 240 > $d/log.txt 2>&1
-  say "sglang (2 GPUs, NCCL) rc=$?"; grep -E "PASS|FAIL|^  " $d/log.txt | cut -c1-260 | tee -a "$SUMMARY"
+nccl_sglang() {  # issue 7.2: sglang's verify functions with the plugin over NCCL (SITE: dflash, eagle, ...)
+  local site=${1:-dflash} configs=${2:-}; local d=/tmp/res/nccl_sglang; mkdir -p $d
+  timeout ${SGLANG_TIMEOUT:-300} python3 -m tpguard.hooks.gpu_check_sglang $d/$site.json --nccl --site $site \
+    ${configs:+--configs $configs} --timeout 240 > $d/$site.log 2>&1
+  say "sglang $site (2 GPUs, NCCL) rc=$?"; grep -E "PASS|FAIL|^  " $d/$site.log | cut -c1-300 | tee -a "$SUMMARY"
 }
 
 on_gpu() { local g=$1; shift; ( export CUDA_VISIBLE_DEVICES=$g; "$@" ); }
@@ -136,22 +139,28 @@ on_gpu() { local g=$1; shift; ( export CUDA_VISIBLE_DEVICES=$g; "$@" ); }
 PHASES=${PHASES:-call1}
 case "$PHASES" in
   call1)
-    ( on_gpu 0 kernels ) &
-    ( on_gpu $G2 fingerprint; on_gpu $G2 guard1; on_gpu $G2 harness1 ) &
-    wait
+    ( on_gpu 0 kernels ) & P1=$!
+    ( on_gpu $G2 fingerprint; on_gpu $G2 guard1; on_gpu $G2 harness1 ) & P2=$!
+    wait $P1 $P2
     [ "$NGPU" -gt 1 ] && nccl_guard
     ;;
   call2)
-    ( on_gpu 0 sglang1 ) &
-    ( on_gpu $G2 guard1 ) &
-    wait
-    [ "$NGPU" -gt 1 ] && { nccl_guard; FI_STEPS=${FI_STEPS:-500} nccl_harness; nccl_sglang; }
+    ( on_gpu 0 sglang1 ) & P1=$!
+    ( on_gpu $G2 guard1 ) & P2=$!
+    wait $P1 $P2
+    [ "$NGPU" -gt 1 ] && { nccl_guard; FI_STEPS=${FI_STEPS:-500} nccl_harness; nccl_sglang dflash default,deterministic,audit; }
     ;;
   call3)
-    ( export K_PYTEST=90 K_SWEEP=70 K_BENCH=130 K_AUDIT=45; on_gpu 0 kernels ) &
-    ( export FP_BENCH_ARGS=--sweep SGLANG_TIMEOUT=150; on_gpu $G2 fingerprint; on_gpu $G2 guard1; on_gpu $G2 sglang1 ) &
-    wait
+    ( export K_PYTEST=90 K_SWEEP=70 K_BENCH=130 K_AUDIT=45; on_gpu 0 kernels ) & P1=$!
+    ( export FP_BENCH_ARGS=--sweep SGLANG_TIMEOUT=150; on_gpu $G2 fingerprint; on_gpu $G2 guard1; on_gpu $G2 sglang1 ) & P2=$!
+    wait $P1 $P2
     [ "$NGPU" -gt 1 ] && nccl_guard_bench
+    ;;
+  call4)  # issue 7: the long flashinfer runs and every sglang site over NCCL, three chains at once
+    ( RUNS="flashinfer:flashinfer:record flashinfer-heal:flashinfer:heal" nccl_harness ) & P1=$!
+    ( nccl_sglang dflash default,deterministic,audit; nccl_sglang eagle ) & P2=$!
+    ( nccl_sglang eagle-greedy; nccl_sglang sampler ) & P3=$!
+    wait $P1 $P2 $P3  # not a bare wait: the TAR_AT sleeper is a background job too
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done
@@ -159,6 +168,7 @@ case "$PHASES" in
 esac
 
 say "done"
+[ -n "$TAR_PID" ] && { pkill -P "$TAR_PID" 2>/dev/null; kill "$TAR_PID" 2>/dev/null; }
 tar czf "$OUT/results.tgz" -C /tmp res 2>/dev/null
 cp "$SUMMARY" "$OUT/summary.txt"
 ls -la "$OUT"

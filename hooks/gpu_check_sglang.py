@@ -1,7 +1,14 @@
-"""GPU check of the sglang plugin: DFlash verify of sglang 0.5.23 with flashinfer, 2 ranks on one GPU.
+"""GPU check of the sglang plugin: sglang 0.5.23's verify functions with flashinfer, 2 ranks.
 
-    python -m tpguard.hooks.gpu_check_sglang OUT.json [--steps 12] [--bs 32] [--draft 8]
-        [--vocab 128256] [--top-p 0.9] [--scale 0.5] [--configs default,deterministic]
+    python -m tpguard.hooks.gpu_check_sglang OUT.json [--site dflash|eagle|eagle-greedy|sampler]
+        [--steps 12] [--bs 32] [--draft 8] [--vocab 128256] [--top-p 0.9] [--scale 0.5]
+        [--configs default,deterministic] [--nccl]
+
+Sites: ``dflash`` (below), ``eagle`` (`eagle_sample`'s sampling branch: flashinfer top-p renorm,
+sglang's JIT tree sampler, sglang's own rank-0 broadcast), ``eagle-greedy`` (`eagle_sample`'s greedy
+branch with sglang's JIT `verify_tree_greedy`, which has no rank-0 broadcast on CUDA; a planted
+logits difference on rank 1 every third step: configs ``record`` / ``heal``), ``sampler``
+(`Sampler.forward`, flashinfer backend, top-k + top-p + min_p; a planted generator reseed).
 
 Two processes share one GPU and join a gloo group (sglang's own GroupCoordinator, built with
 `init_distributed_environment` + `init_model_parallel_group`); each loads tpguard through
@@ -42,6 +49,9 @@ CONFIGS = {
     # audit: sglang's rank-0 broadcasts on (SGLANG_SPEC_TP_SYNC=all); tpguard fingerprints what each
     # rank computed before them, while the outputs (after the broadcast) stay equal.
     "audit": {"TPGUARD": "audit", "TPGUARD_RENORM": "default", "SGLANG_SPEC_TP_SYNC": "all"},
+    # the planted-divergence sites (eagle-greedy): record leaves the outputs apart, heal joins them
+    "record": {"TPGUARD_ON_DIVERGENCE": "record"},
+    "heal": {"TPGUARD_ON_DIVERGENCE": "heal"},
 }
 
 
@@ -69,10 +79,30 @@ class _AbsentName:
         return _AbsentName(f"{self._name}.{attr}")
 
 
+# sgl_kernel's renorms are flashinfer's sampling kernels compiled into sgl_kernel ("Adapt from
+# flashinfer"): where sgl_kernel is absent, the stand-in calls flashinfer's own, so sglang's sampler
+# (which binds `from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob` on CUDA) still runs
+# the same float-atomic algorithms.
+FLASHINFER_EQUIVALENTS = {"top_k_renorm_prob": "top_k_renorm_probs", "top_p_renorm_prob": "top_p_renorm_probs"}
+
+
+def _flashinfer_equivalent(name: str):
+    def call(*args, **kwargs):
+        import flashinfer.sampling
+
+        return getattr(flashinfer.sampling, FLASHINFER_EQUIVALENTS[name])(*args, **kwargs)
+
+    call.__module__, call.__name__ = "flashinfer.sampling", FLASHINFER_EQUIVALENTS[name]
+    call.__qualname__ = f"{FLASHINFER_EQUIVALENTS[name]} (as sgl_kernel.{name})"
+    return call
+
+
 class _Absent(types.ModuleType):
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
+        if self.__name__ == "sgl_kernel" and name in FLASHINFER_EQUIVALENTS:
+            return _flashinfer_equivalent(name)
         return _AbsentName(f"{self.__name__}.{name}")
 
 
@@ -156,27 +186,73 @@ def run_rank(rank: int, world: int, port: int, a: dict) -> dict:
                                       use_custom_allreduce=False, group_name="tp")
     get_parallel().override_permanently(tp_group=tp, attn_dp_enabled=False)
 
-    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
-    from sglang.srt.speculative import dflash_utils
+    server_args = dict(a.get("server_args") or {})
+    if cpu and "sampling_backend" in server_args:  # dry run: no flashinfer on a CPU box
+        server_args["sampling_backend"] = "pytorch"
+    if server_args:
+        from sglang.srt.runtime_context import get_context
 
+        get_context().override_server_args(**server_args, tp_size=world).install()
     dev = torch.device("cpu") if cpu else torch.device("cuda", gpu)
+    site = SITES[a.get("site", "dflash")]
+    log: list = []
+    rt.guard(site.guard).listeners.append(
+        lambda d: log.append({"step": d.step, "quantity": d.quantity, "culprit_ranks": d.culprit_ranks,
+                              "differing": d.differing, "action": d.action}))
+    t0 = time.perf_counter()
+    run = site.drive(rank, tp, rt, dev, a)
+    if not cpu:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    from tpguard.fingerprint import fingerprint
+    from tpguard.hooks.sglang_compat import describe_binding
+
+    decisions = run.pop("decisions")
+    outputs_fp = f"{fingerprint(torch.cat(decisions)) if decisions else 0:016x}"
+    fn = run.pop("renorm", None)
+    differs, repeats = None, a["repeats"]
+    if fn is not None:  # kernel-level evidence: the bound top-p renorm, called repeatedly on one input
+        bs, n = a["bs"], a["draft"]
+        probs = torch.softmax(torch.randn((bs * n, a["vocab"]), device=dev,
+                                          generator=torch.Generator(device=dev).manual_seed(99)) * a["scale"], -1)
+        ps_ = torch.full((bs * n,), a["top_p"], device=dev)
+        first = fn(probs, ps_)
+        differs = sum(int(not torch.equal(first, fn(probs, ps_))) for _ in range(repeats))
+    return {"rank": rank, "site": site.guard, "divergences": log, "stats": rt.stats(),
+            "plugin_loaded_via": via, "sgl_kernel_stand_in": stand_in,
+            "renorm_bound": describe_binding(fn) if fn is not None else None, "renorm_backend": rt.renorm_backend,
+            "repeat_calls_differing": differs, "repeat_calls": repeats, "seconds": round(seconds, 3),
+            "outputs_fingerprint": outputs_fp, "backend": backend, **run}
+
+
+# --- the verify functions this check drives ------------------------------------------------------
+
+def _sampling_info(dev, bs: int, vocab: int, *, top_p: float = 1.0, top_k: int | None = None,
+                   min_p: float = 0.0, greedy: bool = False):
+    import torch
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    return SamplingBatchInfo(
+        temperatures=torch.ones((bs, 1), device=dev), top_ps=torch.full((bs,), top_p, device=dev),
+        top_ks=torch.full((bs,), 1 if greedy else (top_k or vocab), dtype=torch.int32, device=dev),
+        min_ps=torch.full((bs,), min_p, device=dev), is_all_greedy=greedy, is_any_greedy=greedy,
+        need_top_p_sampling=top_p < 1.0, need_top_k_sampling=top_k is not None,
+        need_min_p_sampling=min_p > 0, vocab_size=vocab, device=dev.type)
+
+
+def drive_dflash(rank, tp, rt, dev, a) -> dict:
+    """DFlash: `compute_dflash_sampling_correct_drafts_and_bonus` (sglang's JIT verify kernel), or
+    `build_speculative_verify_target_probs` alone if that kernel cannot be built here."""
+    import torch
+    from sglang.srt.speculative import dflash_utils
     from sglang.srt.speculative.spec_tp_sync import SpecTpSync, SpecTpSyncSite
 
     tp_sync = SpecTpSync(tp)  # as DFlashWorkerV2._accept_block uses it after the verify function
-    decisions = []
     bs, n, vocab = a["bs"], a["draft"], a["vocab"]
-    info = SamplingBatchInfo(
-        temperatures=torch.ones((bs, 1), device=dev), top_ps=torch.full((bs,), a["top_p"], device=dev),
-        top_ks=torch.full((bs,), vocab, dtype=torch.int32, device=dev), min_ps=torch.zeros(bs, device=dev),
-        is_all_greedy=False, is_any_greedy=False, need_top_p_sampling=True, need_top_k_sampling=False,
-        need_min_p_sampling=False, vocab_size=vocab, device=dev.type)
-    log: list = []
+    info = _sampling_info(dev, bs, vocab, top_p=a["top_p"])
     guard = rt.guard("dflash.verify")
-    guard.listeners.append(lambda d: log.append({"step": d.step, "quantity": d.quantity,
-                                                 "culprit_ranks": d.culprit_ranks, "differing": d.differing}))
-
+    decisions = []
     verify_fn, jit_error = "compute_dflash_sampling_correct_drafts_and_bonus", None
-    t0 = time.perf_counter()
     for step in range(a["steps"]):
         g = torch.Generator(device=dev).manual_seed(step)  # identical inputs on both ranks
         logits = torch.randn((bs * n, vocab), device=dev, generator=g) * a["scale"]
@@ -200,27 +276,120 @@ def run_rank(rank: int, world: int, port: int, a: dict) -> dict:
                 guard.skip()  # keep both ranks' step numbers aligned (the check never ran)
         dflash_utils.build_speculative_verify_target_probs(
             next_token_logits=logits, sampling_info=info, draft_token_num=n, bs=bs)
-    if not cpu:
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
+    renorm = dflash_utils.top_p_renorm_prob or dflash_utils._dflash_top_p_renorm_prob
+    return {"decisions": decisions, "verify_fn": verify_fn, "jit_error": jit_error, "renorm": renorm}
 
-    # Kernel-level evidence: the bound top-p renorm, called repeatedly on one input.
-    probs = torch.softmax(torch.randn((bs * n, vocab), device=dev,
-                                      generator=torch.Generator(device=dev).manual_seed(99)) * a["scale"], -1)
-    fn = dflash_utils.top_p_renorm_prob or dflash_utils._dflash_top_p_renorm_prob  # None: torch fallback
-    first = fn(probs, info.top_ps.repeat_interleave(n))
-    repeats = a["repeats"]
-    differs = sum(int(not torch.equal(first, fn(probs, info.top_ps.repeat_interleave(n)))) for _ in range(repeats))
-    from tpguard.hooks.sglang_compat import describe_binding
-    from tpguard.fingerprint import fingerprint
 
-    outputs_fp = f"{fingerprint(torch.cat(decisions)) if decisions else 0:016x}"
+def _eagle_inputs(step: int, dev, bs: int, n: int, vocab: int, scale: float, info):
+    """A chain (topk=1) EAGLE verify of n tokens per request: real EagleVerifyInput, ScheduleBatch,
+    LogitsProcessorOutput; identical on every rank."""
+    import torch
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
-    return {"rank": rank, "divergences": log, "stats": rt.stats(), "verify_fn": verify_fn,
-            "jit_error": jit_error, "plugin_loaded_via": via, "sgl_kernel_stand_in": stand_in,
-            "renorm_bound": describe_binding(fn), "renorm_backend": rt.renorm_backend,
-            "repeat_calls_differing": differs, "repeat_calls": repeats, "seconds": round(seconds, 3),
-            "outputs_fingerprint": outputs_fp, "backend": backend}
+    g = torch.Generator(device=dev).manual_seed(50 + step)
+    logits = torch.randn((bs * n, vocab), device=dev, generator=g) * scale
+    # drafts: the target's own argmax on some positions so greedy verify accepts a few
+    draft = torch.randint(vocab, (bs, n), device=dev, generator=g)
+    hit = torch.rand((bs, n), device=dev, generator=g) < 0.6
+    draft = torch.where(hit, logits.argmax(-1).view(bs, n).roll(1, dims=1), draft)
+    seq_lens = torch.arange(7, 7 + bs, dtype=torch.int64, device=dev)
+    next_token = torch.arange(1, n + 1, device=dev).repeat(bs, 1)
+    next_token[:, -1] = -1
+    verify_input = EagleVerifyInput(
+        draft_token=draft.reshape(-1), custom_mask=None,
+        positions=(seq_lens.view(-1, 1) + torch.arange(n, device=dev)).reshape(-1),
+        retrieve_index=torch.arange(bs * n, device=dev).view(bs, n), retrieve_next_token=next_token,
+        retrieve_next_sibling=torch.full((bs, n), -1, device=dev), retrieve_cum_len=None,
+        spec_steps=n - 1, topk=1, draft_token_num=n, capture_hidden_mode=CaptureHiddenMode.FULL,
+        seq_lens_sum=int(seq_lens.sum()), seq_lens_cpu=seq_lens.cpu(), draft_probs=None)
+    batch = ScheduleBatch(reqs=[], device=dev.type, seq_lens=seq_lens, forward_mode=ForwardMode.TARGET_VERIFY,
+                          sampling_info=info)
+    return verify_input, batch, LogitsProcessorOutput(next_token_logits=logits)
+
+
+def drive_eagle(rank, tp, rt, dev, a) -> dict:
+    """EAGLE's sampling branch (`eagle_sample`: softmax, flashinfer top-p renorm, sglang's JIT
+    target-only tree sampler, then sglang's own rank-0 broadcast of the results)."""
+    import torch
+    from sglang.srt.speculative import eagle_utils
+
+    bs, n, vocab = a["bs"], a["draft"], a["vocab"]
+    info = _sampling_info(dev, bs, vocab, top_p=a["top_p"])
+    decisions = []
+    for step in range(a["steps"]):
+        vi, batch, lo = _eagle_inputs(step, dev, bs, n, vocab, a["scale"], info)
+        torch.manual_seed(4321 + step)  # the coins: identical on both ranks
+        predict, accept_lens, accept_index = eagle_utils.eagle_sample(vi, batch, lo)
+        decisions.append(torch.cat([predict.reshape(-1).long(), accept_lens.reshape(-1).long(),
+                                    accept_index.reshape(-1).long()]))
+    return {"decisions": decisions, "verify_fn": "eagle_utils.eagle_sample (sampling branch)",
+            "jit_error": None, "renorm": eagle_utils.top_p_renorm_prob}
+
+
+def drive_eagle_greedy(rank, tp, rt, dev, a) -> dict:
+    """EAGLE's greedy branch (argmax + sglang's JIT verify_tree_greedy; no rank-0 broadcast on
+    CUDA). On every third step rank 1's logits differ in one row (a planted divergence): `record`
+    leaves the ranks' outputs different, `heal` broadcasts rank 0's and they stay equal."""
+    import torch
+    from sglang.srt.speculative import eagle_utils
+
+    bs, n, vocab = a["bs"], a["draft"], a["vocab"]
+    info = _sampling_info(dev, bs, vocab, greedy=True)
+    decisions, planted = [], []
+    for step in range(a["steps"]):
+        vi, batch, lo = _eagle_inputs(step, dev, bs, n, vocab, a["scale"], info)
+        torch.manual_seed(4321 + step)  # as a server seeds every rank alike (greedy draws nothing)
+        if step % 3 == 1:
+            planted.append(step)
+            if rank == 1:
+                lo.next_token_logits[0, 17] += 100.0  # another argmax in the first row (always emitted)
+        predict, accept_lens, accept_index = eagle_utils.eagle_sample(vi, batch, lo)
+        decisions.append(torch.cat([predict.reshape(-1).long(), accept_lens.reshape(-1).long(),
+                                    accept_index.reshape(-1).long()]))
+    return {"decisions": decisions, "verify_fn": "eagle_utils.eagle_sample (greedy branch)",
+            "jit_error": None, "planted_steps": planted}
+
+
+def drive_sampler(rank, tp, rt, dev, a) -> dict:
+    """The plain sampler, flashinfer backend with top-k + top-p + min_p (`Sampler.forward`: softmax,
+    top-k and top-p renorm, flashinfer's `min_p_sampling_from_probs`). Rank 1 reseeds its generator
+    on step 2 (a planted divergence, named rng_state)."""
+    import torch
+    from sglang.srt.layers import sampler as sampler_mod
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+    bs, vocab = a["bs"] * a["draft"], a["vocab"]
+    sampler = sampler_mod.Sampler()
+    info = _sampling_info(dev, bs, vocab, top_p=a["top_p"], top_k=1024, min_p=0.05)
+    decisions = []
+    for step in range(a["steps"]):
+        g = torch.Generator(device=dev).manual_seed(70 + step)
+        logits = torch.randn((bs, vocab), device=dev, generator=g) * a["scale"]
+        torch.manual_seed(999 if (step == 2 and rank == 1) else 77 + step)
+        tokens = sampler.forward(LogitsProcessorOutput(next_token_logits=logits), info, False, [], [],
+                                 torch.arange(bs, device=dev))
+        decisions.append(tokens.reshape(-1).long())
+    return {"decisions": decisions, "verify_fn": "layers.sampler.Sampler.forward (flashinfer, min_p)",
+            "jit_error": None, "planted_steps": [2], "renorm": getattr(sampler_mod, "top_p_renorm_prob", None)}
+
+
+class Site:
+    def __init__(self, guard: str, drive, server_args: dict, configs: str):
+        self.guard, self.drive, self.server_args, self.configs = guard, drive, server_args, configs
+
+
+# --site name -> the guard it reports to, the driver, the sglang config it publishes, default configs
+SITES = {
+    "dflash": Site("dflash.verify", drive_dflash, {}, "default,deterministic"),
+    "eagle": Site("eagle.verify", drive_eagle,
+                  {"sampling_backend": "flashinfer", "speculative_use_rejection_sampling": False},
+                  "default,deterministic"),
+    "eagle-greedy": Site("eagle.verify", drive_eagle_greedy, {"sampling_backend": "flashinfer"}, "record,heal"),
+    "sampler": Site("sampler", drive_sampler, {"sampling_backend": "flashinfer"}, "default,deterministic"),
+}
 
 
 # --- the parent ----------------------------------------------------------------------------------
@@ -235,7 +404,8 @@ def run_config(name: str, args: dict, trace_root: str, timeout: float) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    run_args = {**args, "spec_sync": CONFIGS[name].get("SGLANG_SPEC_TP_SYNC") is not None}
+    run_args = {**args, "spec_sync": CONFIGS[name].get("SGLANG_SPEC_TP_SYNC") is not None,
+                "server_args": SITES[args["site"]].server_args}
     procs = [ctx.Process(target=rank_main, args=(r, 2, port, env, run_args, queue)) for r in range(2)]
     for p in procs:
         p.start()
@@ -262,9 +432,10 @@ def run_config(name: str, args: dict, trace_root: str, timeout: float) -> dict:
             quantities[d["quantity"]] = quantities.get(d["quantity"], 0) + 1
         fps = [(results.get(r) or {}).get("outputs_fingerprint") for r in range(2)]
         out["outputs_identical"] = fps[0] is not None and fps[0] == fps[1]
-        out.update({"steps": args["steps"], "divergent_steps": len(r0["divergences"]),
+        out.update({"steps": args["steps"], "divergent_steps": len({d["step"] for d in r0["divergences"]}),
                     "first_quantity_counts": quantities, "verify_fn": r0["verify_fn"],
-                    "jit_error": r0["jit_error"]})
+                    "jit_error": r0["jit_error"], "planted_steps": r0.get("planted_steps"),
+                    "healed": sum(d.get("action") == "healed" for d in r0["divergences"])})
     try:
         from tpguard.diagnose import diagnose
 
@@ -274,26 +445,42 @@ def run_config(name: str, args: dict, trace_root: str, timeout: float) -> dict:
     return out
 
 
-def verdict(results: dict) -> tuple[bool, list[str]]:
+def verdict(results: dict, site: str) -> tuple[bool, list[str]]:
+    """The expectation of each config: renorm sites diverge in target_probs with flashinfer's
+    default renorm and never with the deterministic one; planted sites name the planted quantity
+    and `heal` leaves equal outputs."""
     notes, ok = [], True
+    planted_quantity = {"eagle-greedy": "target_logits", "sampler": "rng_state"}.get(site)
     for name, r in results.items():
         if r.get("errors") or any(x is None for x in r["ranks"]):
             ok = False
             notes.append(f"{name}: a rank failed: {list(r.get('errors', {}).values())[:1]}")
             continue
-        n, q = r["divergent_steps"], r["first_quantity_counts"]
+        n, q, steps = r["divergent_steps"], r["first_quantity_counts"], r["steps"]
+        planted = set(r.get("planted_steps") or [])
+        natural = {k: v for k, v in q.items() if k != planted_quantity} if planted else q
         if name == "default":
-            good = n > 0 and set(q) == {"target_probs"}
-            notes.append(f"default: {n}/{r['steps']} steps diverged, first quantity {q or '-'}"
+            good = n > 0 and set(natural) == {"target_probs"}
+            notes.append(f"default: {n}/{steps} steps diverged, first quantity {q or '-'}"
                          + ("" if good else "  <- expected divergences named target_probs"))
         elif name == "audit":
             good = n > 0 and r.get("outputs_identical", False)
-            notes.append(f"audit: {n}/{r['steps']} checks would have diverged ({q or '-'}), outputs identical "
+            notes.append(f"audit: {n}/{steps} checks would have diverged ({q or '-'}), outputs identical "
                          f"after sglang's broadcasts: {r.get('outputs_identical')}"
                          + ("" if good else "  <- expected disagreements counted and equal outputs"))
+        elif name in ("record", "heal"):
+            want_equal = name == "heal"
+            good = (q.get(planted_quantity, 0) == len(planted) and n == len(planted)
+                    and r.get("outputs_identical") == want_equal)
+            notes.append(f"{name}: {n}/{steps} steps diverged (planted {len(planted)}), first quantity "
+                         f"{q or '-'}, healed {r.get('healed')}, outputs identical {r.get('outputs_identical')}"
+                         + ("" if good else f"  <- expected the planted steps named {planted_quantity} and "
+                                            f"outputs {'equal' if want_equal else 'apart'}"))
         else:
-            good = n == 0
-            notes.append(f"{name}: {n}/{r['steps']} steps diverged" + ("" if good else "  <- expected none"))
+            good = not natural
+            notes.append(f"{name}: {n}/{steps} steps diverged, first quantity {q or '-'}"
+                         + (f" (planted: {sorted(planted)})" if planted else "")
+                         + ("" if good else "  <- expected none beyond the planted ones"))
         ok &= good
     return ok, notes
 
@@ -308,14 +495,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--scale", type=float, default=0.5, help="logit scale (small: flat rows)")
     ap.add_argument("--repeats", type=int, default=20, help="repeated renorm calls per rank on one input")
-    ap.add_argument("--configs", default="default,deterministic",
-                    help="comma list of: " + ", ".join(CONFIGS))
+    ap.add_argument("--site", default="dflash", choices=sorted(SITES),
+                    help="which sglang verify function to drive")
+    ap.add_argument("--configs", default=None,
+                    help="comma list of: " + ", ".join(CONFIGS) + " (default: the site's)")
     ap.add_argument("--timeout", type=float, default=540, help="seconds per config")
     ap.add_argument("--nccl", action="store_true", help="one GPU per rank over NCCL (2 GPUs)")
     ap.add_argument("--cpu", action="store_true", help="dry run of the script on a CPU box (expect FAIL: "
                     "CPU renorm is deterministic)")
     ns = ap.parse_args(argv)
-    names = [c.strip() for c in ns.configs.split(",") if c.strip()]
+    names = [c.strip() for c in (ns.configs or SITES[ns.site].configs).split(",") if c.strip()]
     bad = [c for c in names if c not in CONFIGS]
     if bad:
         print(f"gpu_check_sglang: unknown config(s) {bad}; known: {', '.join(CONFIGS)}", file=sys.stderr)
@@ -326,27 +515,28 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_check_sglang: no CUDA device here (--cpu for a dry run)", file=sys.stderr)
         return 2
     args = {"steps": ns.steps, "bs": ns.bs, "draft": ns.draft, "vocab": ns.vocab, "top_p": ns.top_p,
-            "scale": ns.scale, "repeats": ns.repeats, "cpu": ns.cpu, "nccl": ns.nccl}
+            "scale": ns.scale, "repeats": ns.repeats, "cpu": ns.cpu, "nccl": ns.nccl, "site": ns.site}
     trace_root = tempfile.mkdtemp(prefix="tpguard-gpu-check-")
     results = {}
     for name in names:
         t0 = time.perf_counter()
         results[name] = run_config(name, args, trace_root, ns.timeout)
         results[name]["wall_s"] = round(time.perf_counter() - t0, 1)
-    ok, notes = verdict(results)
+    ok, notes = verdict(results, ns.site)
     from tpguard.hooks.sglang_compat import versions
 
     report = {"ok": ok, "notes": notes, "args": args, "versions": versions(),
               "device": "cpu" if ns.cpu else torch.cuda.get_device_name(0), "trace_root": trace_root, "results": results}
     with open(ns.out, "w") as f:
         json.dump(report, f, indent=1, default=str)
-    print("tpguard sglang GPU check:", "PASS" if ok else "FAIL")
+    print(f"tpguard sglang GPU check ({ns.site}):", "PASS" if ok else "FAIL")
     for note in notes:
         print("  " + note)
     for name, r in results.items():
         r0 = (r["ranks"] or [None])[0] or {}
         print(f"  {name}: verify fn {r0.get('verify_fn')}, renorm {r0.get('renorm_bound')}, repeated calls "
               f"differing {r0.get('repeat_calls_differing')}/{r0.get('repeat_calls')}, "
+              f"outputs identical {r.get('outputs_identical')}, "
               f"jit {r0.get('jit_error') or 'ok'}, {r.get('wall_s')} s")
     print(f"  json: {ns.out}")
     return 0 if ok else 1
