@@ -78,17 +78,26 @@ def _as_float32(probs: torch.Tensor) -> torch.Tensor:
     return probs if probs.dtype == torch.float32 else probs.float()
 
 
-def make_renorm(kind: str, backend: str) -> Callable:
-    """A function with sglang's calling convention: (probs, top_ks | top_ps) -> probs."""
+def make_renorm(kind: str, backend: str, want_fingerprint: Callable[[], bool] | None = None) -> Callable:
+    """A function with sglang's calling convention: (probs, top_ks | top_ps) -> probs.
+
+    `want_fingerprint`: asked per call (tpguard backend); when it says yes and the renorm API
+    takes ``fingerprint_out=`` (feature-detected), the write pass also emits the result's
+    fingerprint, attached to it (`tpguard.guard.attach_fingerprint`): the guard records
+    target_probs without reading it again."""
     if kind not in ("top_k", "top_p"):
         raise ValueError(f"kind must be top_k or top_p, got {kind!r}")
     if backend == "tpguard":
+        from tpguard.guard import accepts_fingerprint_out, call_with_fingerprint
         from tpguard.kernels import renorm as tk
 
         impl = tk.top_k_renorm if kind == "top_k" else tk.top_p_renorm
+        emits = want_fingerprint is not None and accepts_fingerprint_out(impl)
 
         def fn(probs, param):
             # validate=False on GPU: no host sync (the kernels clamp instead).
+            if emits and want_fingerprint():
+                return call_with_fingerprint(impl, _as_float32(probs), param, validate=not probs.is_cuda)
             return impl(_as_float32(probs), param, validate=not probs.is_cuda)
     elif backend == "flashinfer":
         import flashinfer.sampling as fs
@@ -148,11 +157,17 @@ class RenormRouting:
         self.previous.clear()
 
 
-def route(backend: str | None = None, on_output: Callable | None = None) -> RenormRouting:
-    """Rebind the renorm names at every call site to deterministic kernels; returns the routing."""
+def route(backend: str | None = None, on_output: Callable | None = None,
+          want_fingerprint: Callable[[], bool] | None = None) -> RenormRouting:
+    """Rebind the renorm names at every call site to deterministic kernels; returns the routing.
+    `want_fingerprint` (default: the ``wants_renorm_fingerprint`` method of the object that
+    `on_output` is bound to, if any): whether this call's output should carry its fingerprint."""
     backend = pick_backend(backend)
     routing = RenormRouting(backend)
-    funcs = {f"{k}_renorm_prob": with_output_hook(make_renorm(k, backend), on_output) for k in ("top_k", "top_p")}
+    if want_fingerprint is None:
+        want_fingerprint = getattr(getattr(on_output, "__self__", None), "wants_renorm_fingerprint", None)
+    funcs = {f"{k}_renorm_prob": with_output_hook(make_renorm(k, backend, want_fingerprint), on_output)
+             for k in ("top_k", "top_p")}
     originals: dict[str, set[int]] = {n: set() for n in RENORM_NAMES}
     for mod_name in RENORM_MODULES:
         module = importlib.import_module(mod_name)

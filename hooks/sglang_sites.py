@@ -101,6 +101,7 @@ class Scope:
     recorded: set = field(default_factory=set)
     sync_calls: dict = field(default_factory=dict)
     heal_extra: list = field(default_factory=list)  # derived tensors rank 0 also sends on heal
+    fp_source: object = None  # the renorm output recorded as target_probs with its own fingerprint
 
     def record(self, name: str, tensor, overwrite: bool = True) -> None:
         if not self.active or name not in self.guard.index:
@@ -237,6 +238,17 @@ class Runtime:
         scope = self.current()
         if scope is not None:
             scope.record("target_probs", probs, overwrite=True)
+            from tpguard.guard import attached_fingerprint
+
+            has_fp = isinstance(probs, torch.Tensor) and attached_fingerprint(probs) is not None
+            scope.fp_source = probs if has_fp and "target_probs" in scope.recorded else None
+
+    def wants_renorm_fingerprint(self) -> bool:
+        """Whether a routed renorm should emit its output's fingerprint now: a checked step is
+        open and guards target_probs (then the write pass hashes what it writes)."""
+        scope = self.current()
+        return (scope is not None and scope.active and "target_probs" in scope.guard.index
+                and not capturing())
 
     def close_all(self) -> None:
         for g in self.guards.values():
@@ -429,9 +441,23 @@ def hook_target_probs(original, *args, **kwargs):
         scope.record("target_logits", b.get("next_token_logits"), overwrite=False)
 
     def after(scope, b, out, state):
+        if _same_bytes(scope.fp_source, out):
+            return  # out is a view of the last renorm's output, recorded with its own fingerprint
         scope.record("target_probs", out, overwrite=True)
 
     return run_step("dflash.verify", original, args, kwargs, before, after, own=False)
+
+
+def _same_bytes(src, out) -> bool:
+    """`out` is a reshaped view of `src` (same memory, same elements: DFlash returns
+    ``target_probs.view(bs, n, -1).contiguous()`` of the renorm's output), and `src`'s attached
+    fingerprint is still valid (not changed in place since)."""
+    from tpguard.guard import attached_fingerprint
+
+    return (isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor)
+            and src.is_contiguous() and out.is_contiguous() and src.dtype == out.dtype
+            and src.numel() == out.numel() and src.data_ptr() == out.data_ptr()
+            and src.device == out.device and attached_fingerprint(src) is not None)
 
 
 # --- DSpark ------------------------------------------------------------------------------------

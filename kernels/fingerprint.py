@@ -18,9 +18,16 @@ Design (one read pass over the data, no host sync):
 * The "top" hash over the row fingerprints is fused into the last kernel when all rows fit one
   program; otherwise the row fingerprints are hashed as one long row of words.
 * ``fingerprint_many_triton``: many tensors through a device table of segment records (address,
-  rows, words, stride, seeds, ...): one lane launch for all short rows, one per (16-byte aligned
-  or not, word size) class of long rows present (at most 6; the guard's full set has 1), plus 1
-  finalize launch, whatever the number of tensors.
+  rows, words, stride, seeds, output index, ...): lane launches for the segments that need
+  partial sums (short rows of many rows: 1; long rows: 1 per (16-byte aligned or not, word size)
+  class present, or 1 per long tensor with ``KernelConfig.many_long="rows"``), then ONE finish
+  launch that finalizes those and reads each small tensor (rows of <= 64 words, <= 16384 words)
+  whole in one program. The guard's decisions set is 1 launch, its full set 2; each value is
+  stored straight into the caller's vector slot (``out_index``), and the guard's step counter
+  is bumped by the same launch (``bump_index``).
+* Host time: a plan records the arguments that Triton passes to each compiled kernel's launcher
+  and then calls the launcher directly (`_Launch`; checked bit for bit against Triton's own
+  launch once per kernel per process; ``TPGUARD_FAST_LAUNCH=0`` turns it off).
 * Long rows are hashed ``rows_per_tile`` side by side: a thread holds the same columns of
   several rows, so the per-column position work (``_pos_mix``) is shared by those rows.
 * Per-row groups of words are summed through ``tl.reshape`` WITHOUT ``can_reorder``: a reordering
@@ -98,15 +105,24 @@ if INTERPRET and triton is not None and _triton_version() < (3, 8):
 class KernelConfig:
     """Tiling and code shape. Results never depend on it (integer sums), only speed does."""
 
-    # Defaults: the fastest correct config of the H200 sweep (docs/benchmarks.md, run 3).
+    # Defaults: the fastest correct config of the H200 sweep (docs/benchmarks.md, run 5: shifts=0
+    # 57.4 us for 256 x 163840 fp32 vs 59.9 at shifts=1; maxnreg=128: the full set 104 vs 108 us).
     block_words: int = 4096  # words per program per loop step (a [rows_per_tile, BN] tile)
     rows_per_tile: int = 8  # long rows: rows hashed side by side, sharing per-column work
     chunk_words: int = 4096  # columns of a row per program; longer rows are split into chunks
     num_warps: int = 4  # for full tiles; smaller tiles use fewer
     finalize_rows: int = 1024  # rows per finalize program; also the limit for a fused top hash
-    shifts: int = 1  # fmix32 shifts done as IMAD.HI: 0 none, 1 the ">>16" ones, 2 all
+    shifts: int = 0  # fmix32 shifts done as IMAD.HI: 0 none, 1 the ">>16" ones, 2 all
+    # fingerprint_many, long rows: "table" one launch per word-size class through the segment
+    # table (GPU run 3 at these defaults: 119.5 us for 2 x 168 MB = 2 x the single-tensor time);
+    # "rows" one launch per long tensor, the single-tensor kernel's grid and code shape (for
+    # configs where the table kernel needs more registers: 163 vs 127 at [8, 1024] x 8 warps)
+    many_long: str = "table"
+    maxnreg: int | None = 128  # register cap for the long-row lane launches (None: compiler's)
 
     def __post_init__(self):
+        if self.many_long not in ("table", "rows"):
+            raise ValueError(f"KernelConfig.many_long must be 'table' or 'rows', got {self.many_long!r}")
         for name in ("block_words", "rows_per_tile", "chunk_words", "finalize_rows"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
@@ -409,9 +425,9 @@ if triton is not None:
         tl.store(p + 1, l2.to(tl.int64, bitcast=True), mask=row_ok)
 
     @triton.jit
-    def _many_finalize_kernel(table_ptr, partial_ptr, out_ptr, BR: tl.constexpr, BC: tl.constexpr):
-        """One program per segment: partial lane sums -> row fingerprints -> top hash -> out."""
-        meta = table_ptr + tl.program_id(0) * _REC
+    def _finalize_record(table_ptr, partial_ptr, out_ptr, rec, BR: tl.constexpr, BC: tl.constexpr):
+        """One segment of the lane launches: partial lane sums -> row fingerprints -> top hash."""
+        meta = table_ptr + rec * _REC
         n_rows = tl.load(meta + _F_ROWS).to(tl.int32)
         seed = tl.load(meta + _F_SEED).to(tl.uint64, bitcast=True)
         top_seed = tl.load(meta + _F_TOP).to(tl.uint64, bitcast=True)
@@ -431,6 +447,106 @@ if triton is not None:
             t2 += b
         top = _row_fp(t1, t2, top_seed)
         tl.store(out_ptr + tl.load(meta + _F_OUT), top.to(tl.int64, bitcast=True))
+
+
+    @triton.jit(do_not_specialize=["s_lo", "s_hi"])
+    def _seg_lanes_kernel(addr, partial_ptr, part, n_rows, n_words, row_stride, s_lo, s_hi,
+                          EB: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
+                          CHUNK_TILES: tl.constexpr, ALIGNED: tl.constexpr, SHIFTS: tl.constexpr):
+        """fingerprint_many, ``KernelConfig.many_long = "rows"``: one launch per long segment, grid
+        (row blocks, chunks) as `_rows_kernel` (no table search, no record loads held across the
+        loop: the single-tensor path's registers); partial lane sums at offset `part`."""
+        rb = tl.program_id(0)
+        c = tl.program_id(1)
+        s_lo = s_lo.to(tl.uint32)
+        s_hi = s_hi.to(tl.uint32)
+        rows = rb * BR + tl.arange(0, BR)
+        row_ok = rows < n_rows
+        rows_ld = tl.minimum(rows, n_rows - 1)
+        col0 = c * (CHUNK_TILES * BN)
+        width = tl.minimum(n_words - col0, CHUNK_TILES * BN)
+        l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
+                                    EB, BR, BN, ALIGNED, SHIFTS)
+        p = partial_ptr + part + (c.to(tl.int64) * n_rows + rows) * 2
+        tl.store(p, l1.to(tl.int64, bitcast=True), mask=row_ok)
+        tl.store(p + 1, l2.to(tl.int64, bitcast=True), mask=row_ok)
+
+    @triton.jit
+    def _small_words(addr, offs, m, EB: tl.constexpr):
+        if EB == 4:
+            base = addr.to(tl.pointer_type(tl.int32))
+        elif EB == 2:
+            base = addr.to(tl.pointer_type(tl.int16))
+        else:
+            base = addr.to(tl.pointer_type(tl.uint8))
+        return _as_words(tl.load(base + offs, mask=m, other=0), EB)
+
+    @triton.jit
+    def _small_record(table_ptr, out_ptr, rec, BR: tl.constexpr, BN: tl.constexpr):
+        """One small segment (rows of <= BN words, few rows) read and finished in one program:
+        row fingerprints and the top hash in one pass, no partial sums."""
+        meta = table_ptr + rec * _REC
+        addr = tl.load(meta + _F_ADDR)
+        n_rows = tl.load(meta + _F_ROWS).to(tl.int32)
+        n_words = tl.load(meta + _F_WORDS).to(tl.int32)
+        row_stride = tl.load(meta + _F_STRIDE)
+        eb = tl.load(meta + _F_EB)
+        seed = tl.load(meta + _F_SEED).to(tl.uint64, bitcast=True)
+        top_seed = tl.load(meta + _F_TOP).to(tl.uint64, bitcast=True)
+        out_index = tl.load(meta + _F_OUT)
+        s_lo = (seed & _M32).to(tl.uint32)
+        s_hi = (seed >> 32).to(tl.uint32)
+        t_lo = (top_seed & _M32).to(tl.uint32)
+        t_hi = (top_seed >> 32).to(tl.uint32)
+        cols = tl.arange(0, BN)
+        col_ok = cols < n_words
+        pmix = _pos_mix(cols.to(tl.uint32) * _C2 + s_lo)[None, :]
+        t1 = tl.zeros([], dtype=tl.uint64)
+        t2 = tl.zeros([], dtype=tl.uint64)
+        for r0 in range(0, n_rows, BR):
+            rows = r0 + tl.arange(0, BR)
+            row_ok = rows < n_rows
+            m = row_ok[:, None] & col_ok[None, :]
+            offs = rows.to(tl.int64)[:, None] * row_stride + cols[None, :]
+            if eb == 4:
+                w = _small_words(addr, offs, m, 4)
+            elif eb == 2:
+                w = _small_words(addr, offs, m, 2)
+            else:
+                w = _small_words(addr, offs, m, 1)
+            h, g = _word_hashes(w, pmix, s_hi, 0)
+            l1 = tl.sum(tl.where(m, h, 0).to(tl.uint64), axis=1)
+            l2 = tl.sum(tl.where(m, g, 0).to(tl.uint64), axis=1)
+            fp = _row_fp(l1, l2, seed)
+            a, b = _top_lane_sums(fp, rows, row_ok, t_lo, t_hi)
+            t1 += a
+            t2 += b
+        top = _row_fp(t1, t2, top_seed)
+        tl.store(out_ptr + out_index, top.to(tl.int64, bitcast=True))
+
+    @triton.jit
+    def _many_finish_kernel(table_ptr, partial_ptr, out_ptr, n_lane, bump_index,
+                            FBR: tl.constexpr, FBC: tl.constexpr, SBR: tl.constexpr,
+                            SBN: tl.constexpr, HAS_LANE: tl.constexpr, HAS_SMALL: tl.constexpr,
+                            BUMP: tl.constexpr):
+        """The last launch of fingerprint_many, one program per record: records < n_lane finish
+        the lane launches' partial sums, the others (small segments) are read and hashed whole;
+        each final value goes straight to out[record's output index]. The guard's decisions set
+        is this launch alone. BUMP: program 0 also adds 1 to out[bump_index] (the guard's device
+        step counter: one graph node fewer)."""
+        pid = tl.program_id(0)
+        if HAS_LANE and HAS_SMALL:
+            if pid < n_lane:
+                _finalize_record(table_ptr, partial_ptr, out_ptr, pid, FBR, FBC)
+            else:
+                _small_record(table_ptr, out_ptr, pid, SBR, SBN)
+        elif HAS_LANE:
+            _finalize_record(table_ptr, partial_ptr, out_ptr, pid, FBR, FBC)
+        else:
+            _small_record(table_ptr, out_ptr, pid, SBR, SBN)
+        if BUMP:
+            if pid == 0:
+                tl.store(out_ptr + bump_index, tl.load(out_ptr + bump_index) + 1)
 
 
 # --- host side: word views, tiling ---------------------------------------------------------
@@ -559,7 +675,7 @@ def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
     top = torch.empty(1, dtype=torch.int64, device=device) if want_top else None
     top_arg = top if want_top else rows_out
     meta = dict(EB=w.eb, BR=br, BN=bn, CHUNK_TILES=chunk_tiles, SHIFTS=cfg.shifts,
-                num_warps=_warps(br * bn, cfg))
+                num_warps=_warps(br * bn, cfg), **_reg_opts(cfg))
     if chunks == 1 and (row_blocks == 1 or not want_top or w.rows > cfg.finalize_rows):
         mode = 2 if (want_top and row_blocks == 1) else 1
         _rows_kernel[(row_blocks, 1)](w.data, rows_out, rows_out, top_arg, w.rows, w.n_words,
@@ -626,6 +742,178 @@ _PLAN_CACHE_SIZE = 64
 _CAPTURED_PLANS: dict[tuple, ManyPlan] = {}  # used inside a CUDA graph capture: never evicted
 
 
+class _Launch:
+    """One fixed kernel launch (grid, arguments, meta) repeated by a plan, optionally with a
+    different `out` tensor at argument `out_pos` each time.
+
+    Fast path (host time): Triton's ``kernel[grid](...)`` binds and specializes the arguments
+    and looks up the compiled kernel on every call (30-80 us of Python per launch on the GPU
+    machine's Triton 3.6). `record()` repeats the call through Triton with the compiled kernel's
+    launcher (``CompiledKernel.run``) swapped for a recorder that keeps the positional arguments
+    Triton hands it and launches nothing; later launches call the real launcher directly with
+    those arguments, only the stream and `out` substituted. Accepted only for the launcher layout
+    of Triton 3.x (grid x3, stream, function, metadata, launch metadata, enter/exit hooks, then
+    the arguments) with no launch hooks installed (profilers), and only after `ManyPlan` /
+    `guard_compare` compared a direct launch with Triton's own bit for bit (once per kernel per
+    process); anything else (interpreter, other layouts, failures): Triton's launch."""
+
+    __slots__ = ("kernel", "grid", "args", "meta", "out_pos", "_compiled", "_run", "_template",
+                 "_out_slots", "_out_align", "refusal")
+
+    def __init__(self, kernel, grid: tuple, args: tuple, meta: dict, out_pos: int | None = None):
+        self.kernel, self.grid, self.args, self.meta, self.out_pos = kernel, grid, args, meta, out_pos
+        self._compiled = None  # what the last normal launch returned (Triton 3.x: CompiledKernel)
+        self.refusal = ""  # why record() said no (for FAST_LAUNCH_FAILURES)
+        self.forget()
+
+    @property
+    def name(self) -> str:
+        return getattr(self.kernel, "__name__", None) or str(getattr(self.kernel, "fn", self.kernel))
+
+    @property
+    def ready(self) -> bool:
+        return self._run is not None
+
+    def _bound(self, out):
+        if self.out_pos is None:
+            return self.args
+        args = list(self.args)
+        args[self.out_pos] = out
+        return args
+
+    def normal(self, out=None):
+        self._compiled = self.kernel[self.grid](*self._bound(out), **self.meta)
+
+    def fast(self, out=None) -> None:
+        args = self._template.copy()
+        if not _hooks_idle(args[7], args[8]):  # a profiler hooked launches since: Triton's path
+            return self.normal(out)
+        args[3] = _current_stream()
+        for i in self._out_slots:
+            args[i] = out
+        self._run(*args)
+
+    def __call__(self, out=None, fast: bool = False):
+        if fast and self._run is not None and (out is None or out.data_ptr() % 16 == self._out_align):
+            return self.fast(out)
+        return self.normal(out)
+
+    def record(self, out=None) -> bool:
+        """Record the launcher's arguments (no GPU work); True if the layout is recognised.
+        Needs a normal launch before (the compiled kernel)."""
+        compiled = self._compiled
+        if compiled is None:
+            self.refusal = "no compiled kernel"
+            return False
+        # Triton >= 3.3: `run` is a property over `_run`; older: a plain attribute
+        attr = "_run" if isinstance(getattr(type(compiled), "run", None), property) else "run"
+        try:
+            real = compiled.run  # initialises the handles where that is lazy
+        except Exception as e:  # noqa: BLE001
+            self.refusal = f"compiled.run: {type(e).__name__}"
+            return False
+        if not callable(real) or getattr(compiled, attr, None) is not real:
+            self.refusal = f"{type(compiled).__name__}.{attr} is not the launcher"
+            return False
+        calls = []
+        setattr(compiled, attr, lambda *args: calls.append(args))
+        try:
+            self.kernel[self.grid](*self._bound(out), **self.meta)
+        finally:
+            setattr(compiled, attr, real)
+        if len(calls) != 1:
+            self.refusal = f"{len(calls)} launcher calls recorded"
+            return False
+        tmpl = list(calls[0])
+        grid = tuple(self.grid) + (1,) * (3 - len(self.grid))
+        if len(tmpl) < 9 or tuple(tmpl[:3]) != grid or tmpl[3] != _current_stream() \
+                or not _hooks_idle(tmpl[7], tmpl[8]):
+            self.refusal = (f"layout: {len(tmpl)} args, grid {tuple(tmpl[:3])} vs {grid}, stream "
+                            f"{tmpl[3] if len(tmpl) > 3 else None} vs {_current_stream()}, metadata/hooks "
+                            f"{[type(x).__name__ for x in tmpl[6:9]]}")
+            return False
+        slots = tuple(i for i in range(9, len(tmpl)) if out is not None and tmpl[i] is out)
+        if self.out_pos is not None and (out is None or not slots):
+            self.refusal = "output argument not found among the launcher's arguments"
+            return False
+        self._run, self._template, self._out_slots = real, tmpl, slots
+        self._out_align = out.data_ptr() % 16 if out is not None else 0
+        return True
+
+    def forget(self) -> None:
+        self._run, self._template, self._out_slots, self._out_align = None, None, (), 0
+
+
+def _launch_hooks() -> tuple:
+    """Triton's current launch enter/exit hooks (3.4+: `triton.knobs.runtime`, HookChain objects
+    that are empty unless a profiler added a hook; older: CompiledKernel class attributes)."""
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if runtime is not None and hasattr(runtime, "launch_enter_hook"):
+        return runtime.launch_enter_hook, runtime.launch_exit_hook
+    from triton.compiler.compiler import CompiledKernel
+
+    return getattr(CompiledKernel, "launch_enter_hook", None), getattr(CompiledKernel, "launch_exit_hook", None)
+
+
+def _hooks_idle(enter, exit_) -> bool:
+    """The recorded hooks are Triton's current ones and call nothing (None, or an empty
+    HookChain): then the launch metadata recorded with them is never read and a direct launch is
+    exactly Triton's."""
+    try:
+        now = _launch_hooks()
+    except Exception:  # noqa: BLE001
+        return False
+    return (enter is now[0] and exit_ is now[1]
+            and all(h is None or (hasattr(h, "calls") and not h.calls) for h in (enter, exit_)))
+
+
+_FAST_VALIDATED: dict[str, bool] = {}  # kernel name -> direct launch equal to Triton's (process)
+FAST_LAUNCH_FAILURES: dict[str, str] = {}  # kernel names -> why the direct path was refused (benchmarks print it)
+
+
+def fast_launch_enabled() -> bool:
+    return FAST_LAUNCH and not INTERPRET and triton is not None
+
+
+def prepare_fast(launches: list[_Launch], out, rerun) -> bool:
+    """After a normal run of `launches` into `out`: record their launchers; if one of these
+    kernels was never checked in this process, `rerun()` must repeat the run with direct
+    launches (from the same starting state, into a scratch tensor) and say whether it equals
+    `out` (one host sync, once per kernel). False: Triton's launch stays."""
+    try:
+        for launch in launches:
+            if not launch.record(out):
+                raise RuntimeError(f"launcher layout not recognised ({launch.refusal})")
+        names = {launch.name for launch in launches}
+        if any(_FAST_VALIDATED.get(n) is False for n in names):
+            raise RuntimeError("direct launch disagreed before")
+        if not all(_FAST_VALIDATED.get(n) for n in names):
+            ok = rerun()
+            for n in names:
+                _FAST_VALIDATED[n] = _FAST_VALIDATED.get(n, True) and ok
+            if not ok:
+                raise RuntimeError("direct launch disagreed")
+        return True
+    except Exception as e:  # noqa: BLE001 - any failure: Triton's own launch, as before
+        FAST_LAUNCH_FAILURES[",".join(sorted({launch.name for launch in launches}))] = \
+            f"{type(e).__name__}: {e}"[:300]
+        for launch in launches:
+            launch.forget()
+        return False
+
+
+def _current_stream() -> int:
+    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if getter is not None:
+        return getter(torch.cuda.current_device())
+    return torch.cuda.current_stream().cuda_stream
+
+
+FAST_LAUNCH = os.environ.get("TPGUARD_FAST_LAUNCH", "1") != "0"  # 0: always Triton's launch
+SMALL_SEGMENT_WORDS = 16384  # fingerprint_many: a segment of rows x BN words up to this: 1 program
+SMALL_TILE = 4096  # words per tile of the small-segment kernel
+
+
 class ManyPlan:
     """Fingerprints of one fixed list of tensors in a fixed number of launches.
 
@@ -634,11 +922,22 @@ class ManyPlan:
     capturable in a CUDA graph: keep the plan alive as long as the graph, and the tensors at the
     same addresses (with ``keep_tensors`` the plan holds references to them). Tensors whose rows
     are not contiguous blocks are copied into scratch owned by the plan at each run (one copy
-    launch each).
+    launch each). The plan owns its scratch of partial sums: one run at a time per plan.
+
+    Launches: lane launches for the segments that need partial sums (short rows of many rows;
+    long rows by word size, or one per long tensor with ``many_long="rows"``), then ONE finish
+    launch (`_many_finish_kernel`) that finalizes those and reads and hashes each small segment
+    (rows of <= 64 words, <= SMALL_SEGMENT_WORDS words in all, and empty tensors) whole in one
+    program. A set of small tensors (the guard's decisions set) is that one launch.
+
+    ``out_index``: where each fingerprint goes in `run`'s `out` (default 0..n-1), so that a caller
+    (the guard) gets them written straight into its own vector; ``bump_index``: an int64 slot of
+    `out` that each run adds 1 to (the guard's device step counter), done by the finish launch.
     """
 
     def __init__(self, tensors: list[torch.Tensor], config: KernelConfig | None = None, *,
-                 keep_tensors: bool = True):
+                 keep_tensors: bool = True, out_index: list[int] | None = None,
+                 bump_index: int | None = None):
         cfg = config or DEFAULT_CONFIG
         if not tensors:
             raise ValueError("fingerprint_many: no tensors")
@@ -651,9 +950,14 @@ class ManyPlan:
         if INTERPRET and device.type != "cpu":
             raise ValueError("fingerprint_many: under TRITON_INTERPRET=1 the segment table holds "
                              "host addresses; pass CPU tensors")
+        if out_index is not None and len(out_index) != len(tensors):
+            raise ValueError("fingerprint_many: out_index needs one index per tensor")
         self.device = device
         self.n = len(tensors)
         self.config = cfg
+        self.out_index = list(out_index) if out_index is not None else list(range(self.n))
+        self.out_size = max(self.out_index + [bump_index if bump_index is not None else -1]) + 1
+        self.bump_index = bump_index
         self._copy_index = [i for i, t in enumerate(tensors)
                             if t.dim() >= 2 and not _trailing_contiguous(t)]
         self._scratch = [torch.empty_like(tensors[i], memory_format=torch.contiguous_format)
@@ -663,27 +967,35 @@ class ManyPlan:
             views[i] = scratch
         self._sources = tensors if keep_tensors else None
 
-        short, long_aligned, long_unaligned, empty = [], [], [], []
+        short, long_aligned, long_unaligned, small = [], [], [], []
         for i, t in enumerate(views):
             w = _words(t)
             seg = (i, t, w)
-            if w.rows == 0:
-                empty.append(seg)
+            if w.rows == 0 or w.n_words == 0:
+                small.append(seg)  # nothing to read: the small kernel's loop hashes no words
             elif w.n_words <= SHORT_ROW_WORDS:
                 short.append(seg)
             elif w.data.data_ptr() % 16 == 0 and (w.row_stride * w.eb) % 16 == 0:
                 long_aligned.append(seg)
             else:
                 long_unaligned.append(seg)
+        small_bn = _next_pow2(max((w.n_words for _, _, w in short), default=1))
+        small += [x for x in short if x[2].rows * small_bn <= SMALL_SEGMENT_WORDS]
+        short = [x for x in short if x[2].rows * small_bn > SMALL_SEGMENT_WORDS]
 
         short_bn = _next_pow2(max((w.n_words for _, _, w in short), default=1))
         short_rows = _next_pow2(max((w.rows for _, _, w in short), default=1))
         groups = [(short, max(1, min(cfg.block_words // short_bn, short_rows)), short_bn, False, 0)]
-        for aligned, segs in ((True, long_aligned), (False, long_unaligned)):
-            for eb in (4, 2, 1):  # one launch per word size: no dead loop copies in registers
-                groups.append(_long_group([x for x in segs if x[2].eb == eb], cfg, aligned, eb))
+        per_segment = []
+        if cfg.many_long == "rows":
+            per_segment = [(x, aligned) for aligned, segs in ((True, long_aligned),
+                                                              (False, long_unaligned)) for x in segs]
+        else:
+            for aligned, segs in ((True, long_aligned), (False, long_unaligned)):
+                for eb in (4, 2, 1):  # one launch per word size: no dead loop copies in registers
+                    groups.append(_long_group([x for x in segs if x[2].eb == eb], cfg, aligned, eb))
         records: list[list[int]] = []
-        self._launches: list[tuple] = []
+        lane_specs = []  # ("table", grid, rec0, n_recs, meta) or ("seg", grid, record, meta)
         part = 0
         for segs, br, bn, aligned, eb in groups:
             if not segs:
@@ -692,51 +1004,128 @@ class ManyPlan:
             rec0, item = len(records), 0
             for i, t, w in segs:
                 chunks = max(1, -(-w.n_words // (chunk_tiles * bn)))
-                records.append(_record(i, t, w, part, chunks, item))
+                records.append(_record(i, t, w, part, chunks, item, self.out_index[i]))
                 part += chunks * w.rows * 2
                 item += -(-w.rows // br) * chunks
-            self._launches.append(((item,), rec0, len(segs),
-                                   dict(BR=br, BN=bn, CHUNK_TILES=chunk_tiles, ALIGNED=aligned,
-                                        EB=eb, SHIFTS=cfg.shifts, num_warps=_warps(br * bn, cfg))))
-        for i, t, w in empty:
-            records.append(_record(i, t, w, 0, 1, 0))
+            meta = dict(BR=br, BN=bn, CHUNK_TILES=chunk_tiles, ALIGNED=aligned, EB=eb,
+                        SHIFTS=cfg.shifts, num_warps=_warps(br * bn, cfg))
+            if eb:
+                meta.update(_reg_opts(cfg))
+            lane_specs.append(("table", (item,), rec0, len(segs), meta))
+        for (i, t, w), aligned in per_segment:
+            br, bn, chunk_tiles, chunks = _tile(w.rows, w.n_words, cfg)
+            if chunks > _MAX_GRID_Y:
+                raise ValueError(f"rows of {w.n_words} words need {chunks} chunks (> {_MAX_GRID_Y}); "
+                                 "raise KernelConfig.chunk_words")
+            records.append(_record(i, t, w, part, chunks, 0, self.out_index[i]))
+            meta = dict(EB=w.eb, BR=br, BN=bn, CHUNK_TILES=chunk_tiles, ALIGNED=aligned,
+                        SHIFTS=cfg.shifts, num_warps=_warps(br * bn, cfg), **_reg_opts(cfg))
+            s_lo, s_hi = _seed_args(ref.row_seed(t.dtype, tuple(t.shape)))
+            lane_specs.append(("seg", (-(-w.rows // br), chunks),
+                               (w.data.data_ptr(), part, w.rows, w.n_words, w.row_stride, s_lo, s_hi),
+                               meta))
+            part += chunks * w.rows * 2
+        self.n_lane_records = len(records)
+        for i, t, w in small:
+            records.append(_record(i, t, w, 0, 1, 0, self.out_index[i]))
         self.n_records = len(records)
+        self.n_small = len(small)
         self.partial_size = max(part, 2)
-        max_rows = max(w.rows for _, _, w in short + long_aligned + long_unaligned + empty)
-        max_chunks = max((r[8] for r in records), default=1)
-        self._fbr = max(1, min(256, _next_pow2(max_rows)))
+        lane_rows = [r[1] for r in records[:self.n_lane_records]]
+        max_chunks = max((r[8] for r in records[:self.n_lane_records]), default=1)
+        self._fbr = max(1, min(256, _next_pow2(max(lane_rows, default=1))))
         self._fbc = _finalize_chunks(self._fbr, max_chunks)
         host = torch.tensor(records, dtype=torch.int64).reshape(-1)
         if device.type == "cuda":
             host = host.pin_memory()
         self.table = host.to(device, non_blocking=True)
         self._host_table = host  # read by the asynchronous copy: keep it alive
+        self._partial = torch.empty(self.partial_size, dtype=torch.int64, device=device)
+
+        self._kernel_launches: list[_Launch] = []
+        for spec in lane_specs:
+            if spec[0] == "table":
+                _, grid, rec0, n_recs, meta = spec
+                self._kernel_launches.append(_Launch(_many_lanes_kernel, grid,
+                                                     (self.table, self._partial, rec0, n_recs), meta))
+            else:
+                _, grid, args, meta = spec
+                self._kernel_launches.append(_Launch(_seg_lanes_kernel, grid,
+                                                     (args[0], self._partial) + args[1:], meta))
+        sbr = sbn = 1
+        if small:
+            sbn = _next_pow2(max(max((w.n_words for _, _, w in small), default=1), 1))
+            sbr = max(1, min(SMALL_TILE // sbn, _next_pow2(max(w.rows for _, _, w in small))))
+        bump = bump_index is not None
+        self._kernel_launches.append(_Launch(
+            _many_finish_kernel, (self.n_records,),
+            (self.table, self._partial, None, self.n_lane_records, bump_index if bump else 0),
+            dict(FBR=self._fbr, FBC=self._fbc, SBR=sbr, SBN=sbn, HAS_LANE=self.n_lane_records > 0,
+                 HAS_SMALL=bool(small), BUMP=bump,
+                 num_warps=max(_warps(self._fbr * self._fbc, cfg) if self.n_lane_records else 1,
+                               _warps(sbr * sbn, cfg) if small else 1)),
+            out_pos=2))
+        # fast launches: "untested" until the second run outside capture sets them up
+        self._runs = 0
+        self._fast = "untested" if (fast_launch_enabled() and device.type == "cuda") else "off"
 
     @property
     def launches(self) -> int:
         """Kernel launches per run(): copies of non-contiguous tensors + lane launches + 1."""
-        return len(self._copy_index) + len(self._launches) + 1
+        return len(self._copy_index) + len(self._kernel_launches)
+
+    @property
+    def fast_launch(self) -> str:
+        """"on" (launchers called directly), "off", or "untested" (before the first run)."""
+        return self._fast
+
+    def _launch_all(self, out: torch.Tensor, fast: bool = False) -> None:
+        for launch in self._kernel_launches:
+            launch(out, fast=fast)
+
+    def _first_run(self, out: torch.Tensor) -> None:
+        """Triton's launches into `out`, then the fast path's set-up (`prepare_fast`): recorded
+        launchers, and (once per kernel per process) a direct run from the same starting state
+        that must give the same `out`, bit for bit."""
+        before = out.clone()
+        self._launch_all(out)
+
+        def rerun() -> bool:
+            direct = before.clone()
+            self._launch_all(direct, fast=True)
+            return torch.equal(direct, out)
+
+        self._fast = "on" if prepare_fast(self._kernel_launches, out, rerun) else "off"
 
     def run(self, out: torch.Tensor | None = None,
             tensors: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """int64 [n] fingerprints (uint64 bits), in the order the tensors were given.
-        `out`: optional preallocated int64 [n] on the plan's device. `tensors`: the tensors, if
-        the plan was built without keeping them (same addresses, dtypes, shapes, strides)."""
+        """int64 fingerprints (uint64 bits) at `out[out_index[i]]` (default: [n], in the order
+        the tensors were given). `out`: optional preallocated int64 tensor on the plan's device
+        (required with a bump index). `tensors`: the tensors, if the plan was built without
+        keeping them (same addresses, dtypes, shapes, strides)."""
         sources = tensors if tensors is not None else self._sources
         if self._copy_index and sources is None:
             raise ValueError("ManyPlan.run: pass the tensors (the plan was built without them)")
         if out is None:
-            out = torch.empty(self.n, dtype=torch.int64, device=self.device)
-        partial = torch.empty(self.partial_size, dtype=torch.int64, device=self.device)
+            if self.bump_index is not None:
+                raise ValueError("ManyPlan.run: pass `out` (the plan bumps one of its slots)")
+            out = torch.empty(self.out_size, dtype=torch.int64, device=self.device)
         with _device_guard(self.device):
             for i, scratch in zip(self._copy_index, self._scratch):
                 scratch.copy_(sources[i])
-            for grid, rec0, n_recs, meta in self._launches:
-                _many_lanes_kernel[grid](self.table, partial, rec0, n_recs, **meta)
-            _many_finalize_kernel[(self.n_records,)](self.table, partial, out, BR=self._fbr,
-                                                     BC=self._fbc,
-                                                     num_warps=_warps(self._fbr * self._fbc, self.config))
+            if self._fast == "untested" and not torch.cuda.is_current_stream_capturing():
+                self._runs += 1
+                if self._runs >= 2:  # a plan used once (addresses that moved) never pays for it
+                    self._first_run(out)
+                else:
+                    self._launch_all(out)
+            else:
+                self._launch_all(out, fast=self._fast == "on")
         return out
+
+
+def _reg_opts(cfg: KernelConfig) -> dict:
+    return {} if cfg.maxnreg is None else {"maxnreg": cfg.maxnreg}
 
 
 def _long_group(segs: list, cfg: KernelConfig, aligned: bool, eb: int) -> tuple:
@@ -747,7 +1136,8 @@ def _long_group(segs: list, cfg: KernelConfig, aligned: bool, eb: int) -> tuple:
     return segs, br, cfg.block_words // br, aligned, eb
 
 
-def _record(i: int, t: torch.Tensor, w: _Words, part: int, chunks: int, item0: int) -> list[int]:
+def _record(i: int, t: torch.Tensor, w: _Words, part: int, chunks: int, item0: int,
+            out: int) -> list[int]:
     rec = [0] * _REC_FIELDS
     rec[0] = w.data.data_ptr()
     rec[1] = w.rows
@@ -759,17 +1149,21 @@ def _record(i: int, t: torch.Tensor, w: _Words, part: int, chunks: int, item0: i
     rec[7] = part
     rec[8] = chunks
     rec[9] = item0
-    rec[10] = i
+    rec[10] = out
     return rec
 
 
-def fingerprint_many_triton(tensors: list[torch.Tensor], *,
-                            config: KernelConfig | None = None) -> torch.Tensor:
-    """int64 [n]: 0-d fingerprints of several tensors on one device, in at most 4 launches
-    (+1 copy per tensor whose rows are not contiguous blocks), independent of n.
+def fingerprint_many_triton(tensors: list[torch.Tensor], *, config: KernelConfig | None = None,
+                            out: torch.Tensor | None = None, out_index: list[int] | None = None,
+                            bump_index: int | None = None) -> torch.Tensor:
+    """int64 [n]: 0-d fingerprints of several tensors on one device, in at most 5 launches
+    (+1 copy per tensor whose rows are not contiguous blocks), independent of n; 1 launch when
+    every tensor is small (the guard's decisions set). With `out` / `out_index` / `bump_index`:
+    see `ManyPlan` (written in place, `out` returned).
 
-    Plans are cached by the tensors' (address, dtype, shape, strides). Under CUDA graph capture a
-    cached plan is required (warm up with the same tensors first); it is then kept for good.
+    Plans are cached by the tensors' (address, dtype, shape, strides) and the output layout.
+    Under CUDA graph capture a cached plan is required (warm up with the same tensors first); it
+    is then kept for good.
     """
     tensors = list(tensors)
     if not tensors:
@@ -778,7 +1172,7 @@ def fingerprint_many_triton(tensors: list[torch.Tensor], *,
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"fingerprint_many: expected torch.Tensor items, got {type(t).__name__}")
     key = (tuple((t.data_ptr(), t.dtype, tuple(t.shape), t.stride()) for t in tensors),
-           config or DEFAULT_CONFIG)
+           config or DEFAULT_CONFIG, tuple(out_index) if out_index is not None else None, bump_index)
     plan = _CAPTURED_PLANS.get(key) or _PLAN_CACHE.get(key)
     capturing = tensors[0].device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     if plan is None:
@@ -786,7 +1180,8 @@ def fingerprint_many_triton(tensors: list[torch.Tensor], *,
             raise RuntimeError("fingerprint_many: no plan for these tensors during CUDA graph "
                                "capture; call it once with the same tensors before capturing, "
                                "or build a ManyPlan outside capture")
-        plan = ManyPlan(tensors, config, keep_tensors=False)  # the cache must not pin memory
+        plan = ManyPlan(tensors, config, keep_tensors=False,  # the cache must not pin memory
+                        out_index=out_index, bump_index=bump_index)
         _PLAN_CACHE[key] = plan
         while len(_PLAN_CACHE) > _PLAN_CACHE_SIZE:
             _PLAN_CACHE.popitem(last=False)
@@ -794,7 +1189,7 @@ def fingerprint_many_triton(tensors: list[torch.Tensor], *,
         _PLAN_CACHE.move_to_end(key)
     if capturing:
         _CAPTURED_PLANS[key] = plan
-    return plan.run(tensors=tensors)
+    return plan.run(out=out, tensors=tensors)
 
 
 def fingerprint_many_reference(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -804,9 +1199,12 @@ def fingerprint_many_reference(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.tensor([ref.to_signed(v) for v in values], dtype=torch.int64)
 
 
-def fingerprint_many(tensors: list[torch.Tensor]) -> torch.Tensor:
+def fingerprint_many(tensors: list[torch.Tensor], *, out: torch.Tensor | None = None,
+                     out_index: list[int] | None = None,
+                     bump_index: int | None = None) -> torch.Tensor:
     """int64 [n] (uint64 bits): fingerprints of several tensors, on their (common) device.
-    CUDA tensors go to the Triton kernels when available; anything else to the numpy reference."""
+    CUDA tensors go to the Triton kernels when available; anything else to the numpy reference.
+    With `out`: written to out[out_index[i]] (default i) and out[bump_index] += 1; returns out."""
     tensors = list(tensors)
     for t in tensors:
         if not isinstance(t, torch.Tensor):
@@ -818,5 +1216,14 @@ def fingerprint_many(tensors: list[torch.Tensor]) -> torch.Tensor:
         raise ValueError(f"fingerprint_many: tensors must share one device, got "
                          f"{sorted({str(t.device) for t in tensors})}")
     if device.type == "cuda" and available() and not INTERPRET:
-        return fingerprint_many_triton(tensors)
-    return fingerprint_many_reference(tensors).to(device)
+        return fingerprint_many_triton(tensors, out=out, out_index=out_index, bump_index=bump_index)
+    values = fingerprint_many_reference(tensors).to(device)
+    if out is None and out_index is None and bump_index is None:
+        return values
+    if out is None:
+        raise ValueError("fingerprint_many: out_index / bump_index need `out`")
+    idx = out_index if out_index is not None else list(range(len(tensors)))
+    out.index_copy_(0, torch.tensor(idx, dtype=torch.long, device=out.device), values)
+    if bump_index is not None:
+        out[bump_index:bump_index + 1].add_(1)
+    return out

@@ -4,11 +4,14 @@ For each RenormConfig variant: the GPU time of top-p (flat, peaky), top-k(40), t
 top-k + top-p and min-p on 256 x 163840 float32, as the median replay of one call captured in a
 CUDA graph (``us``: no host overhead, so variants compare on the GPU alone; the eager median is
 kept as ``eager_us``), whether the kept set equals the torch reference's and whether the output
-equals the default config's bit for bit. Then, for the default config, each pass's GPU time:
-every launch of one call re-launched 10 times inside a CUDA graph (the passes are idempotent),
-so the breakdown carries no launch gaps. Prints a table; --json writes all (after every variant).
+equals the default config's bit for bit. First, for the --breakdown variants (default and fused),
+each pass's GPU time: every launch of one call re-launched 10 times inside a CUDA graph (the
+passes are idempotent; the fused launch resets its per-row tickets), so the breakdown carries no
+launch gaps. Prints a table; --json writes all (after every variant). All variants with their
+compiles take ~4 minutes: --budget 240 under a 300 s timeout (kernels/NOTES.md, run 4).
 
 Usage: python -P kernels/gpu_sweep.py [--rows 256] [--vocab 163840] [--iters 30] [--budget S] [--json PATH]
+       [--variants a,b] [--breakdown a,b]
 """
 
 from __future__ import annotations
@@ -28,14 +31,22 @@ from tpguard.kernels import renorm_min_p, renorm_passes, renorm_top_k, renorm_to
 from tpguard.kernels import reference as ref
 from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
 
-VARIANTS = {  # in order of interest: the time budget cuts the list short
+VARIANTS = {  # in order of interest: the time budget cuts the list short (kernels/NOTES.md, run 4)
     "default": {},
-    "select_w8": {"select_warps": 8, "reg": 2048},
-    "group32": {"group": 32, "tau_groups": 512, "select_warps": 8, "reg": 2048},
+    # run 3's kernels' resource shape: no register caps (Triton 3.6 gave the top-p select 181 and the
+    # bracket pass 129 registers: 1 CTA per SM), tau list compacted before M(>= tau) is known
+    "run3_regs": {"select_maxnreg": 0, "bracket_maxnreg": 0, "tau_mass_first": 0, "bracket_reg": 8192},
+    "fused": {"fuse_select": 1},  # select in the row-stats program that completes a row (ticket)
+    "bchunk4k_w4": {"bracket_chunk": 4096, "bracket_pass_warps": 4},  # 4 CTAs per SM in the bracket pass
+    "fused_bchunk4k": {"fuse_select": 1, "bracket_chunk": 4096, "bracket_pass_warps": 4},
+    "bracket_reg8k": {"bracket_reg": 8192},  # run 3's: flat rows' 10-14k bracket entries stream
+    "bprefetch": {"bracket_prefetch": 1},  # bracket chunk load not behind the plan load
+    "bsel_w8": {"bracket_warps": 8, "bracket_reg": 8192},  # bracket_select 2 CTAs/SM (1 wave), >8k entries stream
+    "bchunk4k_bsel_w8": {"bracket_chunk": 4096, "bracket_pass_warps": 4, "bracket_warps": 8, "bracket_reg": 8192},
     "bracket_w32": {"bracket_warps": 32, "bracket_reg": 16384},
-    "chunk16k_w16": {"chunk": 16384, "pass_warps": 16},
-    "compact1024": {"compact_sub": 1024},
-    "tau512": {"tau_groups": 512},
+    "tau256": {"tau_groups": 256},
+    "no_caps": {"select_maxnreg": 0, "bracket_maxnreg": 0},
+    "chunk4k_w4": {"chunk": 4096, "pass_warps": 4},  # every streaming pass at 4 warps x 4096 entries
 }
 
 
@@ -100,6 +111,7 @@ def recording(log):
     for mod, name in [(renorm_passes, "_row_stats_kernel"), (renorm_passes, "_bracket_kernel"),
                       (renorm_passes, "_bracket_select_kernel"), (renorm_passes, "_renorm_write_kernel"),
                       (renorm_top_p, "_top_p_select_kernel"), (renorm_top_k, "_top_k_select_kernel"),
+                      (renorm_top_p, "_top_p_stats_select_kernel"), (renorm_top_k, "_top_k_stats_select_kernel"),
                       (renorm_min_p, "_min_p_select_kernel")]:
         wrap(mod, name)
     try:
@@ -131,6 +143,7 @@ def main(argv=None):
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--json", default=None)
     ap.add_argument("--budget", type=float, default=1e9, help="seconds; no new variant starts after it")
+    ap.add_argument("--breakdown", default="default,fused", help="variants whose per-pass times are measured")
     a = ap.parse_args(argv)
     start = time.time()
     flat = probs(a.rows, a.vocab, 1.0)
@@ -143,14 +156,17 @@ def main(argv=None):
     expected = {name: r() for name, (_, r) in ops_for(DEFAULT_CONFIG, flat, peaky).items()}
     results = {"floor_us": floor, "variants": {}, "breakdown": {}, "configs": VARIANTS}
     baseline = {}
-    for name, (fn, _) in ops_for(DEFAULT_CONFIG, flat, peaky).items():
-        try:
-            results["breakdown"][name] = bd = breakdown(fn, a.iters)
-            print(f"passes {name:18s} " + " ".join(f"{k}={v:.1f}" if v is not None else f"{k}=?"
-                                                   for k, v in bd.items())
-                  + f" sum={sum(v for v in bd.values() if v is not None):.1f}", flush=True)
-        except Exception as e:  # noqa: BLE001
-            print(f"passes {name}: {type(e).__name__}: {e}", flush=True)
+    for bname in filter(None, a.breakdown.split(",")):
+        bcfg = DEFAULT_CONFIG.replace(**VARIANTS[bname])
+        for name, (fn, _) in ops_for(bcfg, flat, peaky).items():
+            key = name if bname == "default" else f"{bname}/{name}"
+            try:
+                results["breakdown"][key] = bd = breakdown(fn, a.iters)
+                print(f"passes {key:28s} " + " ".join(f"{k}={v:.1f}" if v is not None else f"{k}=?"
+                                                      for k, v in bd.items())
+                      + f" sum={sum(v for v in bd.values() if v is not None):.1f}", flush=True)
+            except Exception as e:  # noqa: BLE001
+                print(f"passes {key}: {type(e).__name__}: {e}", flush=True)
     for vname in a.variants.split(","):
         if time.time() - start > a.budget:
             print(f"{vname:16s} skipped (time budget)", flush=True)

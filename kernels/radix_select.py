@@ -20,8 +20,14 @@ recomputed on the fly exactly as the write pass computes it.
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
+
+# The interpreter runs a tl.reduce with a custom combine function element by element in Python
+# (seconds per call on a 16k block); there, packed sums fall back to one numpy tl.sum each.
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes"))
 
 
 @triton.jit
@@ -69,6 +75,23 @@ def _pick(t, probes, d, ok):
 # --- register blocks -------------------------------------------------------------------------
 
 @triton.jit
+def _add3(a0, a1, a2, b0, b1, b2):
+    return a0 + b0, a1 + b1, a2 + b2
+
+
+@triton.jit
+def sum3(a, b, c):
+    """Three block sums in one reduction (one barrier sequence on the GPU)."""
+    if INTERPRETED:
+        sa = tl.sum(a, axis=0)
+        sb = tl.sum(b, axis=0)
+        sc = tl.sum(c, axis=0)
+    else:
+        sa, sb, sc = tl.reduce((a, b, c), 0, _add3)
+    return sa, sb, sc
+
+
+@triton.jit
 def kth_largest_block(b, k, first, t0, last):
     """Largest pattern t with #{b >= t} >= k (t0 when none), over a register block of
     non-negative bit patterns (padding 0). Rounds first..last-1; last < 16 leaves low bits 0.
@@ -95,18 +118,21 @@ def kth_largest_block(b, k, first, t0, last):
 def mass_cutoff_block(v, target, base_mass, first, t0):
     """(t, m) over a register block of values (padding 0): the largest pattern t whose upper
     mass m = base_mass + sum(v >= t) is >= target and > 0 (t0 and its mass when none)."""
-    b = v.to(tl.int32, bitcast=True)
-    w = v.to(tl.float64)
+    b = v.to(tl.int32, bitcast=True)  # same registers as v
     t = t0
-    m_t = base_mass + tl.sum(tl.where(b >= t0, w, 0.0), axis=0)
+    m_t = base_mass + tl.sum(tl.where(b >= t0, v.to(tl.float64), 0.0), axis=0)
     for r in range(first, 16):
         shift = 30 - 2 * r
         c1 = t + (1 << shift)
         c2 = t + (2 << shift)
         c3 = t + (3 << shift)
-        m1 = base_mass + tl.sum(tl.where(b >= c1, w, 0.0), axis=0)
-        m2 = base_mass + tl.sum(tl.where(b >= c2, w, 0.0), axis=0)
-        m3 = base_mass + tl.sum(tl.where(b >= c3, w, 0.0), axis=0)
+        # the three probe masses in one reduction (one barrier sequence per round, not three)
+        # (float64 copies made per round, not held across rounds: twice the registers of v)
+        s1, s2, s3 = sum3(tl.where(b >= c1, v, 0.0).to(tl.float64), tl.where(b >= c2, v, 0.0).to(tl.float64),
+                          tl.where(b >= c3, v, 0.0).to(tl.float64))
+        m1 = base_mass + s1
+        m2 = base_mass + s2
+        m3 = base_mass + s3
         ok1 = (c1 >= 0) & (m1 >= target) & (m1 > 0.0)
         ok2 = (c2 >= 0) & (m2 >= target) & (m2 > 0.0)
         ok3 = (c3 >= 0) & (m3 >= target) & (m3 > 0.0)

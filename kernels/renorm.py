@@ -138,34 +138,64 @@ def _device_top_k(top_k: Param, probs: torch.Tensor):
     return t.contiguous()
 
 
-def top_k_renorm(probs: torch.Tensor, top_k: Param, *, backend: str = "auto", validate: bool = True) -> torch.Tensor:
+def _check_fingerprint_out(fp_out, probs: torch.Tensor) -> None:
+    if fp_out is None:
+        return
+    if not isinstance(fp_out, torch.Tensor) or fp_out.dtype != torch.int64 or fp_out.numel() != 1 \
+            or fp_out.device != probs.device:
+        raise ValueError("fingerprint_out must be a 1-element int64 tensor on the probabilities' device, got "
+                         + (f"{fp_out.dtype} {tuple(fp_out.shape)} on {fp_out.device}"
+                            if isinstance(fp_out, torch.Tensor) else type(fp_out).__name__))
+
+
+def _reference_out(out: torch.Tensor, fp_out) -> torch.Tensor:
+    """The torch path honours `fingerprint_out` too: fingerprint(out), one extra read."""
+    if fp_out is not None:
+        from tpguard.fingerprint import fingerprint_device
+
+        fp_out.view(1).copy_(fingerprint_device(out).view(1))
+    return out
+
+
+# `fingerprint_out` (all four): a 1-element int64 tensor on probs' device that receives
+# tpguard.fingerprint(out): on the Triton path from the write pass itself (renorm_write_fp.py),
+# so the guard gets target_probs' fingerprint without reading the output again.
+
+def top_k_renorm(probs: torch.Tensor, top_k: Param, *, backend: str = "auto", validate: bool = True,
+                 fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """Keep the entries >= the k-th largest of each row (ties kept), renormalised to sum 1."""
     _check_probs(probs)
     _check_top_k(top_k, probs.shape[0], validate)
+    _check_fingerprint_out(fingerprint_out, probs)
     if _use_triton(probs, backend):
         from tpguard.kernels.renorm_top_k import top_k_renorm_triton
 
-        return top_k_renorm_triton(probs.contiguous(), _device_top_k(top_k, probs))
-    return reference.top_k_renorm_reference(probs, top_k)
+        return top_k_renorm_triton(probs.contiguous(), _device_top_k(top_k, probs),
+                                   fingerprint_out=fingerprint_out)
+    return _reference_out(reference.top_k_renorm_reference(probs, top_k), fingerprint_out)
 
 
-def top_p_renorm(probs: torch.Tensor, top_p: Param, *, backend: str = "auto", validate: bool = True) -> torch.Tensor:
+def top_p_renorm(probs: torch.Tensor, top_p: Param, *, backend: str = "auto", validate: bool = True,
+                 fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """Keep the smallest top set whose mass reaches p * row mass (ties at the cutoff kept), renormalised."""
     _check_probs(probs)
     _check_top_p(top_p, probs.shape[0], validate)
+    _check_fingerprint_out(fingerprint_out, probs)
     if _use_triton(probs, backend):
         from tpguard.kernels.renorm_top_p import top_p_renorm_triton
 
-        return top_p_renorm_triton(probs.contiguous(), _device_param(top_p, probs, torch.float32))
-    return reference.top_p_renorm_reference(probs, top_p)
+        return top_p_renorm_triton(probs.contiguous(), _device_param(top_p, probs, torch.float32),
+                                   fingerprint_out=fingerprint_out)
+    return _reference_out(reference.top_p_renorm_reference(probs, top_p), fingerprint_out)
 
 
 def top_k_top_p_renorm(probs: torch.Tensor, top_k: Param, top_p: Param, *, backend: str = "auto",
-                       validate: bool = True) -> torch.Tensor:
+                       validate: bool = True, fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """top-k renorm, then top-p renorm of the result (SGLang's order); top_k >= vocab skips top-k."""
     _check_probs(probs)
     _check_top_k(top_k, probs.shape[0], validate)
     _check_top_p(top_p, probs.shape[0], validate)
+    _check_fingerprint_out(fingerprint_out, probs)
     if _use_triton(probs, backend):
         from tpguard.kernels.renorm_top_k import top_k_top_p_renorm_triton
 
@@ -173,20 +203,24 @@ def top_k_top_p_renorm(probs: torch.Tensor, top_k: Param, top_p: Param, *, backe
             probs.contiguous(),
             _device_top_k(top_k, probs),
             _device_param(top_p, probs, torch.float32),
+            fingerprint_out=fingerprint_out,
         )
-    return reference.top_k_top_p_renorm_reference(probs, top_k, top_p)
+    return _reference_out(reference.top_k_top_p_renorm_reference(probs, top_k, top_p), fingerprint_out)
 
 
-def min_p_renorm(probs: torch.Tensor, min_p: Param, *, backend: str = "auto", validate: bool = True) -> torch.Tensor:
+def min_p_renorm(probs: torch.Tensor, min_p: Param, *, backend: str = "auto", validate: bool = True,
+                 fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """Keep the entries >= fp32(row max * min_p), renormalised."""
     _check_probs(probs)
     _check_param(min_p, probs.shape[0], "min_p", integer=False)
     _check_range(min_p, "min_p", validate, 0.0, 1.0, lo_open=False)
+    _check_fingerprint_out(fingerprint_out, probs)
     if _use_triton(probs, backend):
         from tpguard.kernels.renorm_min_p import min_p_renorm_triton
 
-        return min_p_renorm_triton(probs.contiguous(), _device_param(min_p, probs, torch.float32))
-    return reference.min_p_renorm_reference(probs, min_p)
+        return min_p_renorm_triton(probs.contiguous(), _device_param(min_p, probs, torch.float32),
+                                   fingerprint_out=fingerprint_out)
+    return _reference_out(reference.min_p_renorm_reference(probs, min_p), fingerprint_out)
 
 
 __all__ = ["min_p_renorm", "top_k_renorm", "top_k_top_p_renorm", "top_p_renorm", "triton_available"]

@@ -21,10 +21,11 @@ from tpguard.kernels.renorm_passes import (
     RenormConfig,
     launch_bracket,
     launch_row_stats,
-    launch_write,
+    reg_cap,
     shapes_for,
     workspace_for,
 )
+from tpguard.kernels.renorm_write_fp import fill_fingerprint, write_pass
 
 MinP = Union[float, torch.Tensor]
 
@@ -80,12 +81,15 @@ def _min_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups,
     tl.store(params_ptr + row * 4 + 3, reciprocal_f32(kept))
 
 
-def min_p_renorm_triton(probs: torch.Tensor, min_p: MinP, config: Optional[RenormConfig] = None) -> torch.Tensor:
+def min_p_renorm_triton(probs: torch.Tensor, min_p: MinP, config: Optional[RenormConfig] = None,
+                        fingerprint_out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Triton min-p renorm of a float32 [rows, vocab] tensor (no input checks: see renorm.py)."""
     cfg = config or DEFAULT_CONFIG
     rows, vocab = probs.shape
     out = torch.empty_like(probs)
     if rows == 0:
+        if fingerprint_out is not None:
+            fill_fingerprint(out, fingerprint_out)
         return out
     s = shapes_for(rows, vocab, cfg)
     ws = workspace_for(s, cfg, probs.device, with_sample=False, with_bracket=True)
@@ -98,7 +102,8 @@ def min_p_renorm_triton(probs: torch.Tensor, min_p: MinP, config: Optional[Renor
         ws.params, ws.flag, ws.plan, ws.target,
         HAS_MP_ARR=has_arr, G=cfg.group, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, SUB=cfg.sub,
         REG=cfg.reg, MAX_GROUPS=cfg.min_p_groups, num_warps=cfg.select_warps,
+        **reg_cap(cfg.select_maxnreg, cfg.select_warps),
     )
     launch_bracket(probs, s, ws, cfg)
-    launch_write(probs, out, s, ws, cfg)
+    write_pass(probs, out, s, ws, cfg, fingerprint_out)
     return out

@@ -15,6 +15,11 @@
    or a huge tie overflowed it, over the whole row. Every path gives the same answer.
 5. ``renorm_write`` (rows x chunks programs, one read + one write): the output.
 
+With ``fuse_select=1`` passes 1 and 2 are one launch: programs run chunk-fastest and bump an
+int32 ticket per row after their stores; the program that completes a row runs its select
+(``row_ticket``), so the latency-bound per-row work overlaps other rows' streaming. The ticket
+only decides *which* program does the row's work, never what it computes.
+
 Everything a row's output depends on is computed by programs that see only that row, with block
 shapes fixed by the vocabulary size: no float atomics, no batch-size-dependent configuration,
 every sum in a fixed order. Torch reference: kernels/reference.py.
@@ -51,15 +56,18 @@ MAX_BLOCK = 1 << 20  # register blocks searched by kth_largest_block (20-bit cou
 class RenormConfig:
     """Block shapes. Results depend only on these and the vocabulary size, never on the batch.
 
-    Defaults: the fastest correct variant of the H200 sweep (docs/benchmarks.md, run 3)."""
+    Defaults: the fastest correct variant of the H200 sweep (docs/benchmarks.md, run 3), plus the
+    run-4 register caps and bracket_reg (kernels/NOTES.md: compiled offline, not yet measured)."""
 
-    chunk: int = 8192  # entries per program in the full passes (a power of two, >= 64)
-    pass_warps: int = 8
+    # run 5's sweep (chunk4k_w4): every streaming pass at 4 warps x 4096 entries, top-p flat
+    # 386 vs 396 us at 8 warps x 8192, the other ops equal
+    chunk: int = 4096  # entries per program in the full passes (a power of two, >= 64)
+    pass_warps: int = 4
     select_warps: int = 8  # the per-row kernels hold a row's group maxima in registers
     sub: int = 1024  # entries per step when the per-row searches stream
     reg: int = 2048  # candidates searched from registers (more are streamed)
     bracket_warps: int = 16  # bracket_select (run 2 on the H200: 16 warps / 8192 beat 32 / 16384)
-    bracket_reg: int = 8192  # bracket entries searched from registers (~10k on flat rows)
+    bracket_reg: int = 16384  # bracket entries searched from registers (~10-14k on flat rows; run 4: was 8192)
     group: int = 32  # G: entries per gmax group
     sample_stride: int = 32  # SG: one sampled entry per SG entries (a multiple of G)
     tau_groups: int = 512  # top-p: groups gathered before falling back to the bracket pass
@@ -68,9 +76,28 @@ class RenormConfig:
     compact_sub: int = 4096  # entries per step when a select kernel compacts gathered groups
     cap_per_chunk: int = 1024  # bracket entries kept per chunk before the fallback searches
     z: float = 5.0  # bracket half-width in standard deviations of the sample estimate
+    # --- run-4 options (kernels/NOTES.md, "Run 4 design"); 0 keeps the run-3 behaviour ---
+    tau_mass_first: int = 1  # top-p select: M(>= tau) streamed first, the tau list compacted only when needed
+    bracket_chunk: int = 0  # entries per bracket-pass program (0: chunk); smaller = more CTAs per SM
+    bracket_pass_warps: int = 0  # warps of the bracket pass (0: pass_warps)
+    bracket_prefetch: int = 0  # bracket pass: load the chunk before the row's plan arrives (reads every row)
+    # register caps (ptxas .maxnreg; 0 = none). Uncapped, ptxas gives the 8-warp select kernels
+    # 255 registers (1 CTA per SM: 256 rows = 2 waves) and the bracket pass 134 (1 CTA per SM);
+    # at 128 both fit 2 CTAs per SM, with 0-32 bytes of stack (sm_90a, cuobjdump).
+    select_maxnreg: int = 128
+    fuse_select: int = 0  # top-p: the select runs in the row-stats program that completes a row (ticket)
+    bracket_maxnreg: int = 128
 
     def replace(self, **changes) -> "RenormConfig":
         return dataclasses.replace(self, **changes)
+
+
+def reg_cap(n: int, num_warps: int) -> dict:
+    """Launch options for a register cap (none when 0), at most what one CTA of num_warps may hold
+    (64K registers per SM: a 32-warp CTA must stay at 64); the interpreter ignores them."""
+    if not n:
+        return {}
+    return {"maxnreg": max(24, min(int(n), 65536 // (32 * num_warps)) // 8 * 8)}
 
 
 def config_from_env(text: str) -> RenormConfig:
@@ -102,6 +129,9 @@ class Shapes:
     ng_block: int
     ns_block: int
     cap: int
+    b_chunk: int  # the bracket pass's chunk, its count and block
+    n_bchunks: int
+    bch_block: int
 
 
 @functools.lru_cache(maxsize=256)
@@ -110,6 +140,10 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
     if cfg.sample_stride % cfg.group or cfg.chunk % cfg.sample_stride:
         raise ValueError("RenormConfig: sample_stride must be a multiple of group, chunk of sample_stride")
     chunk = cfg.chunk  # fixed (not shrunk for short rows): fewer kernel variants to compile
+    b_chunk = cfg.bracket_chunk or chunk
+    if b_chunk & (b_chunk - 1) or b_chunk < max(64, cfg.group):
+        raise ValueError("RenormConfig: bracket_chunk must be a power of two >= 64 and >= group")
+    n_bchunks = triton.cdiv(vocab, b_chunk)
     n_chunks = triton.cdiv(vocab, chunk)
     n_groups = triton.cdiv(vocab, cfg.group)
     n_samples = triton.cdiv(vocab, cfg.sample_stride)
@@ -128,7 +162,10 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
         ch_block=max(2, triton.next_power_of_2(n_chunks)),
         ng_block=ng_block,
         ns_block=max(16, triton.next_power_of_2(n_samples)),
-        cap=min(cfg.cap_per_chunk, chunk),
+        cap=min(cfg.cap_per_chunk, b_chunk),
+        b_chunk=b_chunk,
+        n_bchunks=n_bchunks,
+        bch_block=max(2, triton.next_power_of_2(n_bchunks)),
     )
 
 
@@ -147,9 +184,9 @@ class Workspace:
     flag: torch.Tensor  # int32 [rows]: 1 = NaN row
     plan: torch.Tensor  # int32 [rows, 4]: status, lo bits, hi bits, -
     target: torch.Tensor  # float64 [rows]
-    mhi: torch.Tensor  # float64 [rows * n_chunks]
-    cnt: torch.Tensor  # int32 [rows * n_chunks]
-    slots: torch.Tensor  # float32 [rows * n_chunks * cap]
+    mhi: torch.Tensor  # float64 [rows * n_bchunks]
+    cnt: torch.Tensor  # int32 [rows * n_bchunks]
+    slots: torch.Tensor  # float32 [rows * n_bchunks * cap]
     list_cap: int
     cap: int
 
@@ -165,13 +202,13 @@ def _layout(s: Shapes, cfg: RenormConfig, with_sample: bool, with_bracket: bool)
     """(list_cap, {dtype: (names, sizes)}): each buffer followed by padding to 64 entries
     (aligned pointers); split() of one allocation per dtype gives buffer, pad, buffer, pad..."""
     r = s.rows
-    list_cap = max(min(cfg.list_cap, s.vocab), s.n_chunks * s.cap if with_bracket else 0)
+    list_cap = max(min(cfg.list_cap, s.vocab), s.n_bchunks * s.cap if with_bracket else 0)
     numel = {
         "chunk_sum": r * s.n_chunks, "chunk_bad": r * s.n_chunks, "gmax": r * s.n_groups,
         "gsamp": r * s.n_samples if with_sample else 1, "gid": r * s.n_groups, "cand": r * list_cap,
         "params": r * 4, "flag": r, "plan": r * 4, "target": r,
-        "mhi": r * s.n_chunks if with_bracket else 1, "cnt": r * s.n_chunks if with_bracket else 1,
-        "slots": r * s.n_chunks * s.cap if with_bracket else 1,
+        "mhi": r * s.n_bchunks if with_bracket else 1, "cnt": r * s.n_bchunks if with_bracket else 1,
+        "slots": r * s.n_bchunks * s.cap if with_bracket else 1,
     }
     groups = {}
     for name, n in numel.items():
@@ -195,12 +232,10 @@ def workspace_for(s: Shapes, cfg: RenormConfig, device: torch.device, with_sampl
 # --- pass 1: row statistics ------------------------------------------------------------------
 
 @triton.jit
-def _row_stats_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
-                      chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr,
-                      CHUNK: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
-                      WRITE_SAMPLE: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
+def row_stats_chunk(probs_ptr, row, chunk, vocab, n_chunks, n_groups, n_samples,
+                    chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr,
+                    CHUNK: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, WRITE_SAMPLE: tl.constexpr):
+    """One chunk of one row: its float64 sum, non-finite count, group maxima and samples."""
     src = probs_ptr + row * vocab
     gi = tl.arange(0, CHUNK // G)
     col = tl.arange(0, G)
@@ -223,6 +258,27 @@ def _row_stats_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
     tl.store(chunk_bad_ptr + row * n_chunks + chunk, n_bad)
 
 
+@triton.jit
+def _row_stats_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                      chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr,
+                      CHUNK: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
+                      WRITE_SAMPLE: tl.constexpr):
+    row_stats_chunk(probs_ptr, tl.program_id(0).to(tl.int64), tl.program_id(1), vocab, n_chunks, n_groups,
+                    n_samples, chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, WRITE_SAMPLE)
+
+
+@triton.jit
+def row_ticket(ticket_ptr, row):
+    """Call after a program's stores for a row; returns how many of the row's programs came
+    before (n_chunks - 1: this program completes the row, and every other program's stores are
+    visible to it). The barrier orders the CTA's stores before the one-thread atomic, whose
+    release publishes them (cumulative through the barrier) and whose acquire, broadcast through
+    shared memory behind a barrier, orders the reads that follow. The row's answer does not
+    depend on which program arrives last; under the interpreter the last one in grid order does."""
+    tl.debug_barrier()
+    return tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel", scope="gpu")
+
+
 def launch_row_stats(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig, with_sample: bool) -> None:
     _row_stats_kernel[(s.rows, s.n_chunks)](
         probs, s.vocab, s.n_chunks, s.n_groups, s.n_samples,
@@ -236,15 +292,20 @@ def launch_row_stats(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormC
 
 @triton.jit
 def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slots_ptr,
-                    CHUNK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr):
+                    CHUNK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr, PREFETCH: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
+    offs = chunk * CHUNK + tl.arange(0, CHUNK // G)[:, None] * G + tl.arange(0, G)[None, :]
+    if PREFETCH:
+        # the chunk's load issued with the plan's, not after it (reads rows that need no bracket too)
+        x = tl.load(probs_ptr + row * vocab + offs, mask=offs < vocab, other=0.0)
     status = tl.load(plan_ptr + row * 4)
     if status >= 2:
         lo = tl.load(plan_ptr + row * 4 + 1)
         hi = tl.load(plan_ptr + row * 4 + 2)
-        offs = chunk * CHUNK + tl.arange(0, CHUNK // G)[:, None] * G + tl.arange(0, G)[None, :]
-        x = tl.maximum(tl.load(probs_ptr + row * vocab + offs, mask=offs < vocab, other=0.0), 0.0)
+        if not PREFETCH:
+            x = tl.load(probs_ptr + row * vocab + offs, mask=offs < vocab, other=0.0)
+        x = tl.maximum(x, 0.0)
         b = x.to(tl.int32, bitcast=True)
         mhi = tl.sum(tl.sum(tl.where(b >= hi, x.to(tl.float64), 0.0), axis=1), axis=0)
         inside = (b >= lo) & (b < hi)
@@ -319,15 +380,18 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
 
 
 def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig) -> None:
-    _bracket_kernel[(s.rows, s.n_chunks)](
-        probs, s.vocab, s.n_chunks, ws.plan, ws.mhi, ws.cnt, ws.slots,
-        CHUNK=s.chunk, G=cfg.group, CAP=s.cap, num_warps=cfg.pass_warps,
+    _bracket_kernel[(s.rows, s.n_bchunks)](
+        probs, s.vocab, s.n_bchunks, ws.plan, ws.mhi, ws.cnt, ws.slots,
+        CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=bool(cfg.bracket_prefetch),
+        num_warps=cfg.bracket_pass_warps or cfg.pass_warps,
+        **reg_cap(cfg.bracket_maxnreg, cfg.bracket_pass_warps or cfg.pass_warps),
     )
     _bracket_select_kernel[(s.rows,)](
-        probs, s.vocab, s.n_chunks, s.n_groups, ws.plan, ws.target, ws.params, ws.mhi, ws.cnt, ws.slots,
+        probs, s.vocab, s.n_bchunks, s.n_groups, ws.plan, ws.target, ws.params, ws.mhi, ws.cnt, ws.slots,
         ws.cand, ws.list_cap, ws.gmax, ws.gid,
-        CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg, G=cfg.group,
+        CH_BLOCK=s.bch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg, G=cfg.group,
         COPY=max(1, min(8, 8192 // s.cap)), num_warps=cfg.bracket_warps,
+        **reg_cap(cfg.bracket_maxnreg, cfg.bracket_warps),
     )
 
 

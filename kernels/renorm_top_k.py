@@ -36,10 +36,13 @@ from tpguard.kernels.renorm_passes import (
     RenormConfig,
     launch_bracket,
     launch_row_stats,
-    launch_write,
+    reg_cap,
+    row_stats_chunk,
+    row_ticket,
     shapes_for,
     workspace_for,
 )
+from tpguard.kernels.renorm_write_fp import fill_fingerprint, write_pass
 from tpguard.kernels.renorm_top_p import top_p_plan
 
 TopK = Union[int, torch.Tensor]
@@ -70,21 +73,22 @@ def _top_k_stages(src, gid, n, vocab, k, first, t0, max_bits, p,
 
 
 @triton.jit
-def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
-                         chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
-                         k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
-                         HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
-                         G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
-                         NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
-                         TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                      chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                      k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
+                      HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
+                      G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
+                      NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
+                      TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
+    """The per-row top-k (+ top-p) plan (module doc): writes the row's plan, target and params."""
     src = probs_ptr + row * vocab
     gid_row = gid_ptr + row * n_groups
     list_row = cand_ptr + row * list_cap
     ch = tl.arange(0, CH_BLOCK)
     chm = ch < n_chunks
-    total = tl.sum(tl.load(chunk_sum_ptr + row * n_chunks + ch, mask=chm, other=0.0), axis=0)
-    n_bad = tl.sum(tl.load(chunk_bad_ptr + row * n_chunks + ch, mask=chm, other=0), axis=0)
+    # .cg: in the fused kernel these were written by other programs (read after the row's ticket)
+    total = tl.sum(tl.load(chunk_sum_ptr + row * n_chunks + ch, mask=chm, other=0.0, cache_modifier=".cg"), axis=0)
+    n_bad = tl.sum(tl.load(chunk_bad_ptr + row * n_chunks + ch, mask=chm, other=0, cache_modifier=".cg"), axis=0)
     if HAS_K_ARR:
         k = tl.load(k_ptr + row)
     else:
@@ -108,7 +112,8 @@ def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
     target = tl.full((), 0.0, tl.float64)
     if (n_bad == 0) & (total > 0.0):
         gidx = tl.arange(0, NG_BLOCK)
-        gb = tl.load(gmax_ptr + row * n_groups + gidx, mask=gidx < n_groups, other=0.0).to(tl.int32, bitcast=True)
+        gb = tl.load(gmax_ptr + row * n_groups + gidx, mask=gidx < n_groups, other=0.0,
+                     cache_modifier=".cg").to(tl.int32, bitcast=True)
         max_bits = tl.max(gb, axis=0)
         if k < vocab:
             # a: a lower bound (16 bits) of the k-th largest group max, hence of the pivot; every
@@ -137,7 +142,7 @@ def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                 r1 = tl.full((), 1.0, tl.float32)
                 status, thr2, kept, lo, hi, target = top_p_plan(
                     src, gid_row, list_row, list_cap, gb, gidx, max_bits, gsamp_ptr + row * n_samples,
-                    n_samples, vocab, total, p, G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB)
+                    n_samples, vocab, total, p, G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST)
                 r2 = reciprocal_f32(kept)
     else:
         thr1 = tl.full((), 0x7F800000, tl.int32)  # +inf: keep nothing (empty or NaN rows)
@@ -152,11 +157,54 @@ def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
     tl.store(params_ptr + row * 4 + 3, r2)
 
 
-def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Optional[RenormConfig]) -> torch.Tensor:
+@triton.jit
+def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                         chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                         k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
+                         HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
+                         G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
+                         NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
+                         TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
+    _top_k_select_row(tl.program_id(0).to(tl.int64), probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                      chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                      k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
+                      HAS_K_ARR, HAS_P_ARR, WITH_TOP_P, G, SG, CH_BLOCK, NG_BLOCK, NS_BLOCK, SUB, REG,
+                      TAU_GROUPS, CSUB, MASS_FIRST)
+
+
+@triton.jit
+def _top_k_stats_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                               chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                               k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
+                               ticket_ptr, CHUNK: tl.constexpr, WRITE_SAMPLE: tl.constexpr,
+                               HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
+                               G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
+                               NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
+                               TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
+    """row_stats and the select in one launch (fuse_select=1; see renorm_top_p's twin)."""
+    pid = tl.program_id(0)
+    row = (pid // n_chunks).to(tl.int64)
+    chunk = pid % n_chunks
+    row_stats_chunk(probs_ptr, row, chunk, vocab, n_chunks, n_groups, n_samples,
+                    chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, WRITE_SAMPLE)
+    arrived = row_ticket(ticket_ptr, row)
+    if arrived == n_chunks - 1:
+        tl.store(ticket_ptr + row, 0)  # every program of the row has arrived: reset (relaunches stay valid)
+        _top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                          chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                          k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
+                          HAS_K_ARR, HAS_P_ARR, WITH_TOP_P, G, SG, CH_BLOCK, NG_BLOCK, NS_BLOCK, SUB, REG,
+                          TAU_GROUPS, CSUB, MASS_FIRST)
+
+
+def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Optional[RenormConfig],
+         fingerprint_out: Optional[torch.Tensor] = None) -> torch.Tensor:
     cfg = config or DEFAULT_CONFIG
     rows, vocab = probs.shape
     out = torch.empty_like(probs)
     if rows == 0:
+        if fingerprint_out is not None:
+            fill_fingerprint(out, fingerprint_out)
         return out
     with_top_p = top_p is not None
     has_k = isinstance(top_k, torch.Tensor)
@@ -166,31 +214,40 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
     full_top_p = with_top_p and (has_k or int(top_k) >= vocab)
     s = shapes_for(rows, vocab, cfg)
     ws = workspace_for(s, cfg, probs.device, with_sample=full_top_p, with_bracket=full_top_p)
-    launch_row_stats(probs, s, ws, cfg, with_sample=full_top_p)
-    _top_k_select_kernel[(rows,)](
-        probs, vocab, s.n_chunks, s.n_groups, s.n_samples,
-        ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp, ws.gid, ws.cand, ws.list_cap,
-        top_k if has_k else ws.flag, 0 if has_k else int(min(max(int(top_k), 1), vocab)),
-        top_p if has_p else ws.params, 1.0 if (has_p or not with_top_p) else float(top_p),
-        ws.params, ws.flag, ws.plan, ws.target, float(cfg.z),
-        HAS_K_ARR=has_k, HAS_P_ARR=has_p, WITH_TOP_P=with_top_p,
-        G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, NS_BLOCK=s.ns_block,
-        SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
-        CSUB=cfg.compact_sub, num_warps=cfg.select_warps,
-    )
+    select_args = (probs, vocab, s.n_chunks, s.n_groups, s.n_samples,
+                   ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp, ws.gid, ws.cand, ws.list_cap,
+                   top_k if has_k else ws.flag, 0 if has_k else int(min(max(int(top_k), 1), vocab)),
+                   top_p if has_p else ws.params, 1.0 if (has_p or not with_top_p) else float(top_p),
+                   ws.params, ws.flag, ws.plan, ws.target, float(cfg.z))
+    blocks = dict(HAS_K_ARR=has_k, HAS_P_ARR=has_p, WITH_TOP_P=with_top_p,
+                  G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, NS_BLOCK=s.ns_block,
+                  SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
+                  CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first))
+    if cfg.fuse_select:
+        tickets = torch.zeros(rows, dtype=torch.int32, device=probs.device)
+        _top_k_stats_select_kernel[(rows * s.n_chunks,)](
+            *select_args, tickets, CHUNK=s.chunk, WRITE_SAMPLE=full_top_p, **blocks,
+            num_warps=cfg.select_warps, **reg_cap(cfg.select_maxnreg, cfg.select_warps),
+        )
+    else:
+        launch_row_stats(probs, s, ws, cfg, with_sample=full_top_p)
+        _top_k_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
+                                      **reg_cap(cfg.select_maxnreg, cfg.select_warps))
     if full_top_p:
         launch_bracket(probs, s, ws, cfg)
-    launch_write(probs, out, s, ws, cfg)
+    write_pass(probs, out, s, ws, cfg, fingerprint_out)
     return out
 
 
-def top_k_renorm_triton(probs: torch.Tensor, top_k: TopK, config: Optional[RenormConfig] = None) -> torch.Tensor:
+def top_k_renorm_triton(probs: torch.Tensor, top_k: TopK, config: Optional[RenormConfig] = None,
+                        fingerprint_out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Triton top-k renorm of a float32 [rows, vocab] tensor (no input checks: see renorm.py).
     ``top_k`` is an int or an int32 [rows] tensor on the same device."""
-    return _run(probs, top_k, None, config)
+    return _run(probs, top_k, None, config, fingerprint_out)
 
 
 def top_k_top_p_renorm_triton(probs: torch.Tensor, top_k: TopK, top_p: TopP,
-                              config: Optional[RenormConfig] = None) -> torch.Tensor:
+                              config: Optional[RenormConfig] = None,
+                              fingerprint_out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Triton top-k then top-p renorm (k >= vocab skips the top-k stage)."""
-    return _run(probs, top_k, top_p, config)
+    return _run(probs, top_k, top_p, config, fingerprint_out)

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from tpguard.kernels.radix_select import (
+    INTERPRETED,
     compact_values,
     kth_largest_block,
     list_groups_block,
@@ -29,6 +30,7 @@ from tpguard.kernels.radix_select import (
     mass_cutoff_bits,
     reciprocal_f32,
     search_start,
+    upper_mass,
     upper_mass_any,
 )
 from tpguard.kernels.renorm_passes import (
@@ -36,20 +38,28 @@ from tpguard.kernels.renorm_passes import (
     RenormConfig,
     launch_bracket,
     launch_row_stats,
-    launch_write,
+    reg_cap,
+    row_stats_chunk,
+    row_ticket,
     shapes_for,
     workspace_for,
 )
+from tpguard.kernels.renorm_write_fp import fill_fingerprint, write_pass
 
 TopP = Union[float, torch.Tensor]
 
 
 @triton.jit
-def _estimate(sb, sv, sq, c, q_low, inv_a, var_scale, floor, Z, m_tau, m_low):
-    """(estimated upper mass at c < tau, its half-width), float64."""
-    above = sb >= c
-    a = tl.sum(tl.where(above, sv, 0.0), axis=0)
-    q = tl.sum(tl.where(above, sq, 0.0), axis=0)
+def _add12(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11,
+           b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11):
+    return (a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5,
+            a6 + b6, a7 + b7, a8 + b8, a9 + b9, a10 + b10, a11 + b11)
+
+
+@triton.jit
+def _estimate(a, q, q_low, inv_a, var_scale, floor, Z, m_tau, m_low):
+    """(estimated upper mass at a probe c < tau, its half-width), float64, from the sampled
+    mass a and squared mass q at or above c."""
     f = a * inv_a
     var = var_scale * ((1.0 - f) * (1.0 - f) * q + f * f * (q_low - q))
     half = (Z * tl.sqrt(tl.maximum(var, 0.0)) + floor).to(tl.float64)
@@ -57,18 +67,56 @@ def _estimate(sb, sv, sq, c, q_low, inv_a, var_scale, floor, Z, m_tau, m_low):
 
 
 @triton.jit
-def _bracket_digit(t, shift, sb, sv, sq, tau, target, sign, q_low, inv_a, var_scale, floor, Z, m_tau, m_low):
-    """One search round: the largest digit whose probe c < tau has estimate + sign * half >= target."""
-    c1 = t + (1 << shift)
-    c2 = t + (2 << shift)
-    c3 = t + (3 << shift)
-    e1, h1 = _estimate(sb, sv, sq, c1, q_low, inv_a, var_scale, floor, Z, m_tau, m_low)
-    e2, h2 = _estimate(sb, sv, sq, c2, q_low, inv_a, var_scale, floor, Z, m_tau, m_low)
-    e3, h3 = _estimate(sb, sv, sq, c3, q_low, inv_a, var_scale, floor, Z, m_tau, m_low)
-    ok1 = (c1 >= 0) & (c1 < tau) & (e1 + sign * h1 >= target)
-    ok2 = (c2 >= 0) & (c2 < tau) & (e2 + sign * h2 >= target)
-    ok3 = (c3 >= 0) & (c3 < tau) & (e3 + sign * h3 >= target)
+def _pick_digit(t, c1, c2, c3, ok1, ok2, ok3):
     return tl.where(ok3, c3, tl.where(ok2, c2, tl.where(ok1, c1, t)))
+
+
+@triton.jit
+def _bracket_round(t_lo, t_hi, shift, sv, tau, target, q_low, inv_a, var_scale, floor, Z, m_tau, m_low):
+    """One search round for both ends: the largest digit whose probe c < tau has estimate -
+    half >= target (lo) / estimate + half >= target (hi). The 12 sampled sums of the round
+    (3 probes x 2 ends x (mass, squared mass)) come from one reduction."""
+    step = tl.full((), 1, tl.int32) << shift  # int32: round 0's 2 << 30 wraps negative (not a pattern)
+    l1 = t_lo + step
+    l2 = l1 + step
+    l3 = l2 + step
+    h1 = t_hi + step
+    h2 = h1 + step
+    h3 = h2 + step
+    # sv: the samples below tau (0 above it; every probe is >= 1): bits and squares recomputed
+    # here rather than held in registers across the rounds
+    sb = sv.to(tl.int32, bitcast=True)
+    sq = sv * sv
+    if INTERPRETED:  # (the interpreter's tl.reduce is a Python loop: 12 numpy sums instead)
+        al1, ql1 = tl.sum(tl.where(sb >= l1, sv, 0.0), axis=0), tl.sum(tl.where(sb >= l1, sq, 0.0), axis=0)
+        al2, ql2 = tl.sum(tl.where(sb >= l2, sv, 0.0), axis=0), tl.sum(tl.where(sb >= l2, sq, 0.0), axis=0)
+        al3, ql3 = tl.sum(tl.where(sb >= l3, sv, 0.0), axis=0), tl.sum(tl.where(sb >= l3, sq, 0.0), axis=0)
+        ah1, qh1 = tl.sum(tl.where(sb >= h1, sv, 0.0), axis=0), tl.sum(tl.where(sb >= h1, sq, 0.0), axis=0)
+        ah2, qh2 = tl.sum(tl.where(sb >= h2, sv, 0.0), axis=0), tl.sum(tl.where(sb >= h2, sq, 0.0), axis=0)
+        ah3, qh3 = tl.sum(tl.where(sb >= h3, sv, 0.0), axis=0), tl.sum(tl.where(sb >= h3, sq, 0.0), axis=0)
+    else:
+        al1, ql1, al2, ql2, al3, ql3, ah1, qh1, ah2, qh2, ah3, qh3 = tl.reduce(
+            (tl.where(sb >= l1, sv, 0.0), tl.where(sb >= l1, sq, 0.0),
+             tl.where(sb >= l2, sv, 0.0), tl.where(sb >= l2, sq, 0.0),
+             tl.where(sb >= l3, sv, 0.0), tl.where(sb >= l3, sq, 0.0),
+             tl.where(sb >= h1, sv, 0.0), tl.where(sb >= h1, sq, 0.0),
+             tl.where(sb >= h2, sv, 0.0), tl.where(sb >= h2, sq, 0.0),
+             tl.where(sb >= h3, sv, 0.0), tl.where(sb >= h3, sq, 0.0)), 0, _add12)
+    e1, d1 = _estimate(al1, ql1, q_low, inv_a, var_scale, floor, Z, m_tau, m_low)
+    e2, d2 = _estimate(al2, ql2, q_low, inv_a, var_scale, floor, Z, m_tau, m_low)
+    e3, d3 = _estimate(al3, ql3, q_low, inv_a, var_scale, floor, Z, m_tau, m_low)
+    t_lo = _pick_digit(t_lo, l1, l2, l3,
+                       (l1 >= 0) & (l1 < tau) & (e1 - d1 >= target),
+                       (l2 >= 0) & (l2 < tau) & (e2 - d2 >= target),
+                       (l3 >= 0) & (l3 < tau) & (e3 - d3 >= target))
+    e1, d1 = _estimate(ah1, qh1, q_low, inv_a, var_scale, floor, Z, m_tau, m_low)
+    e2, d2 = _estimate(ah2, qh2, q_low, inv_a, var_scale, floor, Z, m_tau, m_low)
+    e3, d3 = _estimate(ah3, qh3, q_low, inv_a, var_scale, floor, Z, m_tau, m_low)
+    t_hi = _pick_digit(t_hi, h1, h2, h3,
+                       (h1 >= 0) & (h1 < tau) & (e1 + d1 >= target),
+                       (h2 >= 0) & (h2 < tau) & (e2 + d2 >= target),
+                       (h3 >= 0) & (h3 < tau) & (e3 + d3 >= target))
+    return t_lo, t_hi
 
 
 @triton.jit
@@ -84,12 +132,10 @@ def sample_bracket(samp_row_ptr, n_samples, tau, m_tau, m_low, target, Z, W: tl.
     The estimate is statistical, so float32 is plenty (and deterministic).
     """
     i = tl.arange(0, NS_BLOCK)
-    s = tl.maximum(tl.load(samp_row_ptr + i, mask=i < n_samples, other=0.0), 0.0)
-    sb = s.to(tl.int32, bitcast=True)
-    sv = tl.where(sb < tau, s, 0.0)
-    sq = sv * sv
+    s = tl.maximum(tl.load(samp_row_ptr + i, mask=i < n_samples, other=0.0, cache_modifier=".cg"), 0.0)
+    sv = tl.where(s.to(tl.int32, bitcast=True) < tau, s, 0.0)
     a_low = tl.sum(sv, axis=0)
-    q_low = tl.sum(sq, axis=0)
+    q_low = tl.sum(sv * sv, axis=0)
     inv_a = tl.where(a_low > 0.0, 1.0 / tl.where(a_low > 0.0, a_low, 1.0), 0.0)
     m_low32 = m_low.to(tl.float32)
     var_scale = (W - 1.0) / W * (m_low32 * inv_a) * (m_low32 * inv_a)
@@ -97,11 +143,8 @@ def sample_bracket(samp_row_ptr, n_samples, tau, m_tau, m_low, target, Z, W: tl.
     t_lo = tl.full((), 0, tl.int32)
     t_hi = tl.full((), 0, tl.int32)
     for r in range(ROUNDS):
-        shift = 30 - 2 * r
-        t_lo = _bracket_digit(t_lo, shift, sb, sv, sq, tau, target, -1.0, q_low, inv_a, var_scale, floor, Z,
-                              m_tau, m_low)
-        t_hi = _bracket_digit(t_hi, shift, sb, sv, sq, tau, target, 1.0, q_low, inv_a, var_scale, floor, Z,
-                              m_tau, m_low)
+        t_lo, t_hi = _bracket_round(t_lo, t_hi, 30 - 2 * r, sv, tau, target, q_low, inv_a, var_scale,
+                                    floor, Z, m_tau, m_low)
     lo = tl.where(a_low > 0.0, tl.maximum(t_lo, 1), 1)
     hi = tl.where(a_low > 0.0, tl.minimum(t_hi + (1 << (32 - 2 * ROUNDS)), tau), tau)
     lo = tl.minimum(lo, hi)
@@ -111,7 +154,7 @@ def sample_bracket(samp_row_ptr, n_samples, tau, m_tau, m_low, target, Z, W: tl.
 @triton.jit
 def top_p_plan(src, gid_row, list_row, list_cap, gb, gidx, max_bits, samp_row, n_samples, vocab, total, p,
                G: tl.constexpr, SG: tl.constexpr, NS_BLOCK: tl.constexpr, SUB: tl.constexpr,
-               REG: tl.constexpr, TAU_GROUPS: tl.constexpr, Z, CSUB: tl.constexpr):
+               REG: tl.constexpr, TAU_GROUPS: tl.constexpr, Z, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
     """(status, thr bits, kept mass, lo, hi, target) for top-p on one row (see module doc).
     gb: the row's group maxima (bits) in registers."""
     target = p.to(tl.float64) * total
@@ -129,11 +172,18 @@ def top_p_plan(src, gid_row, list_row, list_cap, gb, gidx, max_bits, samp_row, n
         count = tl.full((), 0, tl.int32)
         if n_cand <= REG:
             m_tau = upper_mass_any(src, gid_row, n_cand, vocab, tau, 0, 1.0, True, False, G, SUB, REG)
+        elif MASS_FIRST:
+            # M(>= tau) alone (no compaction: flat rows never search these entries)
+            m_tau = upper_mass(src, gid_row, n_cand, vocab, tau, 0, 1.0, True, False, G, CSUB)
         else:  # keep only the entries >= tau: usually about TAU_GROUPS of them
             count, m_tau = compact_values(src, gid_row, n_cand, vocab, tau, list_row, list_cap, True, G, CSUB)
             tl.debug_barrier()
         if (m_tau >= target) & (m_tau > 0.0):
             first, t0 = search_start(tau, max_bits)
+            if MASS_FIRST:
+                if n_cand > REG:
+                    count, _ = compact_values(src, gid_row, n_cand, vocab, tau, list_row, list_cap, True, G, CSUB)
+                    tl.debug_barrier()
             if n_cand <= REG:
                 thr, kept = mass_cutoff_any(src, gid_row, n_cand, vocab, target, 0.0, 0, 1.0, first, t0,
                                             True, False, G, SUB, REG)
@@ -151,18 +201,19 @@ def top_p_plan(src, gid_row, list_row, list_cap, gb, gidx, max_bits, samp_row, n
 
 
 @triton.jit
-def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
-                         chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
-                         p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
-                         HAS_P_ARR: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
-                         CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, NS_BLOCK: tl.constexpr,
-                         SUB: tl.constexpr, REG: tl.constexpr, TAU_GROUPS: tl.constexpr,
-                         CSUB: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _top_p_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                      chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                      p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
+                      HAS_P_ARR: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
+                      CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, NS_BLOCK: tl.constexpr,
+                      SUB: tl.constexpr, REG: tl.constexpr, TAU_GROUPS: tl.constexpr,
+                      CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
+    """The per-row top-p plan (module doc): writes the row's plan, target and params."""
     ch = tl.arange(0, CH_BLOCK)
     chm = ch < n_chunks
-    total = tl.sum(tl.load(chunk_sum_ptr + row * n_chunks + ch, mask=chm, other=0.0), axis=0)
-    n_bad = tl.sum(tl.load(chunk_bad_ptr + row * n_chunks + ch, mask=chm, other=0), axis=0)
+    # .cg: in the fused kernel these were written by other programs (read after the row's ticket)
+    total = tl.sum(tl.load(chunk_sum_ptr + row * n_chunks + ch, mask=chm, other=0.0, cache_modifier=".cg"), axis=0)
+    n_bad = tl.sum(tl.load(chunk_bad_ptr + row * n_chunks + ch, mask=chm, other=0, cache_modifier=".cg"), axis=0)
     if HAS_P_ARR:
         p = tl.load(p_ptr + row)
     else:
@@ -175,11 +226,12 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
     target = tl.full((), 0.0, tl.float64)
     if (n_bad == 0) & (total > 0.0):
         gidx = tl.arange(0, NG_BLOCK)
-        gb = tl.load(gmax_ptr + row * n_groups + gidx, mask=gidx < n_groups, other=0.0).to(tl.int32, bitcast=True)
+        gb = tl.load(gmax_ptr + row * n_groups + gidx, mask=gidx < n_groups, other=0.0,
+                     cache_modifier=".cg").to(tl.int32, bitcast=True)
         status, thr, kept, lo, hi, target = top_p_plan(
             probs_ptr + row * vocab, gid_ptr + row * n_groups, cand_ptr + row * list_cap, list_cap,
             gb, gidx, tl.max(gb, axis=0), gsamp_ptr + row * n_samples, n_samples, vocab, total, p,
-            G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB)
+            G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST)
     full = status >= 2
     tl.store(flag_ptr + row, (n_bad > 0).to(tl.int32))
     tl.store(plan_ptr + row * 4, status)
@@ -192,27 +244,78 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
     tl.store(params_ptr + row * 4 + 3, tl.where(full, 0.0, reciprocal_f32(kept)))
 
 
-def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[RenormConfig] = None) -> torch.Tensor:
-    """Triton top-p renorm of a float32 [rows, vocab] tensor (no input checks: see renorm.py)."""
+@triton.jit
+def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                         chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                         p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
+                         HAS_P_ARR: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
+                         CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, NS_BLOCK: tl.constexpr,
+                         SUB: tl.constexpr, REG: tl.constexpr, TAU_GROUPS: tl.constexpr,
+                         CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
+    _top_p_select_row(tl.program_id(0).to(tl.int64), probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                      chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                      p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
+                      HAS_P_ARR, G, SG, CH_BLOCK, NG_BLOCK, NS_BLOCK, SUB, REG, TAU_GROUPS, CSUB, MASS_FIRST)
+
+
+@triton.jit
+def _top_p_stats_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                               chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                               p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z, ticket_ptr,
+                               CHUNK: tl.constexpr, HAS_P_ARR: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
+                               CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, NS_BLOCK: tl.constexpr,
+                               SUB: tl.constexpr, REG: tl.constexpr, TAU_GROUPS: tl.constexpr,
+                               CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
+    """row_stats and the select in one launch (fuse_select=1): programs run chunk-fastest, so rows
+    complete one after another, and the program that completes a row (its ticket) runs the row's
+    latency-bound select while other programs keep streaming."""
+    pid = tl.program_id(0)
+    row = (pid // n_chunks).to(tl.int64)
+    chunk = pid % n_chunks
+    row_stats_chunk(probs_ptr, row, chunk, vocab, n_chunks, n_groups, n_samples,
+                    chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, True)
+    arrived = row_ticket(ticket_ptr, row)
+    if arrived == n_chunks - 1:
+        tl.store(ticket_ptr + row, 0)  # every program of the row has arrived: reset (relaunches stay valid)
+        _top_p_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                          chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                          p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
+                          HAS_P_ARR, G, SG, CH_BLOCK, NG_BLOCK, NS_BLOCK, SUB, REG, TAU_GROUPS, CSUB, MASS_FIRST)
+
+
+def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[RenormConfig] = None,
+                        fingerprint_out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Triton top-p renorm of a float32 [rows, vocab] tensor (no input checks: see renorm.py).
+    `fingerprint_out`: a 1-element int64 device tensor that receives fingerprint(out) from the
+    write pass (renorm_write_fp.py)."""
     cfg = config or DEFAULT_CONFIG
     rows, vocab = probs.shape
     out = torch.empty_like(probs)
     if rows == 0:
+        if fingerprint_out is not None:
+            fill_fingerprint(out, fingerprint_out)
         return out
     s = shapes_for(rows, vocab, cfg)
     ws = workspace_for(s, cfg, probs.device, with_sample=True, with_bracket=True)
     has_arr = isinstance(top_p, torch.Tensor)
     p_arr = top_p if has_arr else ws.params
     p_val = 0.0 if has_arr else float(top_p)
-    launch_row_stats(probs, s, ws, cfg, with_sample=True)
-    _top_p_select_kernel[(rows,)](
-        probs, vocab, s.n_chunks, s.n_groups, s.n_samples,
-        ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp, ws.gid, ws.cand, ws.list_cap,
-        p_arr, p_val, ws.params, ws.flag, ws.plan, ws.target, float(cfg.z),
-        HAS_P_ARR=has_arr, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
-        NS_BLOCK=s.ns_block, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
-        CSUB=cfg.compact_sub, num_warps=cfg.select_warps,
-    )
+    select_args = (probs, vocab, s.n_chunks, s.n_groups, s.n_samples,
+                   ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp, ws.gid, ws.cand, ws.list_cap,
+                   p_arr, p_val, ws.params, ws.flag, ws.plan, ws.target, float(cfg.z))
+    blocks = dict(HAS_P_ARR=has_arr, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
+                  NS_BLOCK=s.ns_block, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
+                  CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first))
+    if cfg.fuse_select:
+        tickets = torch.zeros(rows, dtype=torch.int32, device=probs.device)
+        _top_p_stats_select_kernel[(rows * s.n_chunks,)](
+            *select_args, tickets, CHUNK=s.chunk, **blocks,
+            num_warps=cfg.select_warps, **reg_cap(cfg.select_maxnreg, cfg.select_warps),
+        )
+    else:
+        launch_row_stats(probs, s, ws, cfg, with_sample=True)
+        _top_p_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
+                                      **reg_cap(cfg.select_maxnreg, cfg.select_warps))
     launch_bracket(probs, s, ws, cfg)
-    launch_write(probs, out, s, ws, cfg)
+    write_pass(probs, out, s, ws, cfg, fingerprint_out)
     return out

@@ -92,6 +92,8 @@ def run_harness(opts: HarnessOptions) -> RunSummary:
                         SamplingParams(opts.temperature, opts.top_p, opts.top_k, opts.min_p), opts.mixed_params)
     injector = Injector(opts.inject, rank, opts.vocab, tree.spec_tokens, tree.nodes, opts.bs)
     pipeline = VerifyPipeline(model, tree, renorm, injector, device, opts.seed)
+    # the renorm's write pass fingerprints target_probs only when the guard records them
+    pipeline.fingerprint_probs = "target_probs" in opts.guarded_quantities
     collective = StateCollective(state_group, rank, world, run_id, opts.timeout, pg_backend)
 
     summary = RunSummary(run_id=run_id, world_size=world, backend=pg_backend, device=str(device), algo=opts.algo,

@@ -52,9 +52,14 @@ class VerifyPipeline:
         self.model, self.tree, self.renorm, self.inject = model, tree, renorm, injector
         self.device, self.seed = device, seed
         self.threshold_single, self.threshold_acc = threshold_single, threshold_acc
+        # The last renorm emits target_probs' fingerprint when the backend can (set False when
+        # target_probs is not guarded: --quantities decisions)
+        self.fingerprint_probs = True
 
-    def target_probs(self, logits: torch.Tensor, inp: StepInputs) -> torch.Tensor:
-        """Temperature, softmax, then the renorms the batch needs (SGLang's dense verify path)."""
+    def target_probs(self, logits: torch.Tensor, inp: StepInputs, fingerprint: bool = False) -> torch.Tensor:
+        """Temperature, softmax, then the renorms the batch needs (SGLang's dense verify path).
+        `fingerprint`: the last renorm's write pass also emits the result's fingerprint (attached
+        to it, `tpguard.guard.attach_fingerprint`), where the backend can."""
         n = self.tree.nodes
         dev = self.device
 
@@ -63,13 +68,15 @@ class VerifyPipeline:
 
         probs = torch.softmax(logits / rows(inp.temperature, torch.float32).unsqueeze(1), dim=-1)
         vocab = probs.shape[1]
-        if (inp.top_k > 0).any():
-            top_k = rows(inp.top_k, torch.int64)
-            probs = self.renorm.top_k(probs, torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)))
-        if (inp.top_p < 1).any():
-            probs = self.renorm.top_p(probs, rows(inp.top_p, torch.float32))
-        if (inp.min_p > 0).any():
-            probs = self.renorm.min_p(probs, rows(inp.min_p, torch.float32))
+        stages = [k for k, on in (("top_k", (inp.top_k > 0).any()), ("top_p", (inp.top_p < 1).any()),
+                                  ("min_p", (inp.min_p > 0).any())) if on]
+        for kind in stages:
+            if kind == "top_k":
+                top_k = rows(inp.top_k, torch.int64)
+                param = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
+            else:
+                param = rows(getattr(inp, kind), torch.float32)
+            probs = self.renorm.call(kind, probs, param, fingerprint=fingerprint and kind == stages[-1])
         return probs
 
     def run(self, step: int, inp: StepInputs, record: Record) -> StepOutputs:
@@ -92,7 +99,9 @@ class VerifyPipeline:
         logits = inject(step, "target_logits", self.model.target_logits(hashes, forward, dev))
         record("target_logits", logits)
 
-        probs = inject(step, "target_probs", self.target_probs(logits, inp))
+        # an injected value is a new tensor (no fingerprint attached): recorded the usual way
+        emit = self.fingerprint_probs and getattr(record, "__name__", "") != "_no_record"
+        probs = inject(step, "target_probs", self.target_probs(logits, inp, fingerprint=emit))
         record("target_probs", probs)
 
         coins = inject(step, "coins", torch.rand(bs, n + 1, generator=sampling, device=dev))

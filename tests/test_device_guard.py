@@ -125,3 +125,25 @@ def test_compare_kernel_matches_reference(world, q):
         out = torch.full((q + 1,), -1, dtype=torch.int64)
         _compare_kernel[(1,)](gathered, out, world, gathered.shape[1], q, BW=4, BQ=16)
         assert out.tolist() == ref.tolist()
+
+
+def test_capturable_half_writes_fingerprints_and_step_in_place():
+    """device_check() (the half a CUDA graph captures), one process: fingerprints land in the
+    vector's slots, the step counter lives in the vector and advances once per call."""
+    from tpguard.device_guard import DeviceStepGuard
+    from tpguard.fingerprint import fingerprint, to_signed
+    from tpguard.guard import _HDR
+
+    guard = DeviceStepGuard(site="graph.cpu", run_id="g", watchdog=False, device="cpu")
+    tensors = make_step(0, 0)
+    guard.prepare_graph(tensors)
+    i = guard.index["target_probs"]
+    for step in range(2):
+        guard.device_check()
+        assert guard.collect() is None
+        host = guard._graph["host"]
+        assert int(host[0]) == step + 1  # prepare_graph's warm-up call was step 0
+        assert int(host[_HDR + i]) == to_signed(fingerprint(tensors["target_probs"]))
+        assert int(host[_HDR + len(guard.quantities) + i]) == tensors["target_probs"].numel()
+        tensors["target_probs"].view(-1)[5] += 1.0  # in place: the next call must see it
+    guard.close()

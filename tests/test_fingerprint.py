@@ -216,7 +216,7 @@ GPU_CHECK = textwrap.dedent("""
     cuda = [t.cuda() for t in tensors]
     assert torch.equal(k.fingerprint_many_triton(cuda).cpu(), k.fingerprint_many_reference(tensors))
     assert torch.equal(k.fingerprint_many(cuda).cpu(), k.fingerprint_many_reference(tensors))
-    assert k.ManyPlan(cuda).launches <= 1 + 3 + 1 + 1  # short, 3 long classes, finalize, 1 copy
+    assert k.ManyPlan(cuda).launches <= 3 + 1 + 1  # 3 long classes, finish, 1 copy
     # the guard's "decisions" set (tpguard.bench.guard.make_tensors): short rows of 4 word sizes
     decisions = [torch.randint(0, 255, (16,), dtype=torch.uint8), make((64,), torch.int64),
                  make((64, 4), torch.int64), make((64, 4), torch.float32),
@@ -224,10 +224,30 @@ GPU_CHECK = textwrap.dedent("""
     assert torch.equal(k.fingerprint_many_triton([t.cuda() for t in decisions]).cpu(),
                        k.fingerprint_many_reference(decisions))
 
+    # long-row variants, in-place outputs with a bumped counter, direct (recorded) launches
+    # (+ many one-word rows, and a bf16 view 2 bytes off alignment: long rows, unaligned path)
+    extra = tensors + [make((5000, 4), torch.int32), make((3, 1500), torch.bfloat16)[:, 1:]]
+    extra_cuda = [t.cuda() for t in extra]
+    for cfg in (k.KernelConfig(many_long="rows"), k.KernelConfig(many_long="table", maxnreg=128),
+                k.KernelConfig(block_words=8192, num_warps=8, many_long="rows")):
+        assert torch.equal(k.fingerprint_many_triton(cuda, config=cfg).cpu(),
+                           k.fingerprint_many_reference(tensors)), cfg
+        assert torch.equal(k.fingerprint_many_triton(extra_cuda, config=cfg).cpu(),
+                           k.fingerprint_many_reference(extra)), cfg
+    plan = k.ManyPlan(cuda, out_index=[2 * i + 1 for i in range(len(cuda))], bump_index=0)
+    vec = torch.zeros(2 * len(cuda) + 1, dtype=torch.int64, device="cuda")
+    for step in range(4):  # run 2 sets up direct launches; 3 and 4 use them
+        cuda[0].add_(1)
+        plan.run(out=vec)
+        want = k.fingerprint_many_reference([t.cpu() for t in cuda])
+        assert torch.equal(vec[1::2].cpu(), want) and int(vec[0]) == step + 1, (step, plan.fast_launch)
+    print("direct launches:", plan.fast_launch, k.FAST_LAUNCH_FAILURES or "")
+
     # CUDA graphs: capture single and many launchers, change data in place, replay
     x = make((64, 20000), torch.float32).cuda()
     small_set = [t.cuda() for t in tensors[:4]]
     k.fingerprint_triton(x); k.fingerprint_many_triton(small_set)  # warm-up outside capture
+    k.fingerprint_many_triton(small_set)  # second run: direct launches set up before capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -148,9 +148,9 @@ def test_fingerprint_many():
     assert got.dtype == torch.int64 and torch.equal(got, want)
     assert [top_value(t) for t in tensors] == [ref.to_unsigned(int(v)) for v in want]
     plan = kfp.ManyPlan(tensors)
-    # lane launches: short rows; long rows fp32 aligned, fp32 / bf16 / int8 unaligned; + finalize
-    # + one copy (the transposed one)
-    assert plan.launches == 1 + 4 + 1 + 1
+    # lane launches for long rows: fp32 aligned, fp32 / bf16 / int8 unaligned; one finish launch
+    # (their finalize + all the small tensors, read whole); one copy (the transposed one)
+    assert plan.launches == 4 + 1 + 1
     # A plan (and the cached one) is reused for new data at the same addresses.
     tensors[0].add_(1)
     tensors[6].mul_(2)  # the copied one
@@ -166,13 +166,34 @@ def test_fingerprint_many_chunked():
                        kfp.fingerprint_many_reference(tensors))
 
 
-def test_fingerprint_many_small_set_is_two_launches():
-    tensors = guard_like_set()[:4]
+def test_fingerprint_many_small_set_is_one_launch():
+    tensors = guard_like_set()[:4] + [torch.empty(0, 3), torch.tensor(7, dtype=torch.int64)]
     plan = kfp.ManyPlan(tensors)
-    assert plan.launches == 2
-    out = torch.empty(4, dtype=torch.int64)
+    assert plan.launches == 1  # each small tensor finished by one program: no finalize launch
+    out = torch.empty(6, dtype=torch.int64)
     assert plan.run(out=out) is out
     assert torch.equal(out, kfp.fingerprint_many_reference(tensors))
+
+
+def test_fingerprint_many_writes_in_place_and_bumps():
+    """The guard's use: values straight into its vector at given slots, plus its step counter."""
+    tensors = guard_like_set()[:3] + [make((2, 300), torch.float32, 11)]
+    want = kfp.fingerprint_many_reference(tensors)
+    vec = torch.full((12,), 5, dtype=torch.int64)
+    for bump in (0, None):
+        for k in range(2):
+            kfp.fingerprint_many(tensors, out=vec, out_index=[3, 9, 4, 7], bump_index=bump)
+        assert vec[[3, 9, 4, 7]].tolist() == want.tolist() and vec[0] == 7 and vec[1] == 5
+    only_long = torch.zeros(3, dtype=torch.int64)  # no small tensor: the bump still happens
+    kfp.fingerprint_many([tensors[3]], out=only_long, out_index=[2], bump_index=0)
+    assert only_long.tolist() == [1, 0, want[3]]
+    # many one-word rows (too many for one program) and long rows one launch per tensor
+    tensors += [make((5000, 4), torch.int32, 12), make((3, 1500), torch.bfloat16, 13)[:, 1:]]
+    cfg = kfp.KernelConfig(block_words=256, chunk_words=1024, many_long="rows", maxnreg=128)
+    plan = kfp.ManyPlan(tensors, cfg)
+    assert plan.launches == 1 + 2 + 1  # short lanes, 2 long tensors, finish
+    assert torch.equal(plan.run(), kfp.fingerprint_many_reference(tensors))
+    assert plan.fast_launch == "off"  # interpreter: Triton's own launch
 
 
 def test_bad_input_gets_clear_errors():
@@ -235,3 +256,16 @@ def test_kernels_take_no_liberties(compiler_freedoms):
     decisions = [make((256,), torch.int32, 1), make((256,), torch.int64, 2),
                  make((32, 8), torch.int32, 3), torch.randint(0, 256, (16,), dtype=torch.uint8)]
     assert torch.equal(kfp.fingerprint_many_triton(decisions), kfp.fingerprint_many_reference(decisions))
+
+
+def test_direct_launch_falls_back_to_triton_launch():
+    """The recorded-launcher fast path needs compiled Triton; here (interpreter) recording fails
+    and the launch stays Triton's own, with the same result."""
+    tensors = [make((4, 3), torch.int32, 1)]
+    plan = kfp.ManyPlan(tensors)
+    out = torch.zeros(1, dtype=torch.int64)
+    launch = plan._kernel_launches[0]
+    launch.normal(out)
+    assert not kfp.prepare_fast([launch], out, lambda: True) and not launch.ready
+    launch(out, fast=True)
+    assert torch.equal(out, kfp.fingerprint_many_reference(tensors))

@@ -29,7 +29,7 @@ import torch
 from tpguard.divergence import Divergence
 from tpguard.errors import RankTimeoutError
 from tpguard.fingerprint import fingerprint_bytes, to_signed
-from tpguard.guard import _HDR, StepGuard, all_gather_flat
+from tpguard.guard import _HDR, StepGuard, all_gather_flat, attached_fingerprint
 from tpguard.quantities import DECISION_QUANTITIES
 
 
@@ -74,10 +74,13 @@ class DeviceStepGuard(StepGuard):
         w = self.info.world_size
         self._slots = [{
             "header": torch.zeros(_HDR + 2 * q, dtype=torch.int64, pin_memory=pin),
-            "vec": torch.zeros(self.length, dtype=torch.int64, device=self.dev),
             "result": torch.zeros(w * self.length + q + 1, dtype=torch.int64, device=self.dev),
             "host": torch.zeros(w * self.length + q + 1, dtype=torch.int64, pin_memory=pin),
         } for _ in range(self.lag + 3)]
+        for slot in self._slots:
+            # one rank: the vector IS the "gathered" result (no copy); else its own buffer
+            slot["vec"] = (slot["result"][: self.length] if w == 1
+                           else torch.zeros(self.length, dtype=torch.int64, device=self.dev))
         self._slot_i = 0
         self._idx_cache: dict[tuple, torch.Tensor] = {}
         self._graph = None  # buffers of the capturable path, built by prepare_graph()
@@ -92,7 +95,10 @@ class DeviceStepGuard(StepGuard):
     def record(self, name: str, tensor: torch.Tensor | None) -> None:
         if self._forget_if_none(name, tensor):
             return
-        if tensor.device.type == "cpu" and self.dev.type == "cuda":
+        pre = attached_fingerprint(tensor)
+        if pre is not None and pre.device == self.dev:
+            self._fps[name] = pre  # computed by the kernel that wrote the tensor: copied at check()
+        elif tensor.device.type == "cpu" and self.dev.type == "cuda":
             # Host-side state (a CUDA generator's seed/offset is a CPU tensor): hash it on the host.
             self._fps[name] = to_signed(fingerprint_bytes(tensor.contiguous().numpy().tobytes()
                                                           + f"{tensor.dtype}{tuple(tensor.shape)}".encode()))
@@ -114,6 +120,7 @@ class DeviceStepGuard(StepGuard):
         header = [0] * (_HDR + 2 * q)
         mask = 0
         batch_names, batch = [], []
+        ready = []  # (slot, fingerprint already on the vector's device)
         for name, fp in self._fps.items():
             i = self.index[name]
             mask |= 1 << i
@@ -121,6 +128,8 @@ class DeviceStepGuard(StepGuard):
             if fp is None:
                 batch_names.append(name)
                 batch.append(self._tensors[name])
+            elif isinstance(fp, torch.Tensor) and fp.device == self.dev:
+                ready.append((_HDR + i, fp))
             elif isinstance(fp, torch.Tensor):
                 batch_names.append(name)
                 batch.append(None)
@@ -133,13 +142,22 @@ class DeviceStepGuard(StepGuard):
         vec = slot["vec"]
         vec[: _HDR + 2 * q].copy_(staged, non_blocking=True)
         if batch_names:
-            fps = self._fingerprints(batch_names, batch)
-            key = tuple(self.index[n] for n in batch_names)
-            idx = self._idx_cache.get(key)
-            if idx is None:
-                idx = torch.tensor([_HDR + i for i in key], dtype=torch.long, device=self.dev)
-                self._idx_cache[key] = idx
-            vec.index_copy_(0, idx, fps)
+            slots = [_HDR + self.index[n] for n in batch_names]
+            if all(t is not None and t.device == self.dev for t in batch):
+                from tpguard.kernels.fingerprint import fingerprint_many
+
+                # the usual case: one batch, values written straight into the vector's slots
+                fingerprint_many(batch, out=vec, out_index=slots)
+            else:
+                fps = self._fingerprints(batch_names, batch)
+                key = tuple(slots)
+                idx = self._idx_cache.get(key)
+                if idx is None:
+                    idx = torch.tensor(slots, dtype=torch.long, device=self.dev)
+                    self._idx_cache[key] = idx
+                vec.index_copy_(0, idx, fps)
+        for slot_i, fp in ready:  # one 8-byte device copy each, behind the header's
+            vec[slot_i:slot_i + 1].copy_(fp.reshape(1))
         for name, offset, cap in self.heal_layout:
             t = self._tensors.get(name)
             if t is not None:
@@ -179,7 +197,8 @@ class DeviceStepGuard(StepGuard):
         result = slot["result"]
         gathered = result[: w * n]
         if w == 1:
-            gathered.copy_(vec)
+            if gathered.data_ptr() != vec.data_ptr():
+                gathered.copy_(vec)
         else:
             work = all_gather_flat(gathered, vec, group=self.info.group, async_op=True)
             if self.dev.type == "cuda":
@@ -278,51 +297,66 @@ class DeviceStepGuard(StepGuard):
 
     def prepare_graph(self, tensors: dict[str, torch.Tensor]) -> None:
         """Fix the recorded tensors (static buffers of a captured graph) and build the buffers
-        of the capturable path. Call outside capture, then `device_check()` inside it."""
+        of the capturable path. Call outside capture, then `device_check()` inside it.
+
+        The vector's header and numels are written once here; per replay only the fingerprints
+        (written in place into the vector's slots) and the step counter change, and the step
+        counter lives in the vector itself (bumped by the fingerprint launch)."""
         q = len(self.quantities)
         names = [n for n in self.quantities if n in tensors]
+        w = self.info.world_size
+        result = torch.zeros(w * self.length + q + 1, dtype=torch.int64, device=self.dev)
+        vec = result[: self.length] if w == 1 else torch.zeros(self.length, dtype=torch.int64,
+                                                               device=self.dev)
         host = torch.zeros(_HDR + 2 * q, dtype=torch.int64)
         mask = 0
         for n in names:
             mask |= 1 << self.index[n]
             host[_HDR + q + self.index[n]] = tensors[n].numel()
-        host[1], host[2] = self.site_id, mask
-        from tpguard.kernels.fingerprint import fingerprint_many
-
-        w = self.info.world_size
+        host[0], host[1], host[2] = -1, self.site_id, mask  # step -1: the warm-up below makes it 0
+        vec[: _HDR + 2 * q].copy_(host.to(self.dev))
         g = {
             "names": names,
             "tensors": [tensors[n] for n in names],
-            "base": host.to(self.dev),
-            "idx": torch.tensor([_HDR + self.index[n] for n in names], dtype=torch.long, device=self.dev),
-            "step": torch.zeros(1, dtype=torch.int64, device=self.dev),
-            "vec": torch.zeros(self.length, dtype=torch.int64, device=self.dev),
-            "result": torch.zeros(w * self.length + q + 1, dtype=torch.int64, device=self.dev),
+            "slots": [_HDR + self.index[n] for n in names],
+            "vec": vec,
+            "result": result,
             "host": torch.zeros(w * self.length + q + 1, dtype=torch.int64,
                                 pin_memory=self.dev.type == "cuda"),
         }
-        fingerprint_many(g["tensors"])  # compiles kernels and caches the plan before capture
         self._graph = g
+        self._graph_fingerprints()  # compiles kernels and caches the plan before capture
+
+    def _graph_fingerprints(self) -> None:
+        from tpguard.kernels.fingerprint import fingerprint_many
+
+        g = self._graph
+        if g["tensors"]:
+            fingerprint_many(g["tensors"], out=g["vec"], out_index=g["slots"], bump_index=0)
+        else:
+            g["vec"][0:1].add_(1)
 
     def device_check(self) -> None:
-        """Capturable: fingerprints, vector, all-gather, compare, copy into the pinned slot."""
-        from tpguard.kernels.fingerprint import fingerprint_many
+        """Capturable: fingerprints (+ step counter), all-gather, compare, copy into the pinned
+        slot. One rank, decisions set: 3 graph nodes (fingerprints, compare, copy)."""
         from tpguard.kernels.guard_compare import compare_gathered
 
         g = self._graph
         w, n, q = self.info.world_size, self.length, len(self.quantities)
         vec = g["vec"]
-        vec[: _HDR + 2 * q].copy_(g["base"])
-        vec[0:1].copy_(g["step"])
-        g["step"].add_(1)
-        vec.index_copy_(0, g["idx"], fingerprint_many(g["tensors"]))
+        self._graph_fingerprints()
+        tensors = dict(zip(g["names"], g["tensors"]))
+        for name, offset, cap in self.heal_layout:  # this rank's decisions travel in the vector
+            t = tensors.get(name)
+            if t is not None:
+                if t.numel() > cap:
+                    raise ValueError(f"heal_capacity[{name!r}] = {cap} < {t.numel()} elements")
+                vec[offset:offset + t.numel()].copy_(t.reshape(-1))
         gathered = g["result"][: w * n]
-        if w == 1:
-            gathered.copy_(vec)
-        else:
+        if w > 1:
             all_gather_flat(gathered, vec, group=self.info.group)
         if self.heal_layout:
-            self._tensors = dict(zip(g["names"], g["tensors"]))
+            self._tensors = tensors
             self._apply_rank0_decisions(gathered.view(w, n))
         compare_gathered(gathered.view(w, n), q, out=g["result"][w * n:])
         g["host"].copy_(g["result"], non_blocking=True)

@@ -17,6 +17,8 @@ never be the one that hangs. A rank that never arrives is named after `timeout_s
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +40,44 @@ from tpguard.trace import TraceWriter, merged_trace_path, rank_trace_path
 from tpguard.watchdog import Heartbeat, default_store, wait_with_deadline
 
 _HDR = 3  # step, site id, present mask
+_FP_ATTR = "_tpguard_fingerprint"
+
+
+def attach_fingerprint(t: torch.Tensor, fp: torch.Tensor) -> torch.Tensor:
+    """Mark `t` with its already computed fingerprint (a 1-element int64 device tensor, e.g.
+    written by the renorm's write pass): `record(name, t)` then uses it instead of reading `t`
+    again. Valid while `t` is not modified in place (checked by torch's version counter)."""
+    setattr(t, _FP_ATTR, (fp, t._version))
+    return t
+
+
+def attached_fingerprint(t: torch.Tensor) -> torch.Tensor | None:
+    """The fingerprint attached to `t` by `attach_fingerprint`, or None (none, or `t` changed
+    in place since)."""
+    got = getattr(t, _FP_ATTR, None)
+    if got is None or got[1] != t._version:
+        return None
+    return got[0].reshape(())
+
+
+@functools.lru_cache(maxsize=64)
+def accepts_fingerprint_out(fn) -> bool:
+    """Whether producer `fn` takes ``fingerprint_out=`` (a 1-element int64 tensor it fills with
+    the fingerprint of the tensor it returns, e.g. the renorms' write pass)."""
+    try:
+        return "fingerprint_out" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def call_with_fingerprint(fn, probs: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """``fn(probs, *args, **kwargs)``; when `fn` accepts ``fingerprint_out=``, the result comes
+    back with its fingerprint attached (`attach_fingerprint`), so that recording it reads
+    nothing. Otherwise the plain call (the guard then fingerprints the result as usual)."""
+    if not accepts_fingerprint_out(fn):
+        return fn(probs, *args, **kwargs)
+    slot = torch.empty((), dtype=torch.int64, device=probs.device)
+    return attach_fingerprint(fn(probs, *args, fingerprint_out=slot, **kwargs), slot)
 
 
 def all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group=None, async_op: bool = False):
@@ -203,7 +243,8 @@ class StepGuard:
         t0 = time.perf_counter()
         if self._forget_if_none(name, tensor):
             return
-        self._fps[name] = fingerprint_device(tensor)
+        pre = attached_fingerprint(tensor)
+        self._fps[name] = pre if pre is not None else fingerprint_device(tensor)
         self._numels[name] = tensor.numel()
         # Kept for heal (decisions are overwritten in place) and row naming; dumps need a copy
         # of the value as recorded.

@@ -58,6 +58,26 @@ def stand_in_verify(t: dict, top_p: float = 0.9, top_k: int = 40):
     return (picked.view_as(t["coins"]) > t["coins"]).int().cumprod(1).sum(1)
 
 
+def parse_config(text: str, base):
+    """'name=value,...' -> a copy of KernelConfig `base` with those fields."""
+    import dataclasses
+
+    fields = {f.name: f.type for f in dataclasses.fields(base)}
+    changes = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in fields:
+            raise SystemExit(f"tpguard bench guard: unknown KernelConfig field {name!r} "
+                             f"(known: {', '.join(fields)})")
+        if name == "many_long":
+            changes[name] = value
+        elif value.lower() in ("none", ""):
+            changes[name] = None
+        else:
+            changes[name] = int(value)
+    return dataclasses.replace(base, **changes)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tpguard bench guard")
     ap.add_argument("--bs", type=int, default=32)
@@ -67,10 +87,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write results to this file")
     ap.add_argument("--profile", action="store_true", help="also print where the host time of an "
                     "eager guarded step goes (cProfile)")
+    ap.add_argument("--config", default="", help="KernelConfig overrides for the guard's "
+                    "fingerprints, e.g. block_words=2048,num_warps=4,many_long=rows,maxnreg=128 "
+                    "(the sweep's best line of `python -m tpguard.bench.fingerprint --sweep`)")
+    ap.add_argument("--fused-probs", action="store_true", help="only measure the renorm's write pass "
+                    "with vs without the fused target_probs fingerprint (kernels/renorm_write_fp.py)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("tpguard bench guard: needs a CUDA GPU (the guard's cost is a GPU number)")
         return 2
+    if args.fused_probs:
+        return fused_probs_main(args)
     from tpguard.device_guard import DeviceStepGuard, decisions_capacity
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -84,8 +111,32 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {"shape": f"{rows} x {args.vocab} fp32", "world_size": world,
                  "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
 
-    # 1. GPU time of the guard's device work, from graph replays.
-    for mode, names in (("full", CANONICAL_ORDER), ("decisions", DECISIONS_MODE)):
+    # 1. GPU time of the guard's device work, from graph replays; the full set also with the
+    #    long-row variants of fingerprint_many (KernelConfig.many_long, maxnreg).
+    import dataclasses
+
+    from tpguard.kernels import fingerprint as kfp
+
+    if args.config:
+        kfp.DEFAULT_CONFIG = parse_config(args.config, kfp.DEFAULT_CONFIG)
+    out["config"] = str(kfp.DEFAULT_CONFIG)
+    default_cfg = kfp.DEFAULT_CONFIG
+    for variant in ({"many_long": "table"}, {"many_long": "table", "maxnreg": 128},
+                    {"many_long": "rows", "maxnreg": 128}):
+        kfp.DEFAULT_CONFIG = dataclasses.replace(default_cfg, **variant)
+        guard = DeviceStepGuard(site="bench.variant", quantities=CANONICAL_ORDER, run_id="bench",
+                                watchdog=False)
+        guard.prepare_graph({n: t[n] for n in CANONICAL_ORDER})
+        label = ",".join(f"{k}={v}" for k, v in variant.items())
+        out[f"graph_full_us[{label}]"] = time_graph(guard.device_check, args.iters, strict=False)
+        guard.close()
+    kfp.DEFAULT_CONFIG = default_cfg
+    # full_fused_probs: target_probs' fingerprint comes from the renorm's write pass
+    # (renorm_write_fp.py, its extra cost measured by --fused-probs), so the guard reads only
+    # the logits among the vocab-sized tensors.
+    fused_names = [n for n in CANONICAL_ORDER if n != "target_probs"]
+    for mode, names in (("full", CANONICAL_ORDER), ("full_fused_probs", fused_names),
+                        ("decisions", DECISIONS_MODE)):
         guard = DeviceStepGuard(site=f"bench.{mode}", quantities=CANONICAL_ORDER, run_id="bench",
                                 watchdog=False)
         guard.prepare_graph({n: t[n] for n in names})
@@ -98,20 +149,38 @@ def main(argv: list[str] | None = None) -> int:
     out["fingerprint_decisions_us"] = time_graph(lambda: fingerprint_many([t[n] for n in DECISIONS_MODE]),
                                                  args.iters)
 
-    # 2. Eager verify steps, guard off vs on.
+    # 2. Eager verify steps, guard off vs on; host time of the guard alone (record + check, no
+    #    sync), with direct launches (the default) and with Triton's kernel[grid](...) launches.
+    from tpguard.bench.timing import time_host
+    from tpguard.kernels import guard_compare
+
     out["step_off_us"] = time_wall(lambda: stand_in_verify(t), args.iters)
-    for mode, names in (("full", CANONICAL_ORDER), ("decisions", DECISIONS_MODE)):
-        guard = DeviceStepGuard(site=f"bench.eager.{mode}", run_id="bench", watchdog=False)
+    for fast in (True, False):
+        kfp.FAST_LAUNCH = fast
+        kfp._PLAN_CACHE.clear()
+        guard_compare._LAUNCHES.clear()
+        tag = "" if fast else "_triton_launch"
+        for mode, names in (("full", CANONICAL_ORDER), ("decisions", DECISIONS_MODE)):
+            guard = DeviceStepGuard(site=f"bench.eager.{mode}", run_id="bench", watchdog=False)
 
-        def step(guard=guard, names=names):
-            stand_in_verify(t)
-            for n in names:
-                guard.record(n, t[n])
-            guard.check()
+            def guard_only(guard=guard, names=names):
+                for n in names:
+                    guard.record(n, t[n])
+                guard.check()
 
-        out[f"step_{mode}_us"] = time_wall(step, args.iters)
-        guard.drain()
-        guard.close()
+            def step(guard_only=guard_only):
+                stand_in_verify(t)
+                guard_only()
+
+            if fast:
+                out[f"step_{mode}_us"] = time_wall(step, args.iters)
+            guard_only()
+            torch.cuda.synchronize()
+            out[f"host_{mode}{tag}_us"] = time_host(guard_only, args.iters)
+            torch.cuda.synchronize()
+            guard.drain()
+            guard.close()
+    kfp.FAST_LAUNCH = True
 
     if args.profile and rank == 0:
         import cProfile
@@ -167,11 +236,25 @@ def main(argv: list[str] | None = None) -> int:
 
     if rank == 0:
         off = out["step_off_us"]
-        print(f"guard cost at {out['shape']}, {world} rank(s), {out['gpu']}")
+        print(f"guard cost at {out['shape']}, {world} rank(s), {out['gpu']}, {out['config']}")
         print(f"  device work per checked step (graph replay): full {out['graph_full_us']:.1f} us, "
               f"decisions {out['graph_decisions_us']:.1f} us")
+        print(f"  full with target_probs from the renorm write pass: {out['graph_full_fused_probs_us']:.1f} us "
+              f"+ the write pass's extra (--fused-probs)")
         print(f"  of which fingerprints: full {out['fingerprint_full_us']:.1f} us, "
               f"decisions {out['fingerprint_decisions_us']:.1f} us")
+        for key in sorted(k for k in out if k.startswith("graph_full_us[")):
+            value = out[key]
+            print(f"  full mode, {key[len('graph_full_us'):]}: "
+                  + (f"{value:.1f} us" if value is not None else "capture failed"))
+        print(f"  host time per checked step (record + check, eager, no sync; a GPU-bound step "
+              f"waits for the step before): full {out['host_full_us']:.0f} us, "
+              f"decisions {out['host_decisions_us']:.0f} us with direct launches; "
+              f"{out['host_full_triton_launch_us']:.0f} / {out['host_decisions_triton_launch_us']:.0f} us "
+              f"with Triton's launches (fast launch: {kfp.fast_launch_enabled()})")
+        states = [plan.fast_launch for plan in kfp._PLAN_CACHE.values()]
+        print(f"  direct-launch state of the cached fingerprint plans: "
+              f"{ {s_: states.count(s_) for s_ in set(states)} }; refusals: {kfp.FAST_LAUNCH_FAILURES or 'none'}")
         for mode in ("full", "decisions"):
             on = out[f"step_{mode}_us"]
             print(f"  eager stand-in verify step: off {off:.0f} us, {mode} on {on:.0f} us "
@@ -186,6 +269,69 @@ def main(argv: list[str] | None = None) -> int:
     if world > 1:
         dist.destroy_process_group()
     return 0
+
+
+def fused_probs_main(args) -> int:
+    """`--fused-probs`: GPU time (graph replay) of the renorm's write pass at the budget shape,
+    plain vs emitting target_probs' fingerprint (write + hash + finalize), vs the plain pass plus
+    the standalone fingerprint of its output (what the guard otherwise pays), one rank."""
+    import dataclasses
+
+    from tpguard.fingerprint import fingerprint_rows_i64, to_unsigned
+    from tpguard.kernels import fingerprint as kfp
+    from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, launch_write, shapes_for, workspace_for
+    from tpguard.kernels.renorm_write_fp import launch_write_fp
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    rows = args.bs * args.draft_tokens
+    g = torch.Generator(device=dev).manual_seed(0)
+    probs = torch.softmax(torch.randn(rows, args.vocab, device=dev, generator=g), -1)
+    cfg = DEFAULT_CONFIG
+    s = shapes_for(rows, args.vocab, cfg)
+    ws = workspace_for(s, cfg, dev, with_sample=False, with_bracket=False)
+    # a cutoff near the median, the kept mass ~ half: about half the entries written as zeros
+    thr = probs.median(dim=1).values
+    ws.params.view(rows, 4).copy_(torch.stack([thr, torch.full_like(thr, 2.0), torch.zeros_like(thr),
+                                               torch.ones_like(thr)], 1))
+    ws.flag.zero_()
+    out_plain = torch.empty_like(probs)
+    out_fp = torch.empty_like(probs)
+    vec = torch.zeros(8, dtype=torch.int64, device=dev)  # stands for the guard's vector
+    rows_fp = torch.empty(rows, dtype=torch.int64, device=dev)
+
+    launch_write(probs, out_plain, s, ws, cfg)
+    launch_write_fp(probs, out_fp, s, ws, cfg, fp_out=vec[3], rows_out=rows_fp)
+    same_out = torch.equal(out_plain.view(torch.int32), out_fp.view(torch.int32))
+    same_fp = to_unsigned(int(vec[3])) == to_unsigned(int(kfp.fingerprint_triton(out_plain)))
+    same_rows = torch.equal(rows_fp, fingerprint_rows_i64(out_plain))
+    res = {"shape": f"{rows} x {args.vocab} fp32", "gpu": torch.cuda.get_device_name(),
+           "bit_identical_out": same_out, "fingerprint_matches": same_fp, "row_fps_match": same_rows}
+    res["write_us"] = time_graph(lambda: launch_write(probs, out_plain, s, ws, cfg), args.iters)
+    for shifts in (1, 2):
+        fcfg = dataclasses.replace(kfp.DEFAULT_CONFIG, shifts=shifts)
+        res[f"write_fp_us[shifts={shifts}]"] = time_graph(
+            lambda fcfg=fcfg: launch_write_fp(probs, out_fp, s, ws, cfg, fp_out=vec[3], fp_config=fcfg),
+            args.iters)
+    res["fingerprint_alone_us"] = time_graph(lambda: kfp.fingerprint_triton(out_plain), args.iters)
+
+    def write_then_fp():
+        launch_write(probs, out_plain, s, ws, cfg)
+        vec[3:4].copy_(kfp.fingerprint_triton(out_plain).view(1))
+
+    res["write_then_fingerprint_us"] = time_graph(write_then_fp, args.iters)
+    w = res["write_us"]
+    print(f"renorm write pass at {res['shape']}, {res['gpu']} (graph replay, us per call)")
+    print(f"  checks: out bit-identical {same_out}, fingerprint {same_fp}, row fingerprints {same_rows}")
+    print(f"  plain write:                 {w:.1f}")
+    for shifts in (1, 2):
+        v = res[f"write_fp_us[shifts={shifts}]"]
+        print(f"  write + fingerprint, shifts={shifts}: {v:.1f}  (+{v - w:.1f})")
+    print(f"  write, then fingerprint:     {res['write_then_fingerprint_us']:.1f}  "
+          f"(+{res['write_then_fingerprint_us'] - w:.1f}; fingerprint alone {res['fingerprint_alone_us']:.1f})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0 if (same_out and same_fp and same_rows) else 1
 
 
 if __name__ == "__main__":

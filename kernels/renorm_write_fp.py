@@ -1,0 +1,190 @@
+"""Pass 5 of the deterministic renorm with the fingerprint of its output emitted on the way.
+
+`_renorm_write_fp_kernel` is `renorm_passes._renorm_write_kernel` (same grid (rows, chunks), same
+CHUNK, same math: ``out = where(keep, (x * r1) * r2, 0)``, NaN rows, params ``[rows, 4]`` =
+thr1, r1, thr2, r2 and flag) plus, over the fp32 words it stores, the row-hash lane sums of the
+fingerprint definition (`tpguard.fingerprint`: h_j, g_j at word position j = column, summed into
+uint64 L1, L2). Each (row, chunk) program stores its two sums into partials ``[chunks, rows, 2]``
+(the layout of `tpguard.kernels.fingerprint`), which `_finalize_kernel` of that module turns into
+``fingerprint_rows(out)`` and ``fingerprint(out)``: no second read of the 168 MB output.
+
+References: the output is `launch_write`'s (kernels/renorm_passes.py; torch reference
+kernels/reference.py); the fingerprints are `tpguard.fingerprint.fingerprint_rows_reference` /
+`fingerprint` (numpy). Integer sums: no atomics, any order gives the same bits.
+
+Cost: the write pass is memory-bound (one read + one write); the hash adds ~24 integer
+instructions per word (one row per program: the position mix is per word, not shared by rows as
+in the standalone kernel), which the memory time should mostly hide. One extra tiny launch
+(finalize: ~rows x chunks x 16 bytes read).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tpguard.kernels import fingerprint as fpk
+from tpguard.kernels.renorm_passes import launch_write
+
+ref = fpk.ref
+TAIL_BLOCK = 1024  # columns per step of a row's last, partial chunk
+# fmix32 shifts as IMAD.HI (see fingerprint.KernelConfig.shifts). 2 here, where the standalone
+# kernel's default is 1: the write's float compares and selects already load the integer ALU
+# pipe (sm_90 SASS per word, full chunk, 8 warps: shifts=1 ALU ~20.5 / FMA ~13.8 instructions,
+# shifts=2 ALU ~18.6 / FMA ~15.7). A `fp_config` passed to the launcher overrides it.
+WRITE_SHIFTS = 2
+
+
+@triton.jit
+def _write_block_lanes(probs_ptr, out_ptr, row, offs, vocab, thr1, r1, thr2, r2, fill, live,
+                       s_lo, s_hi, MASKED: tl.constexpr, SHIFTS: tl.constexpr,
+                       POS_MULHI: tl.constexpr):
+    """A block of columns of one row: the write of `_renorm_write_kernel` and the lane sums
+    (L1, L2) of the fp32 words stored. ``fill`` is NaN on a NaN row (``live`` False), else 0:
+    ``where(keep & live, (x * r1) * r2, fill)`` is the same value, bit for bit, as the plain
+    kernel's ``where(nan_row, nan, where(keep, (x * r1) * r2, 0))`` with one select per word
+    fewer. MASKED: a block that crosses the row's end (full blocks skip every mask)."""
+    if MASKED:
+        mask = offs < vocab
+        x = tl.load(probs_ptr + row * vocab + offs, mask=mask, other=0.0)
+    else:
+        x = tl.load(probs_ptr + row * vocab + offs)
+    y = x * r1
+    keep = (x >= thr1) & (x > 0.0) & (y >= thr2)
+    out = tl.where(keep & live, y * r2, fill)
+    if MASKED:
+        tl.store(out_ptr + row * vocab + offs, out, mask=mask)
+    else:
+        tl.store(out_ptr + row * vocab + offs, out)
+    # word position = column; P = pos ^ (pos >> 16), the shift as IMAD.HI (FMA pipe, not ALU)
+    pos = offs.to(tl.uint32) * fpk._C2 + s_lo
+    pmix = pos ^ fpk._shr(pos, 16, POS_MULHI)
+    h, g = fpk._word_hashes(out.to(tl.uint32, bitcast=True), pmix, s_hi, SHIFTS)
+    if MASKED:  # columns past the row's end count nothing
+        h = tl.where(mask, h, 0)
+        g = tl.where(mask, g, 0)
+    # integer sums: the order (and the compiler's reduction tree) cannot change the bits
+    return tl.sum(h.to(tl.uint64), axis=0), tl.sum(g.to(tl.uint64), axis=0)
+
+
+@triton.jit(do_not_specialize=["s_lo", "s_hi"])
+def _renorm_write_fp_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, partial_ptr, n_rows,
+                            s_lo, s_hi, CHUNK: tl.constexpr, TAIL: tl.constexpr,
+                            SHIFTS: tl.constexpr, POS_MULHI: tl.constexpr):
+    """Grid (rows, chunks) of CHUNK columns, as `_renorm_write_kernel`; partial lane sums
+    [chunks, rows, 2]. A row's last, partial chunk is walked in TAIL-column blocks (masked), so
+    that its code needs no more registers than the full chunks' unmasked path."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    thr1 = tl.load(params_ptr + row * 4)
+    r1 = tl.load(params_ptr + row * 4 + 1)
+    thr2 = tl.load(params_ptr + row * 4 + 2)
+    r2 = tl.load(params_ptr + row * 4 + 3)
+    nan_row = tl.load(flag_ptr + row) != 0
+    live = nan_row == 0
+    fill = tl.where(nan_row, float("nan"), 0.0)
+    s_lo = s_lo.to(tl.uint32)
+    s_hi = s_hi.to(tl.uint32)
+    col0 = chunk * CHUNK
+    if col0 + CHUNK <= vocab:
+        l1, l2 = _write_block_lanes(probs_ptr, out_ptr, row, col0 + tl.arange(0, CHUNK), vocab,
+                                    thr1, r1, thr2, r2, fill, live, s_lo, s_hi,
+                                    False, SHIFTS, POS_MULHI)
+    else:
+        l1 = tl.zeros([], dtype=tl.uint64)
+        l2 = tl.zeros([], dtype=tl.uint64)
+        for b in range(0, tl.cdiv(vocab - col0, TAIL)):
+            a1, a2 = _write_block_lanes(probs_ptr, out_ptr, row, col0 + b * TAIL + tl.arange(0, TAIL),
+                                        vocab, thr1, r1, thr2, r2, fill, live, s_lo, s_hi,
+                                        True, SHIFTS, POS_MULHI)
+            l1 += a1
+            l2 += a2
+    p = partial_ptr + (chunk.to(tl.int64) * n_rows + row) * 2
+    tl.store(p, l1.to(tl.int64, bitcast=True))
+    tl.store(p + 1, l2.to(tl.int64, bitcast=True))
+
+
+def _fp_slot(fp_out: torch.Tensor, device: torch.device, who: str) -> torch.Tensor:
+    if not isinstance(fp_out, torch.Tensor) or fp_out.dtype != torch.int64 or fp_out.numel() != 1:
+        got = (f"{fp_out.dtype} x {fp_out.numel()}" if isinstance(fp_out, torch.Tensor)
+               else type(fp_out).__name__)
+        raise ValueError(f"{who}: the fingerprint slot must be a 1-element int64 tensor (a 0-d "
+                         f"slot or [1] view), got {got}")
+    if fp_out.device != device:
+        raise ValueError(f"{who}: the fingerprint slot is on {fp_out.device}, the output on {device}")
+    return fp_out
+
+
+def launch_write_fp(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg, *,
+                    fp_out: torch.Tensor | None = None, rows_out: torch.Tensor | None = None,
+                    fp_config: fpk.KernelConfig | None = None) -> torch.Tensor | None:
+    """`launch_write` (same arguments, same `out` bit for bit) that also writes
+    ``fingerprint(out)`` (int64 bits) into the 1-element int64 tensor `fp_out` and, if given,
+    ``fingerprint_rows(out)`` into the int64 [rows] tensor `rows_out`. `out` must be the
+    contiguous float32 [rows, vocab] tensor the caller receives: its dtype and shape are hashed.
+    2 launches (3 above `fingerprint.KernelConfig.finalize_rows` rows), no host sync, graph
+    capturable (scratch from torch.empty). Returns `fp_out`."""
+    if out.dim() != 2 or not out.is_contiguous() or out.dtype != torch.float32:
+        raise ValueError("launch_write_fp: out must be a contiguous float32 [rows, vocab] tensor, "
+                         f"got {out.dtype} {tuple(out.shape)}")
+    rows, vocab = s.rows, s.vocab
+    if tuple(out.shape) != (rows, vocab):
+        raise ValueError(f"launch_write_fp: out is {tuple(out.shape)}, shapes say {(rows, vocab)}")
+    device = out.device
+    if fp_out is None:
+        fp_out = torch.empty((), dtype=torch.int64, device=device)
+    fp_out = _fp_slot(fp_out, device, "launch_write_fp")
+    fcfg = fp_config or fpk.DEFAULT_CONFIG
+    shifts = fp_config.shifts if fp_config is not None else WRITE_SHIFTS
+    row_seed = ref.row_seed(out.dtype, tuple(out.shape))
+    top_seed = ref.top_seed(out.dtype, tuple(out.shape))
+    if rows_out is None:
+        rows_out = torch.empty(rows, dtype=torch.int64, device=device)
+    elif rows_out.dtype != torch.int64 or rows_out.numel() != rows or not rows_out.is_contiguous():
+        raise ValueError(f"launch_write_fp: rows_out must be a contiguous int64 [{rows}] tensor")
+    if rows == 0:  # nothing written: the fingerprint is a constant of dtype and shape
+        fp_out.fill_(fpk._empty_hash(top_seed))
+        return fp_out
+    s_lo, s_hi = fpk._seed_args(row_seed)
+    t_lo, t_hi = fpk._seed_args(top_seed)
+    partial = torch.empty((s.n_chunks, rows, 2), dtype=torch.int64, device=device)
+    _renorm_write_fp_kernel[(rows, s.n_chunks)](
+        probs, out, vocab, ws.params, ws.flag, partial, rows, s_lo, s_hi,
+        CHUNK=s.chunk, TAIL=min(s.chunk, TAIL_BLOCK), SHIFTS=shifts, POS_MULHI=True,
+        num_warps=cfg.pass_warps,
+    )
+    fuse_top = rows <= fcfg.finalize_rows
+    fbr = fpk._next_pow2(rows) if fuse_top else fcfg.finalize_rows
+    fbc = fpk._finalize_chunks(fbr, s.n_chunks)
+    fpk._finalize_kernel[(-(-rows // fbr),)](
+        partial, rows_out, fp_out, rows, s.n_chunks, s_lo, s_hi, t_lo, t_hi,
+        TOP=fuse_top, BR=fbr, BC=fbc, num_warps=fpk._warps(fbr * fbc, fcfg),
+    )
+    if not fuse_top:  # many rows: hash the row fingerprints as one row of words
+        words = rows_out.view(torch.int32).view(1, 2 * rows)
+        top, _ = fpk._hash_words(fpk._Words(words, 1, 2 * rows, 0, 4), top_seed, None, fcfg)
+        fp_out.view(1).copy_(top.view(1))
+    return fp_out
+
+
+def fill_fingerprint(out: torch.Tensor, fp_out: torch.Tensor) -> torch.Tensor:
+    """``fingerprint(out)`` into `fp_out` the usual way (one read of `out`): for the renorm
+    API's paths without a write pass (no rows; the torch reference), so that every path honours
+    ``fingerprint_out=``."""
+    fp_out = _fp_slot(fp_out, out.device, "fingerprint_out")
+    fp_out.view(1).copy_(ref.fingerprint_device(out).view(1))
+    return fp_out
+
+
+def write_pass(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg,
+               fingerprint_out: torch.Tensor | None = None) -> None:
+    """The renorm pipelines' last pass: `launch_write`, or with `fingerprint_out` the fused write
+    that also emits ``fingerprint(out)`` into that 1-element int64 tensor."""
+    if fingerprint_out is None:
+        launch_write(probs, out, s, ws, cfg)
+    else:
+        launch_write_fp(probs, out, s, ws, cfg, fp_out=fingerprint_out)
+
+
+__all__ = ["fill_fingerprint", "launch_write_fp", "write_pass"]
