@@ -43,10 +43,11 @@ G2=$(( NGPU > 1 ? 1 : 0 ))  # the second GPU when there is one
 # --- phases ---------------------------------------------------------------------------------------
 kernels() {  # issue 3: renorm kernels on the GPU: tests, variant sweep, the table, audit
   local d=/tmp/res/kernels; mkdir -p $d
-  timeout ${K_PYTEST:-100} python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests/test_renorm_kernels.py tests/test_renorm_reference.py > $d/pytest.log 2>&1
-  say "kernels pytest rc=$? $(tail -1 $d/pytest.log)"
-  timeout ${K_SWEEP:-80} python3 kernels/gpu_sweep.py --budget 50 --json $d/sweep.json > $d/sweep.log 2>&1
-  say "kernels sweep rc=$?"
+  [ -z "${K_NO_PYTEST:-}" ] && timeout ${K_PYTEST:-100} python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests/test_renorm_kernels.py tests/test_renorm_reference.py tests/test_renorm_write_fp.py > $d/pytest.log 2>&1
+  [ -z "${K_NO_PYTEST:-}" ] && say "kernels pytest rc=$? $(tail -1 $d/pytest.log)"
+  [ -n "${K_ONLY_PYTEST:-}" ] && return
+  [ -z "${K_NO_SWEEP:-}" ] && { timeout ${K_SWEEP:-80} python3 kernels/gpu_sweep.py --budget ${K_SWEEP_BUDGET:-50} --json $d/sweep.json > $d/sweep.log 2>&1
+    say "kernels sweep rc=$?"; }
   local best; best=$(python3 - $d/sweep.json <<'PY'
 import json, sys
 try:
@@ -62,24 +63,29 @@ except Exception:
 PY
 )
   say "kernels best variant: '${best}'"
+  [ -n "${K_NO_BENCH:-}" ] && return
   TPGUARD_RENORM_CONFIG="$best" timeout ${K_BENCH:-150} python3 -m tpguard.bench.kernels --graphs --impls tpguard,flashinfer,flashinfer-det,torch --json $d/bench.json > $d/bench.log 2>&1
   say "kernels bench rc=$?"
-  timeout ${K_AUDIT:-60} python3 -m tpguard.audit --calls 200 --device cuda --rows 256 --vocab 163840 > $d/audit.log 2>&1
+  [ -n "${K_NO_AUDIT:-}" ] && return
+  timeout ${K_AUDIT:-60} python3 -m tpguard.audit --calls ${AUDIT_CALLS:-200} --device cuda --rows 256 --vocab 163840 > $d/audit.log 2>&1
   say "kernels audit rc=$?"
 }
 
 fingerprint() {  # fingerprint kernels: CUDA tests and throughput
   local d=/tmp/res/fingerprint; mkdir -p $d
-  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_fingerprint.py tests/test_gpu_guard_graphs.py > $d/pytest.log 2>&1
-  say "fingerprint+graph pytest rc=$? $(tail -1 $d/pytest.log)"
-  timeout 80 python3 -m tpguard.bench.fingerprint ${FP_BENCH_ARGS:-} > $d/bench.log 2>&1
+  [ -z "${FP_NO_PYTEST:-}" ] && { timeout ${FP_PYTEST:-60} python3 -m pytest -q -p no:cacheprovider -s tests/test_fingerprint.py tests/test_gpu_guard_graphs.py > $d/pytest.log 2>&1
+    say "fingerprint+graph pytest rc=$? $(tail -1 $d/pytest.log)"; }
+  [ -n "${FP_NO_BENCH:-}" ] && return
+  timeout ${FP_BENCH_TIMEOUT:-80} python3 -m tpguard.bench.fingerprint ${FP_BENCH_ARGS:-} > $d/bench.log 2>&1
   say "fingerprint bench rc=$? $(grep -E '^main:|best' $d/bench.log | head -3 | tr '\n' ' ')"
 }
 
-guard1() {  # issue 6 on one GPU: the guard's cost (graph replay and eager)
+guard1() {  # issue 6 on one GPU: the guard's cost (graph replay and eager), the fused write pass
   local d=/tmp/res/guard1; mkdir -p $d
-  timeout 70 python3 -m tpguard.bench.guard --profile --json $d/guard1.json > $d/bench.log 2>&1
-  say "guard bench (1 GPU) rc=$? $(grep -E 'device work' $d/bench.log)"
+  timeout ${G_TIMEOUT:-70} python3 -m tpguard.bench.guard --profile ${GUARD_ARGS:-} --json $d/guard1.json > $d/bench.log 2>&1
+  say "guard bench (1 GPU) rc=$? $(grep -E 'device work|target_probs from|host time|direct-launch' $d/bench.log)"
+  timeout 60 python3 -m tpguard.bench.guard --fused-probs --json $d/fused_probs.json > $d/fused_probs.log 2>&1
+  say "fused write pass rc=$? $(grep -E 'checks|write' $d/fused_probs.log | tr '\n' ' ')"
 }
 
 harness1() {  # issue 4: 2 ranks sharing one GPU over gloo
@@ -104,8 +110,8 @@ nccl_guard() {  # issue 7.3/7.4: guard cost and fused heal over NCCL; graph capt
 
 nccl_guard_bench() {  # the guard's cost over NCCL only
   local d=/tmp/res/nccl_guard; mkdir -p $d
-  timeout 80 torchrun --nproc-per-node 2 -m tpguard.bench.guard --json $d/guard2.json > $d/bench.log 2>&1
-  say "guard bench (2 GPUs, NCCL) rc=$?"; grep -E "device work|eager|heal:" $d/bench.log | tee -a "$SUMMARY"
+  timeout ${G2_TIMEOUT:-80} torchrun --nproc-per-node 2 -m tpguard.bench.guard ${GUARD_ARGS:-} --json $d/guard2.json > $d/bench.log 2>&1
+  say "guard bench (2 GPUs, NCCL) rc=$?"; grep -E "device work|target_probs from|host time|direct-launch|eager|heal:" $d/bench.log | tee -a "$SUMMARY"
 }
 
 nccl_harness() {  # issue 7.1: the harness over NCCL, 256 x 163840, top_p 0.9, flat, DFlash chain
@@ -161,6 +167,26 @@ case "$PHASES" in
     ( nccl_sglang dflash default,deterministic,audit; nccl_sglang eagle ) & P2=$!
     ( nccl_sglang eagle-greedy; nccl_sglang sampler ) & P3=$!
     wait $P1 $P2 $P3  # not a bare wait: the TAR_AT sleeper is a background job too
+    ;;
+  call5)  # measure the new kernel variants and the guard; the EAGLE-greedy and sampler sites
+    ( export K_NO_PYTEST=1 K_NO_AUDIT=1 K_NO_BENCH=1 K_SWEEP=300 K_SWEEP_BUDGET=240; on_gpu 0 kernels ) & P1=$!
+    ( export FP_NO_PYTEST=1 FP_BENCH_ARGS=--sweep FP_BENCH_TIMEOUT=150 G_TIMEOUT=120; on_gpu $G2 fingerprint; on_gpu $G2 guard1 ) & P2=$!
+    ( nccl_sglang eagle-greedy; nccl_sglang sampler ) & P3=$!
+    wait $P1 $P2 $P3
+    G2_TIMEOUT=120 nccl_guard_bench
+    ;;
+  call6)  # validate the final code: every GPU kernel test, 1,000-call audit, the table, the guard over NCCL
+    ( export TPGUARD_RENORM_GPU_TESTS=all K_PYTEST=300 K_ONLY_PYTEST=1; on_gpu 0 kernels ) & P1=$!
+    ( export K_NO_PYTEST=1 K_NO_SWEEP=1 K_BENCH=150 AUDIT_CALLS=1000 K_AUDIT=120 FP_PYTEST=150 FP_NO_BENCH=1
+      on_gpu $G2 kernels; on_gpu $G2 fingerprint ) & P2=$!
+    wait $P1 $P2
+    G2_TIMEOUT=120 nccl_guard_bench
+    ;;
+  call7)  # the direct-launch fix and the compiled fingerprint tests; the guard's cost after it
+    ( export FP_PYTEST=200 FP_NO_BENCH=1; on_gpu 0 fingerprint ) & P1=$!
+    ( export G_TIMEOUT=100; on_gpu $G2 guard1 ) & P2=$!
+    wait $P1 $P2
+    G2_TIMEOUT=100 nccl_guard_bench
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done
