@@ -147,3 +147,32 @@ def test_capturable_half_writes_fingerprints_and_step_in_place():
         assert int(host[_HDR + len(guard.quantities) + i]) == tensors["target_probs"].numel()
         tensors["target_probs"].view(-1)[5] += 1.0  # in place: the next call must see it
     guard.close()
+
+
+def test_graph_path_takes_a_producer_written_fingerprint():
+    """prepare_graph(precomputed=...): the producer (the renorm's write pass, via
+    fingerprint_out=) writes target_probs' fingerprint into the vector's slot; device_check
+    hashes the rest and compares as usual, without reading the probabilities."""
+    from tpguard.device_guard import DeviceStepGuard
+    from tpguard.fingerprint import fingerprint, to_signed
+    from tpguard.guard import _HDR
+    from tpguard.kernels.renorm import top_p_renorm
+
+    tensors = make_step(0, 0)
+    g = torch.Generator().manual_seed(1)
+    probs_in = torch.softmax(torch.randn(tensors["target_probs"].shape, generator=g), -1)
+    guard = DeviceStepGuard(site="graph.cpu", run_id="g", watchdog=False, device="cpu")
+    guard.prepare_graph(tensors, precomputed=["target_probs"])
+    i = guard.index["target_probs"]
+    for step in range(2):
+        out = top_p_renorm(probs_in, 0.9, backend="torch",
+                           fingerprint_out=guard.fingerprint_slot("target_probs"))
+        guard.device_check()
+        assert guard.collect() is None
+        host = guard._graph["host"]
+        assert int(host[_HDR + i]) == to_signed(fingerprint(out))
+        assert int(host[2]) >> i & 1  # present in the mask
+        probs_in.view(-1)[7] += 0.25  # the next step's output differs: so must the slot
+    with pytest.raises(ValueError, match="not guarded"):
+        guard.prepare_graph(tensors, precomputed=["no_such_quantity"])
+    guard.close()

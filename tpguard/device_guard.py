@@ -295,15 +295,23 @@ class DeviceStepGuard(StepGuard):
 
     # --- CUDA graphs ---------------------------------------------------------------------------
 
-    def prepare_graph(self, tensors: dict[str, torch.Tensor]) -> None:
+    def prepare_graph(self, tensors: dict[str, torch.Tensor],
+                      precomputed: tuple[str, ...] | list[str] = ()) -> None:
         """Fix the recorded tensors (static buffers of a captured graph) and build the buffers
         of the capturable path. Call outside capture, then `device_check()` inside it.
+
+        `precomputed`: quantities whose fingerprint a producer writes itself, inside the same
+        graph and before `device_check()`, into `fingerprint_slot(name)` (e.g. the renorm's
+        ``fingerprint_out=``: target_probs without a second read of the probabilities).
 
         The vector's header and numels are written once here; per replay only the fingerprints
         (written in place into the vector's slots) and the step counter change, and the step
         counter lives in the vector itself (bumped by the fingerprint launch)."""
         q = len(self.quantities)
-        names = [n for n in self.quantities if n in tensors]
+        unknown = [n for n in precomputed if n not in self.index]
+        if unknown:
+            raise ValueError(f"prepare_graph: precomputed quantities {unknown} are not guarded here")
+        names = [n for n in self.quantities if n in tensors and n not in precomputed]
         w = self.info.world_size
         result = torch.zeros(w * self.length + q + 1, dtype=torch.int64, device=self.dev)
         vec = result[: self.length] if w == 1 else torch.zeros(self.length, dtype=torch.int64,
@@ -313,6 +321,9 @@ class DeviceStepGuard(StepGuard):
         for n in names:
             mask |= 1 << self.index[n]
             host[_HDR + q + self.index[n]] = tensors[n].numel()
+        for n in precomputed:  # present; numel from the tensor when given, else 0
+            mask |= 1 << self.index[n]
+            host[_HDR + q + self.index[n]] = tensors[n].numel() if n in tensors else 0
         host[0], host[1], host[2] = -1, self.site_id, mask  # step -1: the warm-up below makes it 0
         vec[: _HDR + 2 * q].copy_(host.to(self.dev))
         g = {
@@ -326,6 +337,14 @@ class DeviceStepGuard(StepGuard):
         }
         self._graph = g
         self._graph_fingerprints()  # compiles kernels and caches the plan before capture
+
+    def fingerprint_slot(self, name: str) -> torch.Tensor:
+        """The 1-element int64 slot of `name`'s fingerprint in the captured vector (after
+        `prepare_graph`): pass it as a producer's ``fingerprint_out=`` inside the graph."""
+        if self._graph is None:
+            raise RuntimeError("fingerprint_slot: call prepare_graph first")
+        i = _HDR + self.index[name]
+        return self._graph["vec"][i:i + 1]
 
     def _graph_fingerprints(self) -> None:
         from tpguard.kernels.fingerprint import fingerprint_many
