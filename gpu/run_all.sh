@@ -5,6 +5,14 @@
 #
 #   device run, carry [".whl", ".gpu"]:   PHASES=call1 bash gpu/run_all.sh     (or call2, or a list)
 #
+# Calls (each fits one 600 s device call; docs/benchmarks.md names the run of each number):
+#   call1-call3  session 1: kernels, fingerprints, guard, harness on 1 GPU; guard/harness/sglang over NCCL
+#   call4        the flashinfer harness runs (2,000 steps) and every sglang site over NCCL
+#   call5        renorm variant sweep, fingerprint sweep, guard cost (+ fused write pass), EAGLE greedy + sampler
+#   call6        validation: every GPU kernel test, the table, 1,000-call audit, fingerprint tests, guard over NCCL
+#   call7        fingerprint/graph GPU tests and the guard's cost after the direct-launch fix
+#   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py (capture + replay, planted divergence)
+#
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
 #        sglang 0.5.23's hooked modules import (docs/benchmarks.md says how they were fetched)
 # .gpu/: flashinfer-jit/sampling.so (flashinfer's sampling module built on an H200: no 100 s JIT),
