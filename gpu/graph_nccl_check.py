@@ -39,6 +39,7 @@ def main():
     d = {n: t[n] for n in ("seq_lens", "coins", "accept_index", "accept_len", "bonus", "commit_lens", "out_tokens")}
     heal.prepare_graph(d)
     graph = capture(heal.device_check)
+    want = t["bonus"].clone()  # rank 0's value: make_tensors is identical on both ranks
     if rank == 1:
         t["bonus"][3] += 1
     graph.replay()
@@ -47,6 +48,7 @@ def main():
     gathered = [torch.empty_like(t["bonus"]) for _ in range(2)]
     dist.all_gather(gathered, t["bonus"])
     results["heal_bonus_equal_after"] = bool(torch.equal(gathered[0], gathered[1]))
+    results["heal_bonus_is_rank0s"] = bool(torch.equal(t["bonus"], want))  # not just equal: rank 0's
     heal.close()
     if rank == 0:
         print(json.dumps(results))

@@ -176,3 +176,31 @@ def test_graph_path_takes_a_producer_written_fingerprint():
     with pytest.raises(ValueError, match="not guarded"):
         guard.prepare_graph(tensors, precomputed=["no_such_quantity"])
     guard.close()
+
+
+def _graph_half_heal(rank, world):
+    """The capturable half (prepare_graph + device_check, eagerly: no CUDA graph on CPU) over
+    gloo with fused heal: rank 1's planted bonus is reported and replaced by rank 0's value."""
+    from tpguard.device_guard import DeviceStepGuard, decisions_capacity
+
+    t = make_step(0, 0)
+    want = t["bonus"].clone()  # rank 0's value (make_step is identical on every rank)
+    decisions = {n: t[n] for n in ("seq_lens", "coins", "accept_index", "accept_len", "bonus",
+                                   "commit_lens", "out_tokens")}
+    guard = DeviceStepGuard(site="graph.heal", policy="heal", run_id="gh", watchdog=False, device="cpu",
+                            heal_capacity=decisions_capacity(4, 4))
+    guard.prepare_graph(decisions)
+    guard.device_check()
+    clean = guard.collect()
+    if rank == 1:
+        t["bonus"][2] += 1  # in place, as a captured graph's static buffer would change
+    guard.device_check()
+    div = guard.collect()
+    guard.close()
+    return (clean is None, None if div is None else (div.quantity, div.culprit_ranks, div.action),
+            t["bonus"].tolist() == want.tolist())
+
+
+def test_graph_half_heal_takes_rank0_values_over_gloo():
+    r0, r1 = run_ranks(_graph_half_heal, 2)
+    assert r0 == r1 == (True, ("bonus", [1], "healed"), True)
