@@ -11,7 +11,9 @@
 #   call5        renorm variant sweep, fingerprint sweep, guard cost (+ fused write pass), EAGLE greedy + sampler
 #   call6        validation: every GPU kernel test, the table, 1,000-call audit, fingerprint tests, guard over NCCL
 #   call7        fingerprint/graph GPU tests and the guard's cost after the direct-launch fix
-#   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py (capture + replay, planted divergence)
+#   call8        (next) the guard on 1 GPU (incl. renorm + guard with the fused slot in one graph), then
+#                the guard bench and gpu/graph_nccl_check.py over NCCL (capture + replay, planted divergence)
+#   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
 #        sglang 0.5.23's hooked modules import (docs/benchmarks.md says how they were fetched)
@@ -91,7 +93,7 @@ fingerprint() {  # fingerprint kernels: CUDA tests and throughput
 guard1() {  # issue 6 on one GPU: the guard's cost (graph replay and eager), the fused write pass
   local d=/tmp/res/guard1; mkdir -p $d
   timeout ${G_TIMEOUT:-70} python3 -m tpguard.bench.guard --profile ${GUARD_ARGS:-} --json $d/guard1.json > $d/bench.log 2>&1
-  say "guard bench (1 GPU) rc=$? $(grep -E 'device work|target_probs from|host time|direct-launch' $d/bench.log)"
+  say "guard bench (1 GPU) rc=$? $(grep -E 'device work|target_probs from|one graph|host time|direct-launch' $d/bench.log)"
   timeout 60 python3 -m tpguard.bench.guard --fused-probs --json $d/fused_probs.json > $d/fused_probs.log 2>&1
   say "fused write pass rc=$? $(grep -E 'checks|write' $d/fused_probs.log | tr '\n' ' ')"
 }
@@ -119,7 +121,7 @@ nccl_guard() {  # issue 7.3/7.4: guard cost and fused heal over NCCL; graph capt
 nccl_guard_bench() {  # the guard's cost over NCCL only
   local d=/tmp/res/nccl_guard; mkdir -p $d
   timeout ${G2_TIMEOUT:-80} torchrun --nproc-per-node 2 -m tpguard.bench.guard ${GUARD_ARGS:-} --json $d/guard2.json > $d/bench.log 2>&1
-  say "guard bench (2 GPUs, NCCL) rc=$?"; grep -E "device work|target_probs from|host time|direct-launch|eager|heal:" $d/bench.log | tee -a "$SUMMARY"
+  say "guard bench (2 GPUs, NCCL) rc=$?"; grep -E "device work|target_probs from|one graph|host time|direct-launch|eager|heal:" $d/bench.log | tee -a "$SUMMARY"
 }
 
 nccl_harness() {  # issue 7.1: the harness over NCCL, 256 x 163840, top_p 0.9, flat, DFlash chain
@@ -195,6 +197,11 @@ case "$PHASES" in
     ( export G_TIMEOUT=100; on_gpu $G2 guard1 ) & P2=$!
     wait $P1 $P2
     G2_TIMEOUT=100 nccl_guard_bench
+    ;;
+  call8)
+    ( export G_TIMEOUT=150; on_gpu 0 guard1 ) & P1=$!
+    wait $P1
+    [ "$NGPU" -gt 1 ] && nccl_guard
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done

@@ -142,6 +142,31 @@ def main(argv: list[str] | None = None) -> int:
         guard.prepare_graph({n: t[n] for n in names})
         out[f"graph_{mode}_us"] = time_graph(guard.device_check, args.iters)
         guard.close()
+    # The whole fused path in one graph: tpguard's top-p renorm writing target_probs'
+    # fingerprint into the guard's vector slot (prepare_graph(precomputed=...)), then the
+    # guard; against the same renorm without it plus the plain full guard. The difference is
+    # what the guard adds to a verify step that uses tpguard's renorm.
+    from tpguard.kernels.renorm import top_p_renorm
+
+    probs_in = torch.softmax(t["target_logits"], -1)
+    guard = DeviceStepGuard(site="bench.fused_graph", quantities=CANONICAL_ORDER, run_id="bench",
+                            watchdog=False)
+    guard.prepare_graph({n: t[n] for n in fused_names}, precomputed=["target_probs"])
+    slot = guard.fingerprint_slot("target_probs")
+
+    def renorm_then_guard():
+        top_p_renorm(probs_in, 0.9, validate=False, fingerprint_out=slot)
+        guard.device_check()
+
+    renorm_then_guard()  # compiles the renorm outside capture
+    guard.collect()
+    out["graph_renorm_only_us"] = time_graph(lambda: top_p_renorm(probs_in, 0.9, validate=False), args.iters,
+                                             strict=False)
+    out["graph_renorm_fused_guard_us"] = time_graph(renorm_then_guard, args.iters, strict=False)
+    if out["graph_renorm_only_us"] is not None and out["graph_renorm_fused_guard_us"] is not None:
+        out["graph_fused_guard_added_us"] = out["graph_renorm_fused_guard_us"] - out["graph_renorm_only_us"]
+    guard.close()
+
     # The fingerprint pass alone, for the record.
     from tpguard.kernels.fingerprint import fingerprint_many
 
@@ -241,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
               f"decisions {out['graph_decisions_us']:.1f} us")
         print(f"  full with target_probs from the renorm write pass: {out['graph_full_fused_probs_us']:.1f} us "
               f"+ the write pass's extra (--fused-probs)")
+        if out.get("graph_fused_guard_added_us") is not None:
+            print(f"  one graph, top-p renorm + full guard with the fused slot: {out['graph_renorm_fused_guard_us']:.1f} "
+                  f"us vs the renorm alone {out['graph_renorm_only_us']:.1f} us: guard adds "
+                  f"{out['graph_fused_guard_added_us']:.1f} us")
         print(f"  of which fingerprints: full {out['fingerprint_full_us']:.1f} us, "
               f"decisions {out['fingerprint_decisions_us']:.1f} us")
         for key in sorted(k for k in out if k.startswith("graph_full_us[")):
