@@ -771,6 +771,12 @@ class _Launch:
         return getattr(self.kernel, "__name__", None) or str(getattr(self.kernel, "fn", self.kernel))
 
     @property
+    def variant(self) -> str:
+        """The compiled variant (kernel name + Triton's hash of its specialisation): what the
+        one-time direct-vs-Triton check validates."""
+        return f"{self.name}:{getattr(self._compiled, 'hash', '')}"
+
+    @property
     def ready(self) -> bool:
         return self._run is not None
 
@@ -867,7 +873,7 @@ def _hooks_idle(enter, exit_) -> bool:
             and all(h is None or (hasattr(h, "calls") and not h.calls) for h in (enter, exit_)))
 
 
-_FAST_VALIDATED: dict[str, bool] = {}  # kernel name -> direct launch equal to Triton's (process)
+_FAST_VALIDATED: dict[str, bool] = {}  # compiled variant -> direct launch equal to Triton's (process)
 FAST_LAUNCH_FAILURES: dict[str, str] = {}  # kernel names -> why the direct path was refused (benchmarks print it)
 
 
@@ -884,7 +890,7 @@ def prepare_fast(launches: list[_Launch], out, rerun) -> bool:
         for launch in launches:
             if not launch.record(out):
                 raise RuntimeError(f"launcher layout not recognised ({launch.refusal})")
-        names = {launch.name for launch in launches}
+        names = {launch.variant for launch in launches}
         if any(_FAST_VALIDATED.get(n) is False for n in names):
             raise RuntimeError("direct launch disagreed before")
         if not all(_FAST_VALIDATED.get(n) for n in names):
@@ -916,6 +922,7 @@ SMALL_TILE = 4096  # words per tile of the small-segment kernel
 
 class ManyPlan:
     """Fingerprints of one fixed list of tensors in a fixed number of launches.
+    A plan owns its scratch (partial sums): run one plan on one stream at a time.
 
     Built on the host from addresses, dtypes, shapes and strides (never data). Its segment table
     is copied to the device once, at construction (pinned memory, asynchronous). `run()` is
@@ -1092,6 +1099,9 @@ class ManyPlan:
 
         def rerun() -> bool:
             direct = before.clone()
+            # poison the scratch the normal run filled: a direct lane launch that wrote nothing
+            # (or elsewhere) must show up in the finish kernel's output
+            self._partial.fill_(-1)
             self._launch_all(direct, fast=True)
             return torch.equal(direct, out)
 
@@ -1110,6 +1120,10 @@ class ManyPlan:
             if self.bump_index is not None:
                 raise ValueError("ManyPlan.run: pass `out` (the plan bumps one of its slots)")
             out = torch.empty(self.out_size, dtype=torch.int64, device=self.device)
+        elif out.dtype != torch.int64 or out.device != self.device or out.numel() < self.out_size \
+                or not out.is_contiguous():
+            raise ValueError(f"ManyPlan.run: out must be a contiguous int64 tensor of >= {self.out_size} "
+                             f"elements on {self.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
         with _device_guard(self.device):
             for i, scratch in zip(self._copy_index, self._scratch):
                 scratch.copy_(sources[i])

@@ -173,6 +173,8 @@ def test_graph_path_takes_a_producer_written_fingerprint():
         assert int(host[_HDR + i]) == to_signed(fingerprint(out))
         assert int(host[2]) >> i & 1  # present in the mask
         probs_in.view(-1)[7] += 0.25  # the next step's output differs: so must the slot
+    with pytest.raises(ValueError, match="not given as precomputed"):
+        guard.fingerprint_slot("coins")
     with pytest.raises(ValueError, match="not guarded"):
         guard.prepare_graph(tensors, precomputed=["no_such_quantity"])
     guard.close()

@@ -207,6 +207,10 @@ def test_bad_input_gets_clear_errors():
     with pytest.raises(ValueError, match="pass the tensors"):
         plan.run()
     assert kfp.fingerprint_many_triton([]).shape == (0,)
+    plan = kfp.ManyPlan([torch.arange(6)])
+    for bad in (torch.zeros(1, dtype=torch.int32), torch.zeros(0, dtype=torch.int64)):
+        with pytest.raises(ValueError, match="out must be"):
+            plan.run(out=bad)
 
 
 # --- what the compiler may do and the interpreter normally does not ---------------------------

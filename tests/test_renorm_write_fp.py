@@ -201,3 +201,19 @@ def test_public_api_fingerprint_out(backend):
     with pytest.raises(ValueError, match="fingerprint_out"):
         renorm.top_p_renorm(probs, 0.9, backend=backend,
                             fingerprint_out=torch.zeros(2, dtype=torch.int64, device=DEVICE))
+
+
+def test_inference_tensors_are_fingerprinted_the_usual_way():
+    """Under torch.inference_mode (SGLANG_ENABLE_TORCH_INFERENCE_MODE=1) a tensor has no version
+    counter: nothing is attached (no crash) and the guard hashes the tensor itself."""
+    from tpguard.fingerprint import fingerprint, to_unsigned
+    from tpguard.guard import attach_fingerprint, attached_fingerprint, call_with_fingerprint
+    from tpguard.kernels import renorm
+
+    with torch.inference_mode():
+        probs = torch.softmax(torch.randn(2, 300, generator=torch.Generator().manual_seed(3)), -1)
+        out = call_with_fingerprint(renorm.top_p_renorm, probs, 0.9, backend="torch")
+        assert attached_fingerprint(out) is None
+        assert attach_fingerprint(out, torch.zeros((), dtype=torch.int64)) is out
+        assert attached_fingerprint(out) is None
+        assert to_unsigned(int(fp_ref.fingerprint_device(out))) == fingerprint(out)

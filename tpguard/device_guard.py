@@ -300,6 +300,9 @@ class DeviceStepGuard(StepGuard):
         """Fix the recorded tensors (static buffers of a captured graph) and build the buffers
         of the capturable path. Call outside capture, then `device_check()` inside it.
 
+        Capture soon after: the fingerprint plan lives in `fingerprint_many`'s cache (64 plans,
+        least recently used first out) until the capture pins it.
+
         `precomputed`: quantities whose fingerprint a producer writes itself, inside the same
         graph and before `device_check()`, into `fingerprint_slot(name)` (e.g. the renorm's
         ``fingerprint_out=``: target_probs without a second read of the probabilities).
@@ -311,6 +314,9 @@ class DeviceStepGuard(StepGuard):
         unknown = [n for n in precomputed if n not in self.index]
         if unknown:
             raise ValueError(f"prepare_graph: precomputed quantities {unknown} are not guarded here")
+        healed = [n for n in precomputed if any(n == h for h, _, _ in self.heal_layout)]
+        if healed:  # heal copies rank 0's values of these into the tensors: they must be recorded
+            raise ValueError(f"prepare_graph: {healed} travel with heal and cannot be precomputed")
         names = [n for n in self.quantities if n in tensors and n not in precomputed]
         w = self.info.world_size
         result = torch.zeros(w * self.length + q + 1, dtype=torch.int64, device=self.dev)
@@ -332,6 +338,7 @@ class DeviceStepGuard(StepGuard):
             "slots": [_HDR + self.index[n] for n in names],
             "vec": vec,
             "result": result,
+            "precomputed": tuple(precomputed),
             "host": torch.zeros(w * self.length + q + 1, dtype=torch.int64,
                                 pin_memory=self.dev.type == "cuda"),
         }
@@ -343,6 +350,8 @@ class DeviceStepGuard(StepGuard):
         `prepare_graph`): pass it as a producer's ``fingerprint_out=`` inside the graph."""
         if self._graph is None:
             raise RuntimeError("fingerprint_slot: call prepare_graph first")
+        if name not in self._graph["precomputed"]:  # the guard's own launch writes the others
+            raise ValueError(f"fingerprint_slot: {name!r} was not given as precomputed to prepare_graph")
         i = _HDR + self.index[name]
         return self._graph["vec"][i:i + 1]
 

@@ -47,6 +47,8 @@ def attach_fingerprint(t: torch.Tensor, fp: torch.Tensor) -> torch.Tensor:
     """Mark `t` with its already computed fingerprint (a 1-element int64 device tensor, e.g.
     written by the renorm's write pass): `record(name, t)` then uses it instead of reading `t`
     again. Valid while `t` is not modified in place (checked by torch's version counter)."""
+    if t.is_inference():  # no version counter to guard the value (SGLang may run under
+        return t  # torch.inference_mode): the guard then fingerprints the tensor itself
     setattr(t, _FP_ATTR, (fp, t._version))
     return t
 
@@ -55,7 +57,12 @@ def attached_fingerprint(t: torch.Tensor) -> torch.Tensor | None:
     """The fingerprint attached to `t` by `attach_fingerprint`, or None (none, or `t` changed
     in place since)."""
     got = getattr(t, _FP_ATTR, None)
-    if got is None or got[1] != t._version:
+    if got is None:
+        return None
+    try:
+        if got[1] != t._version:
+            return None
+    except RuntimeError:  # an inference tensor: no version counter
         return None
     return got[0].reshape(())
 
