@@ -4,10 +4,9 @@ For each RenormConfig variant: the GPU time of top-p (flat, peaky), top-k(40), t
 top-k + top-p and min-p on 256 x 163840 float32, as the median replay of one call captured in a
 CUDA graph (``us``: no host overhead, so variants compare on the GPU alone; the eager median is
 kept as ``eager_us``), whether the kept set equals the torch reference's and whether the output
-equals the default config's bit for bit. First, for the --breakdown variants (default and fused),
+equals the default config's bit for bit. First, for the --breakdown variants (default),
 each pass's GPU time: every launch of one call re-launched 10 times inside a CUDA graph (the
-passes are idempotent; the fused launch resets its per-row tickets), so the breakdown carries no
-launch gaps. Prints a table; --json writes all (after every variant). All variants with their
+passes are idempotent), so the breakdown carries no launch gaps. Prints a table; --json writes all (after every variant). All variants with their
 compiles take ~4 minutes: --budget 240 under a 300 s timeout (kernels/NOTES.md, run 4).
 
 Usage: python -P kernels/gpu_sweep.py [--rows 256] [--vocab 163840] [--iters 30] [--budget S] [--json PATH]
@@ -36,9 +35,7 @@ VARIANTS = {  # in order of interest: the time budget cuts the list short (kerne
     # run 3's kernels' resource shape: no register caps (Triton 3.6 gave the top-p select 181 and the
     # bracket pass 129 registers: 1 CTA per SM), tau list compacted before M(>= tau) is known
     "run3_regs": {"select_maxnreg": 0, "bracket_maxnreg": 0, "tau_mass_first": 0, "bracket_reg": 8192},
-    "fused": {"fuse_select": 1},  # select in the row-stats program that completes a row (ticket)
     "bchunk4k_w4": {"bracket_chunk": 4096, "bracket_pass_warps": 4},  # 4 CTAs per SM in the bracket pass
-    "fused_bchunk4k": {"fuse_select": 1, "bracket_chunk": 4096, "bracket_pass_warps": 4},
     "bracket_reg8k": {"bracket_reg": 8192},  # run 3's: flat rows' 10-14k bracket entries stream
     "bprefetch": {"bracket_prefetch": 1},  # bracket chunk load not behind the plan load
     "bsel_w8": {"bracket_warps": 8, "bracket_reg": 8192},  # bracket_select 2 CTAs/SM (1 wave), >8k entries stream
@@ -111,7 +108,6 @@ def recording(log):
     for mod, name in [(renorm_passes, "_row_stats_kernel"), (renorm_passes, "_bracket_kernel"),
                       (renorm_passes, "_bracket_select_kernel"), (renorm_passes, "_renorm_write_kernel"),
                       (renorm_top_p, "_top_p_select_kernel"), (renorm_top_k, "_top_k_select_kernel"),
-                      (renorm_top_p, "_top_p_stats_select_kernel"), (renorm_top_k, "_top_k_stats_select_kernel"),
                       (renorm_min_p, "_min_p_select_kernel")]:
         wrap(mod, name)
     try:
@@ -143,7 +139,7 @@ def main(argv=None):
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--json", default=None)
     ap.add_argument("--budget", type=float, default=1e9, help="seconds; no new variant starts after it")
-    ap.add_argument("--breakdown", default="default,fused", help="variants whose per-pass times are measured")
+    ap.add_argument("--breakdown", default="default", help="variants whose per-pass times are measured")
     a = ap.parse_args(argv)
     start = time.time()
     flat = probs(a.rows, a.vocab, 1.0)

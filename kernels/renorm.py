@@ -138,14 +138,20 @@ def _device_top_k(top_k: Param, probs: torch.Tensor):
     return t.contiguous()
 
 
-def _check_fingerprint_out(fp_out, probs: torch.Tensor) -> None:
-    if fp_out is None:
-        return
+def check_fingerprint_slot(fp_out, device: torch.device, who: str = "fingerprint_out") -> torch.Tensor:
+    """`fp_out` if it is a 1-element int64 tensor on `device` (a 0-d slot or a [1] view of the
+    guard's vector), else a one-line ValueError. The one check of every `fingerprint_out=`."""
     if not isinstance(fp_out, torch.Tensor) or fp_out.dtype != torch.int64 or fp_out.numel() != 1 \
-            or fp_out.device != probs.device:
-        raise ValueError("fingerprint_out must be a 1-element int64 tensor on the probabilities' device, got "
-                         + (f"{fp_out.dtype} {tuple(fp_out.shape)} on {fp_out.device}"
-                            if isinstance(fp_out, torch.Tensor) else type(fp_out).__name__))
+            or fp_out.device != device:
+        got = (f"{fp_out.dtype} {tuple(fp_out.shape)} on {fp_out.device}" if isinstance(fp_out, torch.Tensor)
+               else type(fp_out).__name__)
+        raise ValueError(f"{who}: fingerprint_out must be a 1-element int64 tensor on {device}, got {got}")
+    return fp_out
+
+
+def _check_fingerprint_out(fp_out, probs: torch.Tensor) -> None:
+    if fp_out is not None:
+        check_fingerprint_slot(fp_out, probs.device)
 
 
 def _reference_out(out: torch.Tensor, fp_out) -> torch.Tensor:

@@ -15,11 +15,6 @@
    or a huge tie overflowed it, over the whole row. Every path gives the same answer.
 5. ``renorm_write`` (rows x chunks programs, one read + one write): the output.
 
-With ``fuse_select=1`` passes 1 and 2 are one launch: programs run chunk-fastest and bump an
-int32 ticket per row after their stores; the program that completes a row runs its select
-(``row_ticket``), so the latency-bound per-row work overlaps other rows' streaming. The ticket
-only decides *which* program does the row's work, never what it computes.
-
 Everything a row's output depends on is computed by programs that see only that row, with block
 shapes fixed by the vocabulary size: no float atomics, no batch-size-dependent configuration,
 every sum in a fixed order. Torch reference: kernels/reference.py.
@@ -85,7 +80,6 @@ class RenormConfig:
     # 255 registers (1 CTA per SM: 256 rows = 2 waves) and the bracket pass 134 (1 CTA per SM);
     # at 128 both fit 2 CTAs per SM, with 0-32 bytes of stack (sm_90a, cuobjdump).
     select_maxnreg: int = 128
-    fuse_select: int = 0  # top-p: the select runs in the row-stats program that completes a row (ticket)
     bracket_maxnreg: int = 128
 
     def replace(self, **changes) -> "RenormConfig":
@@ -267,18 +261,6 @@ def _row_stats_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                     n_samples, chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, WRITE_SAMPLE)
 
 
-@triton.jit
-def row_ticket(ticket_ptr, row):
-    """Call after a program's stores for a row; returns how many of the row's programs came
-    before (n_chunks - 1: this program completes the row, and every other program's stores are
-    visible to it). The barrier orders the CTA's stores before the one-thread atomic, whose
-    release publishes them (cumulative through the barrier) and whose acquire, broadcast through
-    shared memory behind a barrier, orders the reads that follow. The row's answer does not
-    depend on which program arrives last; under the interpreter the last one in grid order does."""
-    tl.debug_barrier()
-    return tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel", scope="gpu")
-
-
 def launch_row_stats(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig, with_sample: bool) -> None:
     _row_stats_kernel[(s.rows, s.n_chunks)](
         probs, s.vocab, s.n_chunks, s.n_groups, s.n_samples,
@@ -398,22 +380,36 @@ def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormCon
 # --- pass 5: write ---------------------------------------------------------------------------
 
 @triton.jit
-def _renorm_write_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, CHUNK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
+def load_write_params(params_ptr, flag_ptr, row):
+    """A row's write parameters (thr1, r1, thr2, r2; params [rows, 4]), whether it is a live
+    (not NaN) row, and what its dropped entries become (NaN on a NaN row, else 0)."""
     thr1 = tl.load(params_ptr + row * 4)
     r1 = tl.load(params_ptr + row * 4 + 1)
     thr2 = tl.load(params_ptr + row * 4 + 2)
     r2 = tl.load(params_ptr + row * 4 + 3)
     nan_row = tl.load(flag_ptr + row) != 0
+    return thr1, r1, thr2, r2, nan_row == 0, tl.where(nan_row, float("nan"), 0.0)
+
+
+@triton.jit
+def write_value(x, thr1, r1, thr2, r2, live, fill):
+    """The output entry: kept entries renormalised in two roundings, fp32(fp32(x * r1) * r2);
+    the others `fill`. Shared by both write kernels (renorm_write_fp.py), so their outputs
+    are the same bits."""
+    y = x * r1
+    keep = (x >= thr1) & (x > 0.0) & (y >= thr2)
+    return tl.where(keep & live, y * r2, fill)
+
+
+@triton.jit
+def _renorm_write_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, CHUNK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    thr1, r1, thr2, r2, live, fill = load_write_params(params_ptr, flag_ptr, row)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     mask = offs < vocab
     x = tl.load(probs_ptr + row * vocab + offs, mask=mask, other=0.0)
-    y = x * r1
-    keep = (x >= thr1) & (x > 0.0) & (y >= thr2)
-    out = tl.where(keep, y * r2, 0.0)
-    out = tl.where(nan_row, float("nan"), out)
-    tl.store(out_ptr + row * vocab + offs, out, mask=mask)
+    tl.store(out_ptr + row * vocab + offs, write_value(x, thr1, r1, thr2, r2, live, fill), mask=mask)
 
 
 def launch_write(probs: torch.Tensor, out: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig) -> None:

@@ -37,8 +37,6 @@ from tpguard.kernels.renorm_passes import (
     launch_bracket,
     launch_row_stats,
     reg_cap,
-    row_stats_chunk,
-    row_ticket,
     shapes_for,
     workspace_for,
 )
@@ -86,9 +84,8 @@ def _top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
     list_row = cand_ptr + row * list_cap
     ch = tl.arange(0, CH_BLOCK)
     chm = ch < n_chunks
-    # .cg: in the fused kernel these were written by other programs (read after the row's ticket)
-    total = tl.sum(tl.load(chunk_sum_ptr + row * n_chunks + ch, mask=chm, other=0.0, cache_modifier=".cg"), axis=0)
-    n_bad = tl.sum(tl.load(chunk_bad_ptr + row * n_chunks + ch, mask=chm, other=0, cache_modifier=".cg"), axis=0)
+    total = tl.sum(tl.load(chunk_sum_ptr + row * n_chunks + ch, mask=chm, other=0.0), axis=0)
+    n_bad = tl.sum(tl.load(chunk_bad_ptr + row * n_chunks + ch, mask=chm, other=0), axis=0)
     if HAS_K_ARR:
         k = tl.load(k_ptr + row)
     else:
@@ -172,31 +169,6 @@ def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                       TAU_GROUPS, CSUB, MASS_FIRST)
 
 
-@triton.jit
-def _top_k_stats_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
-                               chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
-                               k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
-                               ticket_ptr, CHUNK: tl.constexpr, WRITE_SAMPLE: tl.constexpr,
-                               HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
-                               G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
-                               NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
-                               TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
-    """row_stats and the select in one launch (fuse_select=1; see renorm_top_p's twin)."""
-    pid = tl.program_id(0)
-    row = (pid // n_chunks).to(tl.int64)
-    chunk = pid % n_chunks
-    row_stats_chunk(probs_ptr, row, chunk, vocab, n_chunks, n_groups, n_samples,
-                    chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, WRITE_SAMPLE)
-    arrived = row_ticket(ticket_ptr, row)
-    if arrived == n_chunks - 1:
-        tl.store(ticket_ptr + row, 0)  # every program of the row has arrived: reset (relaunches stay valid)
-        _top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
-                          chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
-                          k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
-                          HAS_K_ARR, HAS_P_ARR, WITH_TOP_P, G, SG, CH_BLOCK, NG_BLOCK, NS_BLOCK, SUB, REG,
-                          TAU_GROUPS, CSUB, MASS_FIRST)
-
-
 def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Optional[RenormConfig],
          fingerprint_out: Optional[torch.Tensor] = None) -> torch.Tensor:
     cfg = config or DEFAULT_CONFIG
@@ -223,16 +195,9 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
                   G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, NS_BLOCK=s.ns_block,
                   SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
                   CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first))
-    if cfg.fuse_select:
-        tickets = torch.zeros(rows, dtype=torch.int32, device=probs.device)
-        _top_k_stats_select_kernel[(rows * s.n_chunks,)](
-            *select_args, tickets, CHUNK=s.chunk, WRITE_SAMPLE=full_top_p, **blocks,
-            num_warps=cfg.select_warps, **reg_cap(cfg.select_maxnreg, cfg.select_warps),
-        )
-    else:
-        launch_row_stats(probs, s, ws, cfg, with_sample=full_top_p)
-        _top_k_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
-                                      **reg_cap(cfg.select_maxnreg, cfg.select_warps))
+    launch_row_stats(probs, s, ws, cfg, with_sample=full_top_p)
+    _top_k_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
+                                  **reg_cap(cfg.select_maxnreg, cfg.select_warps))
     if full_top_p:
         launch_bracket(probs, s, ws, cfg)
     write_pass(probs, out, s, ws, cfg, fingerprint_out)

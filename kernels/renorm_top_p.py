@@ -39,8 +39,6 @@ from tpguard.kernels.renorm_passes import (
     launch_bracket,
     launch_row_stats,
     reg_cap,
-    row_stats_chunk,
-    row_ticket,
     shapes_for,
     workspace_for,
 )
@@ -211,9 +209,8 @@ def _top_p_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
     """The per-row top-p plan (module doc): writes the row's plan, target and params."""
     ch = tl.arange(0, CH_BLOCK)
     chm = ch < n_chunks
-    # .cg: in the fused kernel these were written by other programs (read after the row's ticket)
-    total = tl.sum(tl.load(chunk_sum_ptr + row * n_chunks + ch, mask=chm, other=0.0, cache_modifier=".cg"), axis=0)
-    n_bad = tl.sum(tl.load(chunk_bad_ptr + row * n_chunks + ch, mask=chm, other=0, cache_modifier=".cg"), axis=0)
+    total = tl.sum(tl.load(chunk_sum_ptr + row * n_chunks + ch, mask=chm, other=0.0), axis=0)
+    n_bad = tl.sum(tl.load(chunk_bad_ptr + row * n_chunks + ch, mask=chm, other=0), axis=0)
     if HAS_P_ARR:
         p = tl.load(p_ptr + row)
     else:
@@ -258,31 +255,6 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                       HAS_P_ARR, G, SG, CH_BLOCK, NG_BLOCK, NS_BLOCK, SUB, REG, TAU_GROUPS, CSUB, MASS_FIRST)
 
 
-@triton.jit
-def _top_p_stats_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
-                               chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
-                               p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z, ticket_ptr,
-                               CHUNK: tl.constexpr, HAS_P_ARR: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
-                               CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, NS_BLOCK: tl.constexpr,
-                               SUB: tl.constexpr, REG: tl.constexpr, TAU_GROUPS: tl.constexpr,
-                               CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
-    """row_stats and the select in one launch (fuse_select=1): programs run chunk-fastest, so rows
-    complete one after another, and the program that completes a row (its ticket) runs the row's
-    latency-bound select while other programs keep streaming."""
-    pid = tl.program_id(0)
-    row = (pid // n_chunks).to(tl.int64)
-    chunk = pid % n_chunks
-    row_stats_chunk(probs_ptr, row, chunk, vocab, n_chunks, n_groups, n_samples,
-                    chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, True)
-    arrived = row_ticket(ticket_ptr, row)
-    if arrived == n_chunks - 1:
-        tl.store(ticket_ptr + row, 0)  # every program of the row has arrived: reset (relaunches stay valid)
-        _top_p_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
-                          chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
-                          p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
-                          HAS_P_ARR, G, SG, CH_BLOCK, NG_BLOCK, NS_BLOCK, SUB, REG, TAU_GROUPS, CSUB, MASS_FIRST)
-
-
 def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[RenormConfig] = None,
                         fingerprint_out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Triton top-p renorm of a float32 [rows, vocab] tensor (no input checks: see renorm.py).
@@ -306,16 +278,9 @@ def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[Renor
     blocks = dict(HAS_P_ARR=has_arr, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
                   NS_BLOCK=s.ns_block, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
                   CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first))
-    if cfg.fuse_select:
-        tickets = torch.zeros(rows, dtype=torch.int32, device=probs.device)
-        _top_p_stats_select_kernel[(rows * s.n_chunks,)](
-            *select_args, tickets, CHUNK=s.chunk, **blocks,
-            num_warps=cfg.select_warps, **reg_cap(cfg.select_maxnreg, cfg.select_warps),
-        )
-    else:
-        launch_row_stats(probs, s, ws, cfg, with_sample=True)
-        _top_p_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
-                                      **reg_cap(cfg.select_maxnreg, cfg.select_warps))
+    launch_row_stats(probs, s, ws, cfg, with_sample=True)
+    _top_p_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
+                                  **reg_cap(cfg.select_maxnreg, cfg.select_warps))
     launch_bracket(probs, s, ws, cfg)
     write_pass(probs, out, s, ws, cfg, fingerprint_out)
     return out

@@ -25,7 +25,8 @@ import triton
 import triton.language as tl
 
 from tpguard.kernels import fingerprint as fpk
-from tpguard.kernels.renorm_passes import launch_write
+from tpguard.kernels.renorm import check_fingerprint_slot
+from tpguard.kernels.renorm_passes import launch_write, load_write_params, write_value
 
 ref = fpk.ref
 TAIL_BLOCK = 1024  # columns per step of a row's last, partial chunk
@@ -40,19 +41,15 @@ WRITE_SHIFTS = 2
 def _write_block_lanes(probs_ptr, out_ptr, row, offs, vocab, thr1, r1, thr2, r2, fill, live,
                        s_lo, s_hi, MASKED: tl.constexpr, SHIFTS: tl.constexpr,
                        POS_MULHI: tl.constexpr):
-    """A block of columns of one row: the write of `_renorm_write_kernel` and the lane sums
-    (L1, L2) of the fp32 words stored. ``fill`` is NaN on a NaN row (``live`` False), else 0:
-    ``where(keep & live, (x * r1) * r2, fill)`` is the same value, bit for bit, as the plain
-    kernel's ``where(nan_row, nan, where(keep, (x * r1) * r2, 0))`` with one select per word
-    fewer. MASKED: a block that crosses the row's end (full blocks skip every mask)."""
+    """A block of columns of one row: the write of `_renorm_write_kernel` (the same
+    `write_value`) and the lane sums (L1, L2) of the fp32 words stored. MASKED: a block that
+    crosses the row's end (full blocks skip every mask)."""
     if MASKED:
         mask = offs < vocab
         x = tl.load(probs_ptr + row * vocab + offs, mask=mask, other=0.0)
     else:
         x = tl.load(probs_ptr + row * vocab + offs)
-    y = x * r1
-    keep = (x >= thr1) & (x > 0.0) & (y >= thr2)
-    out = tl.where(keep & live, y * r2, fill)
+    out = write_value(x, thr1, r1, thr2, r2, live, fill)
     if MASKED:
         tl.store(out_ptr + row * vocab + offs, out, mask=mask)
     else:
@@ -77,13 +74,7 @@ def _renorm_write_fp_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, par
     that its code needs no more registers than the full chunks' unmasked path."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    thr1 = tl.load(params_ptr + row * 4)
-    r1 = tl.load(params_ptr + row * 4 + 1)
-    thr2 = tl.load(params_ptr + row * 4 + 2)
-    r2 = tl.load(params_ptr + row * 4 + 3)
-    nan_row = tl.load(flag_ptr + row) != 0
-    live = nan_row == 0
-    fill = tl.where(nan_row, float("nan"), 0.0)
+    thr1, r1, thr2, r2, live, fill = load_write_params(params_ptr, flag_ptr, row)
     s_lo = s_lo.to(tl.uint32)
     s_hi = s_hi.to(tl.uint32)
     col0 = chunk * CHUNK
@@ -105,17 +96,6 @@ def _renorm_write_fp_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, par
     tl.store(p + 1, l2.to(tl.int64, bitcast=True))
 
 
-def _fp_slot(fp_out: torch.Tensor, device: torch.device, who: str) -> torch.Tensor:
-    if not isinstance(fp_out, torch.Tensor) or fp_out.dtype != torch.int64 or fp_out.numel() != 1:
-        got = (f"{fp_out.dtype} x {fp_out.numel()}" if isinstance(fp_out, torch.Tensor)
-               else type(fp_out).__name__)
-        raise ValueError(f"{who}: the fingerprint slot must be a 1-element int64 tensor (a 0-d "
-                         f"slot or [1] view), got {got}")
-    if fp_out.device != device:
-        raise ValueError(f"{who}: the fingerprint slot is on {fp_out.device}, the output on {device}")
-    return fp_out
-
-
 def launch_write_fp(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg, *,
                     fp_out: torch.Tensor | None = None, rows_out: torch.Tensor | None = None,
                     fp_config: fpk.KernelConfig | None = None) -> torch.Tensor | None:
@@ -134,7 +114,7 @@ def launch_write_fp(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg, *,
     device = out.device
     if fp_out is None:
         fp_out = torch.empty((), dtype=torch.int64, device=device)
-    fp_out = _fp_slot(fp_out, device, "launch_write_fp")
+    fp_out = check_fingerprint_slot(fp_out, device, "launch_write_fp")
     fcfg = fp_config or fpk.DEFAULT_CONFIG
     shifts = fp_config.shifts if fp_config is not None else WRITE_SHIFTS
     row_seed = ref.row_seed(out.dtype, tuple(out.shape))
@@ -172,7 +152,7 @@ def fill_fingerprint(out: torch.Tensor, fp_out: torch.Tensor) -> torch.Tensor:
     """``fingerprint(out)`` into `fp_out` the usual way (one read of `out`): for the renorm
     API's paths without a write pass (no rows; the torch reference), so that every path honours
     ``fingerprint_out=``."""
-    fp_out = _fp_slot(fp_out, out.device, "fingerprint_out")
+    fp_out = check_fingerprint_slot(fp_out, out.device)
     fp_out.view(1).copy_(ref.fingerprint_device(out).view(1))
     return fp_out
 

@@ -114,29 +114,28 @@ def test_top_p_whole_row_fallbacks(cfg):
 
 
 def test_run4_options_match_reference():
-    # the run-4 options (kernels/NOTES.md): the select fused into row_stats behind a per-row ticket
-    # (the last program of a row runs its select; under the interpreter, the last in grid order),
-    # the bracket pass's own chunk and prefetch, the tau list compacted only for peaky rows; every
-    # combination must keep the reference's set and the same bits as the default shapes
+    # the run-4 options (kernels/NOTES.md): the bracket pass's own chunk and prefetch, the tau list
+    # compacted only for peaky rows, no register caps; every combination must keep the
+    # reference's set and the same bits as the default shapes
     x = torch.cat([make_rows(2, 1500, "flat", seed=51), make_rows(1, 1500, "peaky", seed=52)])
     p = torch.tensor([0.9, 0.5, 0.9], device=DEVICE)
     base = top_p_renorm_triton(x, p, config=SMALL.replace(tau_mass_first=0))
     assert_matches(base, ref.top_p_renorm_reference(x, p))
-    for change in ({"fuse_select": 1}, {"bracket_chunk": 128, "bracket_pass_warps": 2, "bracket_prefetch": 1},
-                   {"fuse_select": 1, "tau_mass_first": 0, "select_maxnreg": 0, "bracket_maxnreg": 0}):
+    for change in ({"bracket_chunk": 128, "bracket_pass_warps": 2, "bracket_prefetch": 1},
+                   {"tau_mass_first": 0, "select_maxnreg": 0, "bracket_maxnreg": 0}):
         cfg = SMALL.replace(**change)
         out = top_p_renorm_triton(x, p, config=cfg)
         assert_matches(out, ref.top_p_renorm_reference(x, p))
         assert torch.equal(out.view(torch.int32), base.view(torch.int32)), change
         assert torch.equal(top_p_renorm_triton(x[1:2], 0.5, config=cfg).view(torch.int32),
                            out[1:2].view(torch.int32)), change
-    fused = SMALL.replace(fuse_select=1)
+    uncapped = SMALL.replace(select_maxnreg=0, bracket_maxnreg=0)
     k = torch.tensor([40, 1500, 3], dtype=torch.int32, device=DEVICE)
-    assert_matches(top_k_renorm_triton(x, 40, config=fused), ref.top_k_renorm_reference(x, 40))
-    assert_matches(top_k_top_p_renorm_triton(x, k, p, config=fused), ref.top_k_top_p_renorm_reference(x, k, p))
-    odd = special_rows(300)  # NaN, empty, tied and one-entry rows through the fused launch
-    assert_matches(top_p_renorm_triton(odd, 0.7, config=fused), ref.top_p_renorm_reference(odd, 0.7))
-    assert_matches(top_k_top_p_renorm_triton(odd, 10, 0.7, config=fused),
+    assert_matches(top_k_renorm_triton(x, 40, config=uncapped), ref.top_k_renorm_reference(x, 40))
+    assert_matches(top_k_top_p_renorm_triton(x, k, p, config=uncapped), ref.top_k_top_p_renorm_reference(x, k, p))
+    odd = special_rows(300)  # NaN, empty, tied and one-entry rows
+    assert_matches(top_p_renorm_triton(odd, 0.7, config=uncapped), ref.top_p_renorm_reference(odd, 0.7))
+    assert_matches(top_k_top_p_renorm_triton(odd, 10, 0.7, config=uncapped),
                    ref.top_k_top_p_renorm_reference(odd, 10, 0.7))
 
 

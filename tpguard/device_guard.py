@@ -158,21 +158,24 @@ class DeviceStepGuard(StepGuard):
                 vec.index_copy_(0, idx, fps)
         for slot_i, fp in ready:  # one 8-byte device copy each, behind the header's
             vec[slot_i:slot_i + 1].copy_(fp.reshape(1))
+        self._stage_heal_payload(vec, self._tensors)
+        return vec
+
+    def _stage_heal_payload(self, vec: torch.Tensor, tensors: dict) -> None:
+        """With fused heal: this rank's decisions into the vector (rank 0's travel to everyone)."""
         for name, offset, cap in self.heal_layout:
-            t = self._tensors.get(name)
+            t = tensors.get(name)
             if t is not None:
                 n = t.numel()
                 if n > cap:
                     raise ValueError(f"heal_capacity[{name!r}] = {cap} < {n} elements this step")
                 vec[offset:offset + n].copy_(t.reshape(-1))
-        return vec
 
     def _fingerprints(self, names: list[str], tensors: list) -> torch.Tensor:
-        """int64 [len(names)] on the comm device: one `fingerprint_many` batch per device."""
+        """int64 [len(names)] on the comm device: one `fingerprint_many` batch per device (the
+        mixed case; `_device_vector` writes a single same-device batch straight into the vector)."""
         from tpguard.kernels.fingerprint import fingerprint_many
 
-        if all(t is not None and t.device == self.dev for t in tensors):
-            return fingerprint_many(tensors)  # the usual case: one batch, nothing to assemble
         out = torch.empty(len(names), dtype=torch.int64, device=self.dev)
         by_device: dict[torch.device, list[int]] = {}
         for k, t in enumerate(tensors):
@@ -374,12 +377,7 @@ class DeviceStepGuard(StepGuard):
         vec = g["vec"]
         self._graph_fingerprints()
         tensors = dict(zip(g["names"], g["tensors"]))
-        for name, offset, cap in self.heal_layout:  # this rank's decisions travel in the vector
-            t = tensors.get(name)
-            if t is not None:
-                if t.numel() > cap:
-                    raise ValueError(f"heal_capacity[{name!r}] = {cap} < {t.numel()} elements")
-                vec[offset:offset + t.numel()].copy_(t.reshape(-1))
+        self._stage_heal_payload(vec, tensors)
         gathered = g["result"][: w * n]
         if w > 1:
             all_gather_flat(gathered, vec, group=self.info.group)
