@@ -81,22 +81,20 @@ def _as_float32(probs: torch.Tensor) -> torch.Tensor:
 def make_renorm(kind: str, backend: str, want_fingerprint: Callable[[], bool] | None = None) -> Callable:
     """A function with sglang's calling convention: (probs, top_ks | top_ps) -> probs.
 
-    `want_fingerprint`: asked per call (tpguard backend); when it says yes and the renorm API
-    takes ``fingerprint_out=`` (feature-detected), the write pass also emits the result's
-    fingerprint, attached to it (`tpguard.guard.attach_fingerprint`): the guard records
+    `want_fingerprint`: asked per call (tpguard backend); when it says yes, the write pass also
+    emits the result's fingerprint, attached to it (`tpguard.guard.attach_fingerprint`): the guard records
     target_probs without reading it again."""
     if kind not in ("top_k", "top_p"):
         raise ValueError(f"kind must be top_k or top_p, got {kind!r}")
     if backend == "tpguard":
-        from tpguard.guard import accepts_fingerprint_out, call_with_fingerprint
+        from tpguard.guard import call_with_fingerprint
         from tpguard.kernels import renorm as tk
 
         impl = tk.top_k_renorm if kind == "top_k" else tk.top_p_renorm
-        emits = want_fingerprint is not None and accepts_fingerprint_out(impl)
 
         def fn(probs, param):
             # validate=False on GPU: no host sync (the kernels clamp instead).
-            if emits and want_fingerprint():
+            if want_fingerprint is not None and want_fingerprint():
                 return call_with_fingerprint(impl, _as_float32(probs), param, validate=not probs.is_cuda)
             return impl(_as_float32(probs), param, validate=not probs.is_cuda)
     elif backend == "flashinfer":

@@ -33,18 +33,16 @@ class RenormBackend:
     min_p: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (probs, min_p float [rows])
     deterministic: bool
     source: str  # module the kernels come from
-    # The three callables take ``fingerprint_out=`` (their write pass emits the result's
-    # fingerprint): the pipeline then records target_probs without re-reading it.
-    emits_fingerprint: bool = False
 
     def describe(self) -> str:
         return f"{self.name} ({self.source})"
 
     def call(self, kind: str, probs: torch.Tensor, param: torch.Tensor, fingerprint: bool = False) -> torch.Tensor:
-        """``kind`` in top_k / top_p / min_p; with `fingerprint` (and a backend that emits one)
-        the result carries its fingerprint (`tpguard.guard.attach_fingerprint`)."""
+        """``kind`` in top_k / top_p / min_p; with `fingerprint`, a kernel that takes
+        ``fingerprint_out=`` (tpguard's) returns the result with its fingerprint attached
+        (`tpguard.guard.call_with_fingerprint`; the others are called plainly)."""
         fn = getattr(self, kind)
-        if fingerprint and self.emits_fingerprint:
+        if fingerprint:
             from tpguard.guard import call_with_fingerprint
 
             return call_with_fingerprint(fn, probs, param)
@@ -104,12 +102,8 @@ def _tpguard_backend() -> RenormBackend:
     except ImportError:
         raise BackendUnavailable("the tpguard renorm kernels (tpguard.kernels.renorm) are not installed yet: "
                                  "use --renorm torch for a deterministic run") from None
-    from tpguard.guard import accepts_fingerprint_out
-
-    fns = (mod.top_k_renorm, mod.top_p_renorm, mod.min_p_renorm)
-    # feature-detected: the renorm API's fingerprint_out= keyword (write pass + fingerprint)
-    emits = all(accepts_fingerprint_out(f) for f in fns)
-    return RenormBackend("tpguard", *fns, True, "tpguard.kernels.renorm", emits_fingerprint=emits)
+    return RenormBackend("tpguard", mod.top_k_renorm, mod.top_p_renorm, mod.min_p_renorm, True,
+                         "tpguard.kernels.renorm")
 
 
 def get_backend(name: str, device: str) -> RenormBackend:

@@ -156,7 +156,7 @@ def test_pipeline_emits_target_probs_fingerprint_from_the_last_renorm():
     from tpguard.guard import attached_fingerprint
 
     tree = chain(4)
-    backend = replace(get_backend("torch", "cpu"), top_p=_fp_producer, emits_fingerprint=True)
+    backend = replace(get_backend("torch", "cpu"), top_p=_fp_producer)
     pipe = VerifyPipeline(SyntheticModel(512, tree, "mixed"), tree, backend,
                           Injector([], 0, 512, tree.spec_tokens, tree.nodes, 4), torch.device("cpu"), seed=3)
     wl = Workload(4, 512, 3, 4, SamplingParams(1.0, 0.9, 0, 0.0), False)
