@@ -58,6 +58,10 @@ def stand_in_verify(t: dict, top_p: float = 0.9, top_k: int = 40):
     return (picked.view_as(t["coins"]) > t["coins"]).int().cumprod(1).sum(1)
 
 
+def _us(value) -> str:
+    return "n/a" if value is None else f"{value:.1f} us"
+
+
 def parse_config(text: str, base):
     """'name=value,...' -> a copy of KernelConfig `base` with those fields."""
     import dataclasses
@@ -141,6 +145,26 @@ def main(argv: list[str] | None = None) -> int:
                                 watchdog=False)
         guard.prepare_graph({n: t[n] for n in names})
         out[f"graph_{mode}_us"] = time_graph(guard.device_check, args.iters)
+        guard.close()
+    # The guard inside a step's graph, as SGLang replays it: the guard's nodes follow the step's
+    # in one graph, so there is no graph launch of their own (a standalone replay above pays one,
+    # a few us, which matters for the small decisions set). Two views: 8 checks back to back in
+    # one graph (per check), and the stand-in verify step captured alone vs with the guard.
+    out["graph_step_off_us"] = time_graph(lambda: stand_in_verify(t), args.iters, strict=False)
+    for mode, names in (("full", CANONICAL_ORDER), ("decisions", DECISIONS_MODE)):
+        guard = DeviceStepGuard(site=f"bench.in_graph.{mode}", quantities=CANONICAL_ORDER, run_id="bench",
+                                watchdog=False)
+        guard.prepare_graph({n: t[n] for n in names})
+        out[f"graph_{mode}_x8_us"] = time_graph(guard.device_check, args.iters, per_replay=8, strict=False)
+
+        def step_and_guard(guard=guard):
+            stand_in_verify(t)
+            guard.device_check()
+
+        on = time_graph(step_and_guard, args.iters, strict=False)
+        out[f"graph_step_{mode}_us"] = on
+        if on is not None and out["graph_step_off_us"] is not None:
+            out[f"graph_step_{mode}_added_us"] = on - out["graph_step_off_us"]
         guard.close()
     # The whole fused path in one graph: tpguard's top-p renorm writing target_probs'
     # fingerprint into the guard's vector slot (prepare_graph(precomputed=...)), then the
@@ -270,6 +294,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  one graph, top-p renorm + full guard with the fused slot: {out['graph_renorm_fused_guard_us']:.1f} "
                   f"us vs the renorm alone {out['graph_renorm_only_us']:.1f} us: guard adds "
                   f"{out['graph_fused_guard_added_us']:.1f} us")
+        for mode in ("full", "decisions"):
+            x8, added = out.get(f"graph_{mode}_x8_us"), out.get(f"graph_step_{mode}_added_us")
+            print(f"  {mode} inside a graph: {_us(x8)} per check (8 checks in one graph); stand-in step "
+                  f"{_us(out['graph_step_off_us'])} alone, {_us(out.get(f'graph_step_{mode}_us'))} with the "
+                  f"guard: adds {_us(added)}")
         print(f"  of which fingerprints: full {out['fingerprint_full_us']:.1f} us, "
               f"decisions {out['fingerprint_decisions_us']:.1f} us")
         for key in sorted(k for k in out if k.startswith("graph_full_us[")):
