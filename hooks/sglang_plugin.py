@@ -42,6 +42,14 @@ def register() -> None:
         # worker) processes run verify steps, and hooking elsewhere would import the model stack.
         logger.debug("tpguard: not a scheduler process; no hooks here")
         return
+    if config.trace_dir:
+        from tpguard.config import trace_dir_problem
+
+        problem = trace_dir_problem(config.trace_dir)
+        if problem:  # found now, not at the first verify step inside sglang's scheduler
+            logger.error("tpguard: %s; traces are NOT written (divergences still reach the log and "
+                         "the metrics)", problem)
+            config.trace_dir = None
     install(config)
 
 

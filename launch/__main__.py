@@ -13,7 +13,7 @@ import os
 import sys
 
 from tpguard.errors import EXIT_BAD_INPUT, EXIT_TIMEOUT
-from tpguard.launch.options import HarnessOptions, OptionsError, parse_options
+from tpguard.launch.options import HarnessOptions, OptionsError, check_paths, parse_options
 
 
 def choose_backend(opts: HarnessOptions, world_size: int) -> str:
@@ -58,16 +58,30 @@ def init_process_group(opts: HarnessOptions, backend: str) -> None:
     dist.init_process_group(backend, **kwargs)
 
 
+def _env_int(name: str, default: int) -> int:
+    """torchrun's RANK / WORLD_SIZE (set by hand when run without torchrun)."""
+    value = os.environ.get(name, "").strip() or str(default)
+    try:
+        return int(value)
+    except ValueError:
+        raise OptionsError(f"environment variable {name} must be an integer, got {value!r}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Bad arguments are rejected before torch is imported (instant); a process group can only
     # exist already if torch.distributed was imported (a test calling main() in a rank process).
     dist = sys.modules.get("torch.distributed")
     already = dist is not None and dist.is_available() and dist.is_initialized()
-    rank = dist.get_rank() if already else int(os.environ.get("RANK", "0"))
-    world = dist.get_world_size() if already else int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        rank = dist.get_rank() if already else _env_int("RANK", 0)
+        world = dist.get_world_size() if already else _env_int("WORLD_SIZE", 1)
+    except OptionsError as e:
+        print(f"tpguard launch: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
     try:
         opts = parse_options(argv, world)
+        check_paths(opts, reused_run_id=False)
         backend = check_environment(opts, world)
     except OptionsError as e:
         if rank == 0:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import shutil
 import sys
 import tempfile
@@ -33,7 +34,9 @@ BASE = ["--logits", "flat", "--top-p", "0.9", "--no-progress"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tpguard demo", add_help=True,
+    from tpguard.launch.options import _Parser  # usage errors: one line, not argparse's usage block
+
+    p = _Parser(prog="tpguard demo", add_help=True,
                                 description="Divergence caught, named, diagnosed and fixed (CPU, 2 ranks).")
     p.add_argument("--steps", type=int, default=60, help="steps of the fixed runs (default 60)")
     p.add_argument("--out", default=None, help="keep the traces in this directory (default: a temporary one)")
@@ -49,6 +52,28 @@ def _deterministic_renorm() -> str:
 def _indent(text: str, prefix: str = "    ") -> str:
     keep = [ln for ln in text.splitlines() if ln.strip() and "Warning" not in ln and "return func(" not in ln]
     return textwrap.indent("\n".join(keep), prefix)
+
+
+PARTS = ("1-atomic-abort", "3-deterministic", "4-atomic-heal", "5-no-guard-hang")
+
+
+def _check(opts) -> None:
+    from tpguard.config import trace_dir_problem
+    from tpguard.launch.options import OptionsError
+
+    if opts.steps < 1:
+        raise OptionsError("--steps must be >= 1")
+    if not (opts.timeout > 0 and math.isfinite(opts.timeout)):
+        raise OptionsError(f"--timeout must be > 0 seconds and finite, got {opts.timeout}")
+    if opts.out:
+        problem = trace_dir_problem(opts.out)
+        if problem:
+            raise OptionsError(f"--out: {problem}")
+        # An earlier demo's traces there would make part 2 see two runs; never delete them.
+        used = [name for name in PARTS if (Path(opts.out) / name).is_dir() and any((Path(opts.out) / name).iterdir())]
+        if used:
+            raise OptionsError(f"--out {opts.out} already holds a demo's traces ({', '.join(used)}): "
+                               "choose a new or empty directory")
 
 
 class Demo:
@@ -77,12 +102,15 @@ class Demo:
 
 
 def run_demo(args: list[str]) -> int:
+    from tpguard.launch.options import OptionsError
+
     try:
         opts = _parser().parse_args(args)
-    except SystemExit as e:  # argparse printed usage or help
+        _check(opts)
+    except SystemExit as e:  # argparse printed help
         return EXIT_OK if e.code == 0 else EXIT_BAD_INPUT
-    if opts.steps < 1:
-        print("tpguard demo: error: --steps must be >= 1", file=sys.stderr)
+    except OptionsError as e:
+        print(f"tpguard demo: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     started = time.monotonic()
     out = Path(opts.out) if opts.out else Path(tempfile.mkdtemp(prefix="tpguard-demo-"))

@@ -9,7 +9,10 @@ before any process starts. Nothing here imports torch: rejecting bad arguments i
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import re
+from pathlib import Path
 from dataclasses import dataclass, field
 
 from tpguard.config import POLICIES
@@ -170,6 +173,35 @@ def parse_options(argv: list[str], world_size: int | None = None) -> HarnessOpti
     return opts
 
 
+def check_paths(o: HarnessOptions, reused_run_id: bool = True) -> None:
+    """Checks on the file system (run before any rank starts): --trace DIR can be written, an
+    explicit --run-id would not reuse a trace already there (`reused_run_id`: only where no rank
+    has started, else it races with rank 0's own file), --summary-json FILE can be written."""
+    from tpguard.config import trace_dir_problem
+
+    if o.trace:
+        problem = trace_dir_problem(o.trace)
+        if problem:
+            raise OptionsError(f"--trace: {problem}")
+        if reused_run_id and o.run_id and any(Path(o.trace).glob(f"{glob_escape(o.run_id)}.*jsonl*")):
+            raise OptionsError(f"--trace {o.trace} already holds a trace of run {o.run_id!r}: "
+                               "choose another --run-id or directory")
+    if o.summary_json:
+        p = Path(o.summary_json)
+        parent = p.parent if str(p.parent) else Path(".")
+        if p.is_dir():
+            raise OptionsError(f"--summary-json {o.summary_json}: is a directory")
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise OptionsError(f"--summary-json {o.summary_json}: directory {parent} does not exist "
+                               "or is not writable")
+
+
+def glob_escape(text: str) -> str:
+    import glob
+
+    return glob.escape(text)
+
+
 def validate(o: HarnessOptions, world_size: int | None = None) -> None:
     def need(cond: bool, msg: str) -> None:
         if not cond:
@@ -179,13 +211,20 @@ def validate(o: HarnessOptions, world_size: int | None = None) -> None:
     need(o.bs >= 1, f"--bs must be >= 1, got {o.bs}")
     need(2 <= o.draft_tokens <= 64, f"--draft-tokens must be in [2, 64], got {o.draft_tokens}")
     need(16 <= o.vocab <= 1 << 24, f"--vocab must be in [16, 16777216], got {o.vocab}")
-    need(o.temperature > 0 and o.temperature == o.temperature,
-         f"--temperature must be > 0, got {o.temperature} (greedy verify is not simulated)")
+    need(o.temperature > 0 and math.isfinite(o.temperature),
+         f"--temperature must be > 0 and finite, got {o.temperature} (greedy verify is not simulated)")
     need(0 < o.top_p <= 1, f"--top-p must be in (0, 1], got {o.top_p}")
     need(0 <= o.top_k < o.vocab, f"--top-k must be in [0, vocab), got {o.top_k} (0 disables it)")
     need(0 <= o.min_p < 1, f"--min-p must be in [0, 1), got {o.min_p}")
     need(o.every >= 1, f"--every must be >= 1, got {o.every}")
-    need(o.timeout > 0, f"--timeout must be > 0 seconds, got {o.timeout}")
+    need(o.timeout > 0 and math.isfinite(o.timeout), f"--timeout must be > 0 seconds and finite, got {o.timeout}")
+    if o.run_id is not None:
+        from tpguard.trace import check_run_id
+
+        try:
+            check_run_id(o.run_id, "--run-id")
+        except ValueError as e:
+            raise OptionsError(str(e)) from None
     need(1 <= o.cache_block <= 4096, f"--cache-block must be in [1, 4096], got {o.cache_block}")
     need(not (o.dump and not o.trace), "--dump needs --trace DIR (dumps are written under the trace directory)")
     need(not (o.merged and not o.trace), "--merged needs --trace DIR")

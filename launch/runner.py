@@ -12,7 +12,7 @@ import logging
 import sys
 
 from tpguard.errors import EXIT_BAD_INPUT, EXIT_DIVERGED
-from tpguard.launch.options import OptionsError, parse_options
+from tpguard.launch.options import OptionsError, check_paths, parse_options
 
 
 def torchrun_args(nproc_per_node: int, args: list[str]) -> list[str]:
@@ -24,7 +24,7 @@ def launch_via_torchrun(nproc_per_node: int, args: list[str]) -> int:
     try:
         if nproc_per_node < 2:
             raise OptionsError(f"--nproc-per-node must be >= 2 (the harness compares ranks), got {nproc_per_node}")
-        parse_options(list(args), world_size=nproc_per_node)
+        check_paths(parse_options(list(args), world_size=nproc_per_node))
     except SystemExit as e:  # --help printed the harness's options
         return int(e.code or 0)
     except OptionsError as e:

@@ -278,7 +278,24 @@ def plain_not_a_worker():
     return {"hooked": sglang_sites.RUNTIME is not None}
 
 
-PLAIN = {"doctor": plain_doctor, "not_a_worker": plain_not_a_worker}
+def plain_unwritable_trace_dir():
+    """load_plugins() in a scheduler process whose TPGUARD_TRACE_DIR cannot be created."""
+    import logging
+
+    from sglang.srt.plugins import load_plugins
+    from tpguard.hooks import sglang_sites
+
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda rec: lines.append(rec.getMessage())
+    logging.getLogger("tpguard").addHandler(handler)
+    load_plugins()
+    rt = sglang_sites.RUNTIME
+    return {"hooked": rt is not None, "trace_dir": rt and rt.config.trace_dir, "log": lines}
+
+
+PLAIN = {"doctor": plain_doctor, "not_a_worker": plain_not_a_worker,
+         "unwritable_trace_dir": plain_unwritable_trace_dir}
 SCENARIOS = {k[len("scenario_"):]: v for k, v in dict(globals()).items() if k.startswith("scenario_")}
 
 
@@ -409,3 +426,11 @@ def test_doctor_finds_every_hook_point(zygote):
 def test_only_scheduler_processes_are_hooked(zygote):
     assert zygote.run("not_a_worker", {"TPGUARD": "on"}) == [{"hooked": False}]
     assert zygote.run("not_a_worker", {"TPGUARD": "on", "TPGUARD_ALL_PROCESSES": "1"}) == [{"hooked": True}]
+
+
+def test_unwritable_trace_dir_is_one_log_line_at_load(zygote, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    (r,) = zygote.run("unwritable_trace_dir", {"TPGUARD": "on", "TPGUARD_TRACE_DIR": str(blocker / "traces")})
+    assert r["hooked"] and r["trace_dir"] is None  # guarded, without traces
+    assert any("cannot be created" in line and "NOT written" in line for line in r["log"]), r["log"]

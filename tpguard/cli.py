@@ -1,11 +1,13 @@
 """The `tpguard` command: one typer app; each command's work lives in tpguard/commands/.
 
 Exit codes (docs/diagnose.md, docs/harness.md): 0 ok/clean, 1 diverged, 2 bad input or
-arguments (one line on stderr, never a traceback), 3 aborted on divergence, 4 rank timeout.
+arguments (one line on stderr, never a traceback), 3 aborted on divergence, 4 rank timeout,
+5 internal error (a tpguard bug: one line; TPGUARD_DEBUG=1 shows the traceback).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import List, Optional
 
@@ -16,7 +18,7 @@ try:  # typer >= 0.20 vendors click as typer._click
 except ImportError:  # pragma: no cover - older typer
     from click import exceptions as click_exc
 
-from tpguard.errors import EXIT_BAD_INPUT, TPGuardError
+from tpguard.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, TPGuardError
 
 app = typer.Typer(
     add_completion=False,
@@ -72,6 +74,14 @@ def audit(
     """Determinism and batch-invariance table of every renorm/sampling kernel found here."""
     from tpguard.audit import main as audit_main
 
+    if device not in ("auto", "cpu", "cuda"):
+        raise click_exc.BadParameter(f"must be auto, cpu or cuda, got {device!r}", param_hint="'--device'")
+    for name, value in (("--rows", rows), ("--vocab", vocab)):
+        if value < 0:
+            raise click_exc.BadParameter(f"must be >= 0 (0: a default for the device), got {value}",
+                                         param_hint=f"'{name}'")
+    if 0 < vocab < 2:
+        raise click_exc.BadParameter(f"must be >= 2, got {vocab}", param_hint="'--vocab'")
     kwargs = {"n_calls": calls, "device": device}
     if rows:
         kwargs["rows"] = rows
@@ -158,6 +168,20 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as e:
         print(f"tpguard: error: a component is not installed ({e.name})", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("tpguard: interrupted", file=sys.stderr)
+        return 130
+    except OSError as e:  # a path the user gave that cannot be read or written
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"tpguard: error: {where}{e.strerror or e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as e:  # noqa: BLE001 - a bug must not look like exit 1 ("diverged")
+        if os.environ.get("TPGUARD_DEBUG"):
+            raise
+        msg = " ".join(str(e).split())[:300]
+        print(f"tpguard: internal error: {type(e).__name__}: {msg} (a tpguard bug; "
+              "rerun with TPGUARD_DEBUG=1 for the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -13,6 +14,8 @@ RENORMS = ("default", "deterministic")
 RENORM_BACKENDS = ("", "tpguard", "flashinfer", "torch")  # "": the first available
 GUARD_KINDS = ("auto", "sync", "device")
 QUANTITY_SETS = {"full": CANONICAL_ORDER, "decisions": DECISIONS_MODE}
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
 
 
 @dataclass
@@ -46,8 +49,18 @@ class GuardConfig:
         _check("TPGUARD_GUARD", self.guard, GUARD_KINDS)
         if self.every < 1:
             raise ValueError(f"TPGUARD_EVERY must be >= 1, got {self.every}")
-        if self.timeout_s <= 0:
-            raise ValueError(f"TPGUARD_TIMEOUT must be > 0, got {self.timeout_s}")
+        if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
+            raise ValueError(f"TPGUARD_TIMEOUT must be > 0 and finite, got {self.timeout_s}")
+        if self.sample_one_in < 0:
+            raise ValueError(f"TPGUARD_SAMPLE must be >= 0 (0: off), got {self.sample_one_in}")
+        if self.clean_every < 1:
+            raise ValueError(f"TPGUARD_CLEAN_EVERY must be >= 1, got {self.clean_every}")
+        if self.max_trace_bytes < 0:
+            raise ValueError(f"TPGUARD_MAX_TRACE_MB must be >= 0 (0: no rotation), got {self.max_trace_bytes / 2**20:g}")
+        if self.run_id is not None:
+            from tpguard.trace import check_run_id
+
+            check_run_id(self.run_id, "TPGUARD_RUN_ID")
 
     @property
     def enabled(self) -> bool:
@@ -60,30 +73,67 @@ class GuardConfig:
     @classmethod
     def from_env(cls, env: dict | None = None) -> "GuardConfig":
         env = os.environ if env is None else env
-        get = lambda k, d: env.get(k, d).strip()  # noqa: E731
+
+        def get(k: str, default: str) -> str:  # set but empty (or blank) means unset
+            return str(env.get(k, "")).strip() or default
+
+        def integer(k: str, default: str) -> int:
+            try:
+                return int(get(k, default))
+            except ValueError:
+                raise ValueError(f"{k} must be an integer, got {env.get(k)!r}") from None
+
+        def number(k: str, default: str) -> float:
+            try:
+                x = float(get(k, default))
+            except ValueError:
+                raise ValueError(f"{k} must be a number, got {env.get(k)!r}") from None
+            if not math.isfinite(x):
+                raise ValueError(f"{k} must be a finite number, got {env.get(k)!r}")
+            return x
+
+        def flag(k: str) -> bool:
+            v = get(k, "0").lower()
+            if v not in TRUE_WORDS + FALSE_WORDS:
+                raise ValueError(f"{k} must be one of {'|'.join(TRUE_WORDS + FALSE_WORDS)}, got {env.get(k)!r}")
+            return v in TRUE_WORDS
+
         try:
             return cls(
-                mode=get("TPGUARD", "off").lower() or "off",
+                mode=get("TPGUARD", "off").lower(),
                 trace_dir=env.get("TPGUARD_TRACE_DIR") or None,
-                every=int(get("TPGUARD_EVERY", "1")),
-                sample_one_in=int(get("TPGUARD_SAMPLE", "0")),
+                every=integer("TPGUARD_EVERY", "1"),
+                sample_one_in=integer("TPGUARD_SAMPLE", "0"),
                 policy=get("TPGUARD_ON_DIVERGENCE", "record").lower(),
                 renorm=get("TPGUARD_RENORM", "default").lower(),
-                dump=get("TPGUARD_DUMP", "0") in ("1", "true", "yes", "on"),
-                timeout_s=float(get("TPGUARD_TIMEOUT", "60")),
+                dump=flag("TPGUARD_DUMP"),
+                timeout_s=number("TPGUARD_TIMEOUT", "60"),
                 quantity_set=get("TPGUARD_QUANTITIES", "full").lower(),
-                merged=get("TPGUARD_MERGED", "0") in ("1", "true", "yes", "on"),
-                clean_every=int(get("TPGUARD_CLEAN_EVERY", "1")),
-                max_trace_bytes=int(float(get("TPGUARD_MAX_TRACE_MB", "0")) * 1024 * 1024),
-                run_id=env.get("TPGUARD_RUN_ID") or None,
+                merged=flag("TPGUARD_MERGED"),
+                clean_every=integer("TPGUARD_CLEAN_EVERY", "1"),
+                max_trace_bytes=int(number("TPGUARD_MAX_TRACE_MB", "0") * 1024 * 1024),
+                run_id=str(env.get("TPGUARD_RUN_ID", "")).strip() or None,
                 renorm_backend=get("TPGUARD_RENORM_BACKEND", "").lower(),
-                all_processes=get("TPGUARD_ALL_PROCESSES", "0") in ("1", "true", "yes", "on"),
-                guard=get("TPGUARD_GUARD", "auto").lower() or "auto",
+                all_processes=flag("TPGUARD_ALL_PROCESSES"),
+                guard=get("TPGUARD_GUARD", "auto").lower(),
             )
-        except ValueError as e:  # int("x") and our own checks: one line, names the variable
+        except (ValueError, TypeError, OverflowError) as e:  # one line, names the variable
             raise ValueError(f"tpguard: bad environment: {e}") from None
 
 
 def _check(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {'|'.join(allowed)}, got {value!r}")
+
+
+def trace_dir_problem(path: str | os.PathLike) -> str | None:
+    """Why traces cannot be written under `path` (created here if missing), or None."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError:
+        return f"trace directory {path} exists and is not a directory"
+    except OSError as e:
+        return f"trace directory {path} cannot be created ({e.strerror})"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"trace directory {path} is not writable"
+    return None

@@ -8,6 +8,7 @@ EXIT_DIVERGED = 1  # diagnose: the trace shows a divergence; harness: divergence
 EXIT_BAD_INPUT = 2  # unusable input or arguments: one line on stderr
 EXIT_ABORTED = 3  # a guard with policy "abort" stopped every rank at the divergent step
 EXIT_TIMEOUT = 4  # a rank stopped reaching the guard; the others gave up waiting
+EXIT_INTERNAL = 5  # a tpguard bug (an unexpected exception): one line; TPGUARD_DEBUG=1 re-raises
 
 
 class TPGuardError(Exception):

@@ -11,7 +11,9 @@ anything else that is not a v1 trace is a `TraceError` (one line, exit code 2 in
 from __future__ import annotations
 
 import atexit
+import logging
 import os
+import re
 import signal
 import threading
 import weakref
@@ -22,6 +24,8 @@ import orjson
 
 from tpguard.errors import TraceError
 from tpguard.records import Header, Record, from_json, to_json
+
+logger = logging.getLogger("tpguard.trace")
 
 # --- writer ----------------------------------------------------------------------------------
 
@@ -67,6 +71,22 @@ def merged_trace_path(trace_dir: str | os.PathLike, run_id: str) -> Path:
     return Path(trace_dir) / f"{run_id}.merged.jsonl"
 
 
+def _keep_aside(path: Path) -> None:
+    """Move a non-empty file at `path` to `path.prev<N>` (first free N): opening for writing
+    would truncate it. Diagnose ignores `.prev<N>` files unless they are named explicitly."""
+    try:
+        if path.stat().st_size == 0:
+            return
+    except OSError:
+        return
+    n = 1
+    while path.with_name(f"{path.name}.prev{n}").exists():
+        n += 1
+    aside = path.with_name(f"{path.name}.prev{n}")
+    os.replace(path, aside)
+    logger.warning("tpguard: %s already held a trace (run id reused?); kept it as %s", path, aside)
+
+
 class TraceWriter:
     """Writes one trace file: the header first, then records as they come."""
 
@@ -82,6 +102,7 @@ class TraceWriter:
         _install_exit_hooks()
 
     def _open(self, path: Path) -> None:
+        _keep_aside(path)  # never truncate a trace already there (a reused run id, a restart)
         self._file = open(path, "w", buffering=1, encoding="utf-8", newline="\n")
         self._bytes = 0
         self._write_line(to_json(self.header))
@@ -103,6 +124,8 @@ class TraceWriter:
         """Move the full file aside (path.1, path.2, ...) and start a new one with the header."""
         self._file.close()
         self._segment += 1
+        while self.path.with_name(f"{self.path.name}.{self._segment}").exists():
+            self._segment += 1  # a segment of an earlier writer of this path: keep it
         os.replace(self.path, self.path.with_name(f"{self.path.name}.{self._segment}"))
         self._open(self.path)
 
@@ -160,6 +183,41 @@ def iter_lines(path: str | os.PathLike, warn: Warn) -> Iterator[tuple[int, dict]
             yield lineno, obj
 
 
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_run_id(run_id: object, what: str = "run id") -> str:
+    """A run id becomes part of file names: letters, digits, '.', '_', '-' (no '/', no '..')."""
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.match(run_id) or ".." in run_id:
+        raise ValueError(f"{what} must be 1-128 letters, digits, '.', '_' or '-' (starting with a letter "
+                         f"or digit, no '..'), got {run_id!r}")
+    return run_id
+
+
+def _is_int(x: object) -> bool:
+    return type(x) is int  # bool is an int subclass: true/false are not ranks or sizes
+
+
+def check_header(h: Header) -> None:
+    """Types of the header fields readers rely on; TraceError (one line) otherwise."""
+    if not isinstance(h.run_id, str) or not h.run_id:
+        raise TraceError(f"header with bad run_id {h.run_id!r} (a non-empty string)")
+    if not _is_int(h.world_size) or h.world_size < 1:
+        raise TraceError(f"header with bad world_size {h.world_size!r} (an integer >= 1)")
+    if not isinstance(h.ranks, list) or not h.ranks or not all(_is_int(r) for r in h.ranks):
+        raise TraceError(f"header with bad ranks {h.ranks!r} (a non-empty list of integers)")
+    if len(set(h.ranks)) != len(h.ranks):
+        raise TraceError(f"header lists a rank twice: {h.ranks}")
+    if h.quantities is None:  # optional in the spec: null means the canonical order
+        from tpguard.quantities import CANONICAL_ORDER
+
+        h.quantities = list(CANONICAL_ORDER)
+    if not isinstance(h.quantities, list) or not all(isinstance(q, str) for q in h.quantities):
+        raise TraceError(f"header with bad quantities {h.quantities!r} (a list of names)")
+    if not isinstance(h.algo, str):
+        raise TraceError(f"header with bad algo {h.algo!r} (a string)")
+
+
 def read_trace(path: str | os.PathLike, warn: Warn | None = None) -> Iterator[Record]:
     """Typed records of one file. The first record must be a header."""
     warn = warn or (lambda msg: None)
@@ -170,8 +228,11 @@ def read_trace(path: str | os.PathLike, warn: Warn | None = None) -> Iterator[Re
                 raise TraceError(f"{path}: no header (line {lineno} is a {obj.get('type')!r} record)")
             first = False
         try:
-            yield from_json(obj)
+            rec = from_json(obj)
+            if rec.type == "header":
+                check_header(rec)
         except TraceError as e:
             raise TraceError(f"{path}:{lineno}: {e}") from None
+        yield rec
     if first:
         raise TraceError(f"{path}: empty trace (no header)")

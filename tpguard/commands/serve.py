@@ -31,6 +31,7 @@ def serve_env(mode: str = "on", trace_dir: str | None = None, every: int = 1, on
     if trace_dir:
         env["TPGUARD_TRACE_DIR"] = os.path.abspath(trace_dir)
     env.setdefault("TPGUARD_RUN_ID", new_run_id())
+    GuardConfig.from_env(env)  # TPGUARD_* inherited from the caller's environment too
     plugins = env.get("SGLANG_PLUGINS", "").strip()
     if plugins and "tpguard" not in [p.strip() for p in plugins.split(",")]:
         env["SGLANG_PLUGINS"] = plugins + ",tpguard"  # a whitelist without us would skip the plugin
@@ -49,6 +50,12 @@ def serve(argv: list[str], mode: str = "on", trace_dir: str | None = None, every
         env = serve_env(mode, trace_dir, every, on_divergence, renorm, dump)
     except ValueError as e:
         print(f"tpguard serve: {str(e).replace('tpguard: ', '')}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from tpguard.config import trace_dir_problem
+
+    problem = trace_dir_problem(env["TPGUARD_TRACE_DIR"]) if mode != "off" and env.get("TPGUARD_TRACE_DIR") else None
+    if problem:  # every TP rank would fail to open its trace only once the server is up
+        print(f"tpguard serve: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     exe = shutil.which(argv[0], path=env.get("PATH"))
     if exe is None:

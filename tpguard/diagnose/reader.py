@@ -8,6 +8,7 @@ either consumes in blocks (clean stretches compared as bytes, never parsed) or o
 
 from __future__ import annotations
 
+import glob
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,13 +17,15 @@ import orjson
 
 from tpguard.errors import TraceError
 from tpguard.records import SCHEMA, DivergenceRecord, EventRecord, Header, from_json
-from tpguard.trace import iter_lines
+from tpguard.trace import check_header, iter_lines
 
 BLOCK_LINES = 4096
 # The parts of a line in tpguard's own step layout that the block comparison uses.
 STEP_PREFIX = b'{"type":"step","run_id":"'
 RANKS_FIELD = re.compile(rb',"ranks":\[[0-9, ]*\]')
 STEP_NUMBER = re.compile(rb',"step":([0-9]+),"site":"')
+# Files a directory argument stands for: traces and their rotated segments (NAME.jsonl.1, ...).
+SEGMENT = re.compile(r"\.jsonl(\.[0-9]+)?$")
 
 
 @dataclass
@@ -133,6 +136,7 @@ class FileCursor:
             if self.in_run and obj.get("run_id", self.ts.run_id) == self.ts.run_id:
                 try:
                     rec = from_json(obj)
+                    _check_side_record(rec)
                 except TraceError as e:
                     self.ts.warn(f"{where}: {e}; record ignored")
                     return
@@ -148,13 +152,17 @@ class FileCursor:
             if lineno == 1:
                 raise TraceError(f"{path}: not a tpguard trace (line 1 is not JSON)") from None
             # A line the writer did not finish has no newline: it can only be the last one.
-            if not raw.endswith(b"\n"):
+            if not raw.endswith(b"\n") or self._is_last_line():
                 self.ts.warn(f"{path}:{lineno}: torn last line skipped (the writer was killed mid-write?)")
                 return None
             raise TraceError(f"{path}:{lineno}: line is not JSON (corrupt trace)") from None
         if type(obj) is not dict:
             raise TraceError(f"{path}:{lineno}: line is not a JSON object")
         return obj
+
+    def _is_last_line(self) -> bool:
+        self.fill(2)
+        return self.eof and self.pos + 1 == len(self.buf)
 
     def _step_fields(self, obj: dict) -> tuple:
         where = f"{self.file.path}:{self.lineno + 1}"
@@ -164,36 +172,113 @@ class FileCursor:
             raise TraceError(f"{where}: step record without {e.args[0]}") from None
         if type(step) is not int or type(fp) is not dict or type(ranks) is not list:
             raise TraceError(f"{where}: malformed step record")
-        if any(type(v) is list and len(v) != len(ranks) for v in fp.values()):
-            raise TraceError(f"{where}: fp list length differs from ranks")
+        if type(site) is not str:
+            raise TraceError(f"{where}: step record whose site is not a string ({site!r})")
+        if any(type(r) is not int or not 0 <= r < self.ts.world_size for r in ranks):
+            raise TraceError(f"{where}: step record with bad ranks {ranks!r} "
+                             f"(integers in [0, {self.ts.world_size}))")
+        for q, v in fp.items():
+            if v is None or type(v) is str:
+                continue
+            if type(v) is not list:
+                raise TraceError(f"{where}: fp[{q!r}] is neither a fingerprint string, a list nor null")
+            if len(v) != len(ranks):
+                raise TraceError(f"{where}: fp list length differs from ranks")
+            if any(x is not None and type(x) is not str for x in v):
+                raise TraceError(f"{where}: fp[{q!r}] holds a value that is not a fingerprint string")
         return step, site, ranks, fp
 
 
+def _check_side_record(rec) -> None:
+    """Field types the report relies on, for divergence and event records."""
+    if rec.type == "divergence":
+        ok = (isinstance(rec.site, str) and isinstance(rec.quantity, str) and isinstance(rec.action, str)
+              and isinstance(rec.values, dict) and isinstance(rec.culprit_ranks, list)
+              and isinstance(rec.majority_ranks, list) and isinstance(rec.differing, list)
+              and (rec.rows is None or (isinstance(rec.rows, list) and all(type(r) is int for r in rec.rows))))
+    else:
+        ok = (isinstance(rec.kind, str) and (rec.step is None or type(rec.step) is int)
+              and isinstance(rec.message, str))
+    if not ok:
+        raise TraceError(f"{rec.type} record with fields of the wrong type")
+
+
+class EmptyTrace(TraceError):
+    """A file with no complete header line: its writer was killed before writing one."""
+
+
 def read_header(path: Path) -> Header:
+    if _torn_header_only(path):
+        raise EmptyTrace(f"{path}: empty trace (its only line, the header, is torn)")
     noop = lambda msg: None  # noqa: E731 - torn lines are reported when the body is streamed
     for lineno, obj in iter_lines(path, noop):
         if obj.get("type") != "header":
             raise TraceError(f"{path}: no header (line {lineno} is a {obj.get('type')!r} record)")
-        rec = from_json(obj)
+        try:
+            rec = from_json(obj)
+            check_header(rec)
+        except TraceError as e:
+            raise TraceError(f"{path}: {e}") from None
         assert isinstance(rec, Header)
         return rec
-    raise TraceError(f"{path}: empty trace (no header)")
+    raise EmptyTrace(f"{path}: empty trace (no header)")
+
+
+def _torn_header_only(path: Path) -> bool:
+    """The file is one unfinished line that starts a header: killed while writing line 1."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return False  # iter_lines reports it
+    return (0 < len(head) < 1 << 16 and b"\n" not in head
+            and head.startswith(b'{"type":"header"'[:len(head)]))
+
+
+def _expand(p: Path) -> list[Path]:
+    """A file, the traces (and rotated segments) of a directory, or a quoted glob pattern."""
+    if p.is_dir():
+        found = sorted(q for q in p.iterdir() if SEGMENT.search(q.name) and q.is_file())
+        if not found:
+            raise TraceError(f"{p}: directory holds no *.jsonl trace")
+        return found
+    if not p.exists() and glob.has_magic(str(p)):
+        found = sorted(Path(q) for q in glob.glob(str(p)) if Path(q).is_file())
+        if not found:
+            raise TraceError(f"{p}: no file matches this pattern")
+        return found
+    if p.exists() and not p.is_file():  # a FIFO or a device (/dev/zero) could be read forever
+        raise TraceError(f"{p}: not a regular file")
+    return [p]
+
+
+def _read_headers(paths: list[str | Path], warn) -> list[TraceFile]:
+    files, seen, empty = [], set(), []
+    for arg in paths:
+        for q in _expand(Path(arg)):
+            key = q.resolve()
+            if key in seen:  # the same file named twice (a file and its directory): read it once
+                continue
+            seen.add(key)
+            try:
+                files.append(TraceFile(q, read_header(q)))
+            except EmptyTrace:
+                empty.append(q)
+    if empty and files:  # a rank killed before its first line: the other files still count
+        for q in empty:
+            warn(f"{q}: empty trace (no header line: its writer was killed before writing?); skipped")
+    elif empty:
+        raise TraceError(f"{empty[0]}: empty trace (no header)" if len(empty) == 1
+                         else f"all {len(empty)} trace files are empty (no header)")
+    return files
 
 
 def open_traces(paths: list[str | Path], run: str | None = None) -> TraceSet:
     """Check the files belong together and return the set to stream. TraceError if unusable."""
     if not paths:
         raise TraceError("no trace files given")
-    files = []
-    for p in paths:
-        p = Path(p)
-        if p.is_dir():
-            found = sorted(p.glob("*.jsonl"))
-            if not found:
-                raise TraceError(f"{p}: directory holds no *.jsonl trace")
-            files.extend(TraceFile(q, read_header(q)) for q in found)
-        else:
-            files.append(TraceFile(p, read_header(p)))
+    early_warnings: list[str] = []
+    files = _read_headers(list(paths), early_warnings.append)
     runs = sorted({f.header.run_id for f in files})
     if run is not None:
         if run not in runs:
@@ -214,12 +299,15 @@ def open_traces(paths: list[str | Path], run: str | None = None) -> TraceSet:
     quantities = list(max(orders, key=len))
     ts = TraceSet(files=files, run_id=run_id, world_size=world_size, quantities=quantities,
                   algo=files[0].header.algo, ranks=ranks)
+    for w in early_warnings:
+        ts.warn(w)
     if len(orders) > 1:
         ts.warn(f"files list different quantity orders; using {quantities}")
     missing = [r for r in range(world_size) if r not in ranks]
     if len(ranks) < 2:
+        skipped = "".join(f"; {w}" for w in early_warnings)
         raise TraceError(f"run {run_id}: only rank {ranks} has a trace here; need two ranks to compare "
-                         f"(world size {world_size}, missing ranks {missing})")
+                         f"(world size {world_size}, missing ranks {missing}){skipped}")
     if missing:
         ts.warn(f"no trace for rank(s) {missing} of {world_size}: they are not compared")
     return ts

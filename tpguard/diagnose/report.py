@@ -56,6 +56,9 @@ class Diagnosis:
 
 def build(ts: TraceSet, a: Analysis) -> Diagnosis:
     diag = Diagnosis(ts, a)
+    recorded = [r for r, s in a.last_step_by_rank.items() if s is not None]
+    if len(recorded) < 2:  # "clean" would mean nothing here: say so
+        ts.warn(f"only rank(s) {recorded} recorded any step: nothing was compared across ranks")
     if a.first is not None:
         rule = explain(a.first)
         diag.cause, diag.fix = rule.cause, rule.fix
