@@ -252,3 +252,14 @@ def test_demo_out_holding_an_earlier_demo(tmp_path, capsys):
     assert run_demo(["--out", str(tmp_path)]) == 2
     assert "already holds" in capsys.readouterr().err
     assert (tmp_path / "1-atomic-abort" / "x.rank0.jsonl").read_text() == "kept\n"
+
+
+@pytest.mark.parametrize("args,text", [
+    (["bench", "diagnose", "--steps", "0"], "--steps"), (["bench", "diagnose", "--bogus"], "unrecognized"),
+    (["bench", "guard", "--bs", "x"], "invalid int"), (["bench", "kernels", "--rows", "x"], "invalid"),
+    (["bench", "fingerprint", "--bogus"], "unrecognized"),
+])
+def test_bench_arguments(args, text, capsys):
+    with pytest.raises(SystemExit) as e:  # argparse's exit, before any benchmark work
+        cli_main(args)
+    one_line_error(e.value.code, capsys.readouterr().err, text=text)

@@ -268,9 +268,9 @@ def main(**kwargs) -> int:
 
 
 if __name__ == "__main__":
-    import argparse
+    from tpguard.bench.args import BenchParser
 
-    ap = argparse.ArgumentParser(prog="tpguard audit")
+    ap = BenchParser(prog="tpguard audit")
     ap.add_argument("--calls", dest="n_calls", type=int, default=20)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--rows", type=int, default=None)

@@ -115,7 +115,7 @@ def serve(
                                 on_divergence=on_divergence, renorm=renorm, dump=dump))
 
 
-@bench_app.command("kernels", context_settings=PASSTHROUGH)
+@bench_app.command("kernels", context_settings=PASSTHROUGH_HELP)
 def bench_kernels(ctx: typer.Context):
     """Renorm kernels: tpguard vs flashinfer (default, deterministic) vs torch (docs/benchmarks.md)."""
     from tpguard.bench.kernels import main as bench_main
@@ -123,7 +123,7 @@ def bench_kernels(ctx: typer.Context):
     raise typer.Exit(bench_main(list(ctx.args)) or 0)
 
 
-@bench_app.command("fingerprint", context_settings=PASSTHROUGH)
+@bench_app.command("fingerprint", context_settings=PASSTHROUGH_HELP)
 def bench_fingerprint(ctx: typer.Context):
     """Fingerprint kernel throughput and the guard's per-step fingerprint cost."""
     from tpguard.bench.fingerprint import main as bench_main
@@ -131,7 +131,7 @@ def bench_fingerprint(ctx: typer.Context):
     raise typer.Exit(bench_main(list(ctx.args)) or 0)
 
 
-@bench_app.command("guard", context_settings=PASSTHROUGH)
+@bench_app.command("guard", context_settings=PASSTHROUGH_HELP)
 def bench_guard(ctx: typer.Context):
     """Guard cost per verify step, guard off vs on, in one process (and fused heal vs broadcasts)."""
     from tpguard.bench.guard import main as bench_main
@@ -139,7 +139,7 @@ def bench_guard(ctx: typer.Context):
     raise typer.Exit(bench_main(list(ctx.args)) or 0)
 
 
-@bench_app.command("diagnose", context_settings=PASSTHROUGH)
+@bench_app.command("diagnose", context_settings=PASSTHROUGH_HELP)
 def bench_diagnose(ctx: typer.Context):
     """Diagnose throughput on a generated long trace (1,000,000 steps x 2 ranks by default)."""
     from tpguard.bench.diagnose import main as bench_main

@@ -7,7 +7,6 @@ Usage: python -m tpguard.bench.diagnose [--steps N] [--ranks R] [--dir DIR] [--k
 
 from __future__ import annotations
 
-import argparse
 import resource
 import shutil
 import tempfile
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import orjson
 
+from tpguard.bench.args import BenchParser
 from tpguard.quantities import CANONICAL_ORDER
 from tpguard.records import Header, to_json
 
@@ -46,12 +46,14 @@ def write_synthetic_trace(directory: Path, steps: int, ranks: int = 2, diverge_a
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="tpguard bench diagnose")
+    ap = BenchParser(prog="tpguard bench diagnose")
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--dir", default=None, help="where to write the trace (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the generated trace")
     args = ap.parse_args(argv)
+    if args.steps < 20 or args.ranks < 2:
+        ap.error(f"--steps must be >= 20 and --ranks >= 2, got {args.steps} and {args.ranks}")
     from tpguard.diagnose import diagnose
 
     tmp = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tpguard-bench-"))

@@ -13,7 +13,6 @@ Target (issue 3): 256 x 163840 fp32 in <= 48 us (>= 3.5 TB/s) on one H200.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import sys
@@ -21,6 +20,7 @@ import time
 
 import torch
 
+from tpguard.bench.args import BenchParser
 from tpguard.bench.timing import time_batched, time_graph, time_host
 
 MAIN_SHAPE = ((256, 163840), torch.float32)
@@ -231,7 +231,7 @@ def sweep(iters: int, budget_s: float = 75.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="tpguard bench fingerprint")
+    ap = BenchParser(prog="tpguard bench fingerprint")
     ap.add_argument("--iters", type=int, default=50, help="timed calls per measurement (median)")
     ap.add_argument("--shapes", choices=("all", "main"), default="all")
     ap.add_argument("--sweep", action="store_true", help="also time tiling configs on the main shape")

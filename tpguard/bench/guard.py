@@ -14,13 +14,13 @@ Run on one GPU (`python -m tpguard.bench.guard`) or on two with NCCL
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
 import torch
 import torch.distributed as dist
 
+from tpguard.bench.args import BenchParser
 from tpguard.bench.timing import time_graph, time_wall
 from tpguard.quantities import CANONICAL_ORDER, DECISIONS_MODE
 
@@ -83,7 +83,7 @@ def parse_config(text: str, base):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="tpguard bench guard")
+    ap = BenchParser(prog="tpguard bench guard")
     ap.add_argument("--bs", type=int, default=32)
     ap.add_argument("--draft-tokens", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=163840)

@@ -19,7 +19,6 @@ Without CUDA it prints a note and exits 0 (the Triton interpreter is far too slo
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass, field
@@ -27,6 +26,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from tpguard.bench.args import BenchParser
 from tpguard.bench.timing import time_events, time_graph
 
 OPS = ("top_p", "top_k", "top_k_top_p", "min_p")
@@ -251,7 +251,7 @@ def _csv(text: str, cast=str) -> tuple:
 
 
 def parse_args(argv: Sequence[str]) -> dict:
-    p = argparse.ArgumentParser(prog="tpguard bench kernels", description=__doc__.split("\n\n")[0])
+    p = BenchParser(prog="tpguard bench kernels", description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=256)
     p.add_argument("--vocabs", type=lambda s: _csv(s, int), default=(128256, 163840))
     p.add_argument("--logits", type=_csv, default=("flat", "peaky"))
