@@ -98,3 +98,12 @@ def test_redrawn_coins_equal_the_coins_drawn():
     drawn = (torch.rand((4, 5), dtype=torch.float32), torch.rand((4,), dtype=torch.float32))
     redrawn = (torch.rand((4, 5), dtype=torch.float32, generator=g), torch.rand((4,), dtype=torch.float32, generator=g))
     assert all(torch.equal(a, b) for a, b in zip(drawn, redrawn))
+
+
+def test_doctor_json_is_one_object():
+    r = run_cli("doctor", "--json")
+    report = json.loads(r.stdout)
+    assert r.returncode == 0, r.stderr
+    assert report["versions"]["sglang"] == "0.5.23" and all(h["found"] for h in report["hooks"])
+    r = run_cli("doctor", "--json", env={"TPGUARD_EVERY": "x"})
+    assert r.returncode == 2 and "TPGUARD_EVERY" in json.loads(r.stdout)["env_problem"]  # still the full report

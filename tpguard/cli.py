@@ -91,11 +91,11 @@ def audit(
 
 
 @app.command()
-def doctor():
+def doctor(json_out: bool = typer.Option(False, "--json", help="print one JSON object")):
     """Installed sglang/flashinfer/torch versions and which hook points tpguard found."""
     from tpguard.commands.doctor import doctor as doctor_main
 
-    raise typer.Exit(doctor_main())
+    raise typer.Exit(doctor_main(as_json=json_out))
 
 
 @app.command(context_settings=PASSTHROUGH)
