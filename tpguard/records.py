@@ -145,11 +145,15 @@ def from_json(obj: Any) -> Record:
     return rec
 
 
+def _is_int(x: Any) -> bool:
+    return type(x) is int  # JSON true/false load as bool, an int subclass: not a step or a rank
+
+
 def _validate(rec: Record) -> None:
-    if rec.type in ("step", "divergence") and not isinstance(rec.step, int):
+    if rec.type in ("step", "divergence") and not _is_int(rec.step):
         raise TraceError(f"{rec.type} record with a non-integer step {rec.step!r}")
     if rec.type in ("header", "step"):
-        if not isinstance(rec.ranks, list) or not all(isinstance(r, int) for r in rec.ranks):
+        if not isinstance(rec.ranks, list) or not all(_is_int(r) for r in rec.ranks):
             raise TraceError(f"{rec.type} record with bad ranks {rec.ranks!r}")
     if rec.type == "step":
         if not isinstance(rec.fp, dict):
@@ -157,7 +161,7 @@ def _validate(rec: Record) -> None:
         for q, v in rec.fp.items():
             if isinstance(v, list) and len(v) != len(rec.ranks):
                 raise TraceError(f"step {rec.step}: fp[{q!r}] has {len(v)} values for {len(rec.ranks)} ranks")
-    if rec.type == "header" and (not isinstance(rec.world_size, int) or rec.world_size < 1):
+    if rec.type == "header" and (not _is_int(rec.world_size) or rec.world_size < 1):
         raise TraceError(f"header with bad world_size {rec.world_size!r}")
 
 
