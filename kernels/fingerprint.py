@@ -101,6 +101,11 @@ if INTERPRET and triton is not None and _triton_version() < (3, 8):
     _interpreter_index_fix()
 
 
+# KernelConfig.shifts bits: the shifts of h's fmix32 (">>16": two per word, ">>13": one) and of g's.
+SHIFT_H16, SHIFT_H13, SHIFT_G16, SHIFT_G13 = 1, 2, 4, 8
+SHIFT_ALL = 15
+
+
 @dataclass(frozen=True)
 class KernelConfig:
     """Tiling and code shape. Results never depend on it (integer sums), only speed does."""
@@ -112,7 +117,10 @@ class KernelConfig:
     chunk_words: int = 4096  # columns of a row per program; longer rows are split into chunks
     num_warps: int = 4  # for full tiles; smaller tiles use fewer
     finalize_rows: int = 1024  # rows per finalize program; also the limit for a fused top hash
-    shifts: int = 0  # fmix32 shifts done as IMAD.HI: 0 none, 1 the ">>16" ones, 2 all
+    # Which of the 6 fmix32 shifts per word run as IMAD.HI on the FMA pipe instead of SHF on the
+    # integer ALU pipe, which this kernel saturates (a bitmask of SHIFT_*: 0 none; 5 the four
+    # ">>16" ones, run 5's "shifts=1"; 15 all, "shifts=2"). kernels/NOTES-fingerprint.md, section 5.
+    shifts: int = 0
     # fingerprint_many, long rows: "table" one launch per word-size class through the segment
     # table (GPU run 3 at these defaults: 119.5 us for 2 x 168 MB = 2 x the single-tensor time);
     # "rows" one launch per long tensor, the single-tensor kernel's grid and code shape (for
@@ -127,6 +135,8 @@ class KernelConfig:
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"KernelConfig.{name} must be a power of two, got {value}")
+        if not 0 <= self.shifts <= SHIFT_ALL:
+            raise ValueError(f"KernelConfig.shifts must be a bitmask in [0, {SHIFT_ALL}], got {self.shifts}")
         if self.rows_per_tile > self.block_words:
             raise ValueError("KernelConfig.rows_per_tile must not exceed block_words")
 
@@ -178,18 +188,18 @@ if triton is not None:
         return r
 
     @triton.jit
-    def _fmix32_rest(x, SHIFTS: tl.constexpr):
+    def _fmix32_rest(x, MULHI16: tl.constexpr, MULHI13: tl.constexpr):
         """fmix32 after its first ``x ^= x >> 16`` step."""
         x *= _FMIX32_A
-        x ^= _shr(x, 13, SHIFTS >= 2)
+        x ^= _shr(x, 13, MULHI13)
         x *= _FMIX32_B
-        x ^= _shr(x, 16, SHIFTS >= 1)
+        x ^= _shr(x, 16, MULHI16)
         return x
 
     @triton.jit
-    def _fmix32(x, SHIFTS: tl.constexpr):
-        x ^= _shr(x, 16, SHIFTS >= 1)
-        return _fmix32_rest(x, SHIFTS)
+    def _fmix32(x, MULHI16: tl.constexpr, MULHI13: tl.constexpr):
+        x ^= _shr(x, 16, MULHI16)
+        return _fmix32_rest(x, MULHI16, MULHI13)
 
     @triton.jit
     def _pos_mix(pos):
@@ -209,10 +219,12 @@ if triton is not None:
 
     @triton.jit
     def _word_hashes(w, pmix, s_hi, SHIFTS: tl.constexpr):
-        """h_j and g_j of the definition, for uint32 words w and pmix = _pos_mix(j * C2 + s_lo)."""
+        """h_j and g_j of the definition, for uint32 words w and pmix = _pos_mix(j * C2 + s_lo).
+        SHIFTS: which shifts run as IMAD.HI (`KernelConfig.shifts`, a bitmask of SHIFT_H16 = 1,
+        SHIFT_H13 = 2, SHIFT_G16 = 4, SHIFT_G13 = 8; literals here: the interpreter passes ints)."""
         t = w * _C1
-        h = _fmix32_rest(t ^ _shr(t, 16, SHIFTS >= 1) ^ pmix, SHIFTS)
-        g = _fmix32(h + s_hi, SHIFTS)
+        h = _fmix32_rest(t ^ _shr(t, 16, (SHIFTS & 1) != 0) ^ pmix, (SHIFTS & 1) != 0, (SHIFTS & 2) != 0)
+        g = _fmix32(h + s_hi, (SHIFTS & 4) != 0, (SHIFTS & 8) != 0)
         return h, g
 
     @triton.jit

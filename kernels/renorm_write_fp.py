@@ -30,11 +30,12 @@ from tpguard.kernels.renorm_passes import launch_write, load_write_params, write
 
 ref = fpk.ref
 TAIL_BLOCK = 1024  # columns per step of a row's last, partial chunk
-# fmix32 shifts as IMAD.HI (see fingerprint.KernelConfig.shifts). 2 here, where the standalone
-# kernel's default is 1: the write's float compares and selects already load the integer ALU
-# pipe (sm_90 SASS per word, full chunk, 8 warps: shifts=1 ALU ~20.5 / FMA ~13.8 instructions,
-# shifts=2 ALU ~18.6 / FMA ~15.7). A `fp_config` passed to the launcher overrides it.
-WRITE_SHIFTS = 2
+# fmix32 shifts as IMAD.HI (a bitmask, see fingerprint.KernelConfig.shifts). All of them here,
+# where the standalone kernel's default is none: the write's float compares and selects already
+# load the integer ALU pipe (sm_90 SASS per word, full chunk, 8 warps: the four ">>16" ones (5)
+# ALU ~20.5 / FMA ~13.8 instructions, all (15) ALU ~18.6 / FMA ~15.7). A `fp_config` passed to
+# the launcher overrides it.
+WRITE_SHIFTS = fpk.SHIFT_ALL
 
 
 @triton.jit

@@ -195,7 +195,7 @@ GPU_CHECK = textwrap.dedent("""
     for dtype in dtypes:
         for shape in shapes:
             same(make(shape, dtype))
-    for cfg in (small, k.KernelConfig(shifts=0), k.KernelConfig(shifts=2),
+    for cfg in (small, k.KernelConfig(shifts=0), k.KernelConfig(shifts=k.SHIFT_ALL), k.KernelConfig(shifts=10),
                 k.KernelConfig(block_words=2048, rows_per_tile=1, chunk_words=16384),
                 k.KernelConfig(block_words=4096, rows_per_tile=4, num_warps=4, chunk_words=2048),
                 k.KernelConfig(block_words=16384, num_warps=16, chunk_words=8192)):
