@@ -11,8 +11,11 @@
 #   call5        renorm variant sweep, fingerprint sweep, guard cost (+ fused write pass), EAGLE greedy + sampler
 #   call6        validation: every GPU kernel test, the table, 1,000-call audit, fingerprint tests, guard over NCCL
 #   call7        fingerprint/graph GPU tests and the guard's cost after the direct-launch fix
-#   call8        (next) the guard on 1 GPU (incl. renorm + guard with the fused slot in one graph), then
+#   call8        the guard on 1 GPU (incl. renorm + guard with the fused slot in one graph), then
 #                the guard bench and gpu/graph_nccl_check.py over NCCL (capture + replay, planted divergence)
+#   call9        (next; session 3's plan, supersedes call8) GPU 0: the guard on 1 GPU (in-graph costs,
+#                the fused slot), the fingerprint sweep (shift masks); GPU 1: the renorm variant sweep
+#                (bsel_radix, bracket_copy) and the kernel tests; then call8's NCCL part
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
@@ -93,7 +96,7 @@ fingerprint() {  # fingerprint kernels: CUDA tests and throughput
 guard1() {  # issue 6 on one GPU: the guard's cost (graph replay and eager), the fused write pass
   local d=/tmp/res/guard1; mkdir -p $d
   timeout ${G_TIMEOUT:-70} python3 -m tpguard.bench.guard --profile ${GUARD_ARGS:-} --json $d/guard1.json > $d/bench.log 2>&1
-  say "guard bench (1 GPU) rc=$? $(grep -E 'device work|target_probs from|one graph|host time|direct-launch' $d/bench.log)"
+  say "guard bench (1 GPU) rc=$? $(grep -E 'device work|target_probs from|one graph|inside a graph|host time|direct-launch' $d/bench.log)"
   timeout 60 python3 -m tpguard.bench.guard --fused-probs --json $d/fused_probs.json > $d/fused_probs.log 2>&1
   say "fused write pass rc=$? $(grep -E 'checks|write' $d/fused_probs.log | tr '\n' ' ')"
 }
@@ -112,8 +115,8 @@ sglang1() {  # issue 5: sglang's DFlash verify with the plugin, 2 ranks sharing 
 
 nccl_guard() {  # issue 7.3/7.4: guard cost and fused heal over NCCL; graph capture with the all-gather
   local d=/tmp/res/nccl_guard; mkdir -p $d
-  timeout 120 torchrun --nproc-per-node 2 -m tpguard.bench.guard --json $d/guard2.json > $d/bench.log 2>&1
-  say "guard bench (2 GPUs, NCCL) rc=$?"; grep -E "device work|eager|heal:" $d/bench.log | tee -a "$SUMMARY"
+  timeout ${G2_TIMEOUT:-150} torchrun --nproc-per-node 2 -m tpguard.bench.guard --json $d/guard2.json > $d/bench.log 2>&1
+  say "guard bench (2 GPUs, NCCL) rc=$?"; grep -E "device work|one graph|inside a graph|eager|heal:" $d/bench.log | tee -a "$SUMMARY"
   TRACE_DIR=$d/trace timeout 90 torchrun --nproc-per-node 2 gpu/graph_nccl_check.py $d/graph.json > $d/graph.log 2>&1
   say "graph capture (NCCL) rc=$? $(tail -1 $d/graph.log)"
 }
@@ -121,7 +124,7 @@ nccl_guard() {  # issue 7.3/7.4: guard cost and fused heal over NCCL; graph capt
 nccl_guard_bench() {  # the guard's cost over NCCL only
   local d=/tmp/res/nccl_guard; mkdir -p $d
   timeout ${G2_TIMEOUT:-80} torchrun --nproc-per-node 2 -m tpguard.bench.guard ${GUARD_ARGS:-} --json $d/guard2.json > $d/bench.log 2>&1
-  say "guard bench (2 GPUs, NCCL) rc=$?"; grep -E "device work|target_probs from|one graph|host time|direct-launch|eager|heal:" $d/bench.log | tee -a "$SUMMARY"
+  say "guard bench (2 GPUs, NCCL) rc=$?"; grep -E "device work|target_probs from|one graph|inside a graph|host time|direct-launch|eager|heal:" $d/bench.log | tee -a "$SUMMARY"
 }
 
 nccl_harness() {  # issue 7.1: the harness over NCCL, 256 x 163840, top_p 0.9, flat, DFlash chain
@@ -202,6 +205,13 @@ case "$PHASES" in
     ( export G_TIMEOUT=150; on_gpu 0 guard1 ) & P1=$!
     wait $P1
     [ "$NGPU" -gt 1 ] && nccl_guard
+    ;;
+  call9)
+    # ~560 s on nvidia-h200-x2 (run with TAR_AT=570): max(300, 280) s, then ~220 s over NCCL
+    ( export G_TIMEOUT=120 FP_NO_PYTEST=1 FP_BENCH_ARGS=--sweep FP_BENCH_TIMEOUT=120; on_gpu 0 guard1; on_gpu 0 fingerprint ) & P1=$!
+    ( export K_PYTEST=100 K_NO_AUDIT=1 K_NO_BENCH=1 K_SWEEP=180 K_SWEEP_BUDGET=150; on_gpu $G2 kernels ) & P2=$!
+    wait $P1 $P2
+    [ "$NGPU" -gt 1 ] && G2_TIMEOUT=130 nccl_guard
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done
