@@ -59,7 +59,7 @@ kernels() {  # issue 3: renorm kernels on the GPU: tests, variant sweep, the tab
   [ -z "${K_NO_PYTEST:-}" ] && timeout ${K_PYTEST:-100} python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests/test_renorm_kernels.py tests/test_renorm_reference.py tests/test_renorm_write_fp.py > $d/pytest.log 2>&1
   [ -z "${K_NO_PYTEST:-}" ] && say "kernels pytest rc=$? $(tail -1 $d/pytest.log)"
   [ -n "${K_ONLY_PYTEST:-}" ] && return
-  [ -z "${K_NO_SWEEP:-}" ] && { timeout ${K_SWEEP:-80} python3 kernels/gpu_sweep.py --budget ${K_SWEEP_BUDGET:-50} --json $d/sweep.json > $d/sweep.log 2>&1
+  [ -z "${K_NO_SWEEP:-}" ] && { timeout ${K_SWEEP:-80} python3 kernels/gpu_sweep.py --budget ${K_SWEEP_BUDGET:-50} ${K_SWEEP_ARGS:-} --json $d/sweep.json > $d/sweep.log 2>&1
     say "kernels sweep rc=$?"; }
   local best; best=$(python3 - $d/sweep.json <<'PY'
 import json, sys
@@ -209,7 +209,9 @@ case "$PHASES" in
   call9)
     # ~560 s on nvidia-h200-x2 (run with TAR_AT=570): max(300, 280) s, then ~220 s over NCCL
     ( export G_TIMEOUT=120 FP_NO_PYTEST=1 FP_BENCH_ARGS=--sweep FP_BENCH_TIMEOUT=120; on_gpu 0 guard1; on_gpu 0 fingerprint ) & P1=$!
-    ( export K_PYTEST=100 K_NO_AUDIT=1 K_NO_BENCH=1 K_SWEEP=180 K_SWEEP_BUDGET=150; on_gpu $G2 kernels ) & P2=$!
+    ( export K_PYTEST=100 K_NO_AUDIT=1 K_NO_BENCH=1 K_SWEEP=180 K_SWEEP_BUDGET=140
+      export K_SWEEP_ARGS="--breakdown default,bcopy_ballot,bsel_win4k --variants default,bcopy_ballot,bsel_win4k,bsel_r8,bsel_r16,bsel_r16_bcopy,bsel_win4k_r16_bcopy"
+      on_gpu $G2 kernels ) & P2=$!
     wait $P1 $P2
     [ "$NGPU" -gt 1 ] && G2_TIMEOUT=130 nccl_guard
     ;;

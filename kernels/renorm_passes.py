@@ -31,9 +31,14 @@ import torch
 import triton
 import triton.language as tl
 
+from triton.language.extra.cuda import libdevice
+
 from tpguard.kernels.radix_select import (
+    INTERPRETED,
     list_groups_block,
     mass_cutoff_any,
+    mass_cutoff_any_wide,
+    mass_cutoff_any_window,
     mass_cutoff_bits,
     reciprocal_f32,
     search_start,
@@ -81,6 +86,10 @@ class RenormConfig:
     # at 128 both fit 2 CTAs per SM, with 0-32 bytes of stack (sm_90a, cuobjdump).
     select_maxnreg: int = 128
     bracket_maxnreg: int = 128
+    # --- session-3 options (kernels/NOTES.md, "Session 3 variants"); 0 = the default code ---
+    bsel_radix: int = 0  # bracket_select's register searches: 2**k - 1 probes per round (4, 8, 16); 0 = radix 4
+    bracket_copy: int = 0  # bracket pass copy-out: 1 = per-group ballot + popcount instead of the scan in groups
+    bsel_window: int = 0  # bracket_select: after 2 rounds, search the window's entries (<= this many) compacted
 
     def replace(self, **changes) -> "RenormConfig":
         return dataclasses.replace(self, **changes)
@@ -133,6 +142,13 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
     """Block shapes for a batch (cached: the host path of a call stays a few microseconds)."""
     if cfg.sample_stride % cfg.group or cfg.chunk % cfg.sample_stride:
         raise ValueError("RenormConfig: sample_stride must be a multiple of group, chunk of sample_stride")
+    if cfg.bsel_radix not in (0, 4, 8, 16):
+        raise ValueError("RenormConfig: bsel_radix must be 0, 4, 8 or 16")
+    if cfg.bsel_window and (cfg.bsel_window & (cfg.bsel_window - 1) or cfg.bsel_window < 16
+                            or cfg.bracket_reg & (cfg.bracket_reg - 1) or cfg.bracket_reg < 32):
+        raise ValueError("RenormConfig: bsel_window must be 0 or a power of two >= 16 (and bracket_reg one >= 32)")
+    if cfg.bracket_copy not in (0, 1) or (cfg.bracket_copy and cfg.group > 32):
+        raise ValueError("RenormConfig: bracket_copy must be 0 or 1 (1 needs group <= 32: one int32 ballot per group)")
     chunk = cfg.chunk  # fixed (not shrunk for short rows): fewer kernel variants to compile
     b_chunk = cfg.bracket_chunk or chunk
     if b_chunk & (b_chunk - 1) or b_chunk < max(64, cfg.group):
@@ -273,8 +289,22 @@ def launch_row_stats(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormC
 # --- pass 3: the bracket (FULL rows only) ----------------------------------------------------
 
 @triton.jit
+def popcount32(x):
+    """Set bits of each int32 (the hardware POPC; the interpreter has no libdevice: SWAR there)."""
+    if INTERPRETED:
+        x = x - ((x >> 1) & 0x55555555)  # (masks clear what the arithmetic shift fills in)
+        x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+        x = (x + (x >> 4)) & 0x0F0F0F0F
+        x = (x * 0x01010101) >> 24
+    else:
+        x = libdevice.popc(x)
+    return x
+
+
+@triton.jit
 def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slots_ptr,
-                    CHUNK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr, PREFETCH: tl.constexpr):
+                    CHUNK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr, PREFETCH: tl.constexpr,
+                    COPY_MODE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * CHUNK + tl.arange(0, CHUNK // G)[:, None] * G + tl.arange(0, G)[None, :]
@@ -291,14 +321,27 @@ def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slot
         b = x.to(tl.int32, bitcast=True)
         mhi = tl.sum(tl.sum(tl.where(b >= hi, x.to(tl.float64), 0.0), axis=1), axis=0)
         inside = (b >= lo) & (b < hi)
-        inside_i = inside.to(tl.int32)
-        per_group = tl.sum(inside_i, axis=1)
-        n_in = tl.sum(per_group, axis=0)
-        if n_in > 0:
-            # in order: a prefix sum over groups, then a short one inside each group
-            start = tl.cumsum(per_group, axis=0) - per_group
-            pos = start[:, None] + tl.cumsum(inside_i, axis=1) - 1
-            tl.store(slots_ptr + (row * n_chunks + chunk) * CAP + pos, x, mask=inside & (pos < CAP))
+        if COPY_MODE == 0:
+            inside_i = inside.to(tl.int32)
+            per_group = tl.sum(inside_i, axis=1)
+            n_in = tl.sum(per_group, axis=0)
+            if n_in > 0:
+                # in order: a prefix sum over groups, then a short one inside each group
+                start = tl.cumsum(per_group, axis=0) - per_group
+                pos = start[:, None] + tl.cumsum(inside_i, axis=1) - 1
+                tl.store(slots_ptr + (row * n_chunks + chunk) * CAP + pos, x, mask=inside & (pos < CAP))
+        else:
+            # the same positions without the scan inside groups: a 32-bit ballot per group (G <= 32;
+            # distinct bits, so the int32 sum is their OR, bit 31 included), its popcount is the
+            # group's count, and an entry's rank in its group the popcount of the bits below it
+            lane = tl.full((G,), 1, tl.int32) << tl.arange(0, G)
+            ballot = tl.sum(tl.where(inside, lane[None, :], 0), axis=1)
+            per_group = popcount32(ballot)
+            n_in = tl.sum(per_group, axis=0)
+            if n_in > 0:
+                start = tl.cumsum(per_group, axis=0) - per_group
+                pos = start[:, None] + popcount32(ballot[:, None] & (lane[None, :] - 1))
+                tl.store(slots_ptr + (row * n_chunks + chunk) * CAP + pos, x, mask=inside & (pos < CAP))
         tl.store(mhi_ptr + row * n_chunks + chunk, mhi)
         tl.store(cnt_ptr + row * n_chunks + chunk, n_in)
 
@@ -307,7 +350,8 @@ def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slot
 def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, target_ptr, params_ptr,
                            mhi_ptr, cnt_ptr, slots_ptr, cand_ptr, list_cap, gmax_ptr, gid_ptr,
                            CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, CAP: tl.constexpr,
-                           SUB: tl.constexpr, REG: tl.constexpr, G: tl.constexpr, COPY: tl.constexpr):
+                           SUB: tl.constexpr, REG: tl.constexpr, G: tl.constexpr, COPY: tl.constexpr,
+                           RADIX_BITS: tl.constexpr, WINDOW: tl.constexpr, EXACT_SPAN: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     status = tl.load(plan_ptr + row * 4)
     if status >= 2:
@@ -339,8 +383,16 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
             m_in = upper_mass_any(cand_row, cand_row, n, n, 0, 0, 1.0, False, False, G, SUB, REG)
             if (overflow == 0) & (m_hi < target) & (m_hi + m_in >= target):
                 first, t0 = search_start(lo, hi - 1)
-                t, kept = mass_cutoff_any(cand_row, cand_row, n, n, target, m_hi, 0, 1.0, first, t0,
-                                          False, False, G, SUB, REG)
+                if WINDOW > 0:  # (the scratch follows the list's first REG entries)
+                    t, kept = mass_cutoff_any_window(cand_row, n, target, m_hi, first, t0, lo, hi, cand_row + REG,
+                                                     REG + WINDOW <= list_cap, SUB, REG, WINDOW,
+                                                     max(RADIX_BITS, 2), EXACT_SPAN)
+                elif RADIX_BITS == 0:
+                    t, kept = mass_cutoff_any(cand_row, cand_row, n, n, target, m_hi, 0, 1.0, first, t0,
+                                              False, False, G, SUB, REG)
+                else:
+                    t, kept = mass_cutoff_any_wide(cand_row, cand_row, n, n, target, m_hi, 0, 1.0, first, t0,
+                                                   False, False, G, SUB, REG, RADIX_BITS)
             elif m_hi >= target:
                 # the sample bracket was too low: the cutoff is >= hi, so every entry that counts
                 # lies in a group whose max is >= hi
@@ -351,8 +403,12 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
                 n_sel = list_groups_block(gid_row, gb, gidx, hi)
                 tl.debug_barrier()
                 first, t0 = search_start(hi, tl.max(gb, axis=0))
-                t, kept = mass_cutoff_any(src, gid_row, n_sel * G, vocab, target, 0.0, 0, 1.0, first, t0,
-                                          True, False, G, SUB, REG)
+                if RADIX_BITS == 0:
+                    t, kept = mass_cutoff_any(src, gid_row, n_sel * G, vocab, target, 0.0, 0, 1.0, first, t0,
+                                              True, False, G, SUB, REG)
+                else:
+                    t, kept = mass_cutoff_any_wide(src, gid_row, n_sel * G, vocab, target, 0.0, 0, 1.0, first,
+                                                   t0, True, False, G, SUB, REG, RADIX_BITS)
             else:
                 # too high, or a huge tie overflowed the bracket: search the whole row
                 t, kept = mass_cutoff_bits(src, src, vocab, vocab, target, 0.0, 0, 1.0, 0, 0,
@@ -361,10 +417,14 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
         tl.store(params_ptr + row * 4 + 3, reciprocal_f32(kept))
 
 
+_RADIX_BITS = {0: 0, 4: 2, 8: 3, 16: 4}  # bsel_radix -> bits per round of the wide search (0: default code)
+
+
 def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig) -> None:
     _bracket_kernel[(s.rows, s.n_bchunks)](
         probs, s.vocab, s.n_bchunks, ws.plan, ws.mhi, ws.cnt, ws.slots,
         CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=bool(cfg.bracket_prefetch),
+        COPY_MODE=cfg.bracket_copy,
         num_warps=cfg.bracket_pass_warps or cfg.pass_warps,
         **reg_cap(cfg.bracket_maxnreg, cfg.bracket_pass_warps or cfg.pass_warps),
     )
@@ -372,7 +432,8 @@ def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormCon
         probs, s.vocab, s.n_bchunks, s.n_groups, ws.plan, ws.target, ws.params, ws.mhi, ws.cnt, ws.slots,
         ws.cand, ws.list_cap, ws.gmax, ws.gid,
         CH_BLOCK=s.bch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg, G=cfg.group,
-        COPY=max(1, min(8, 8192 // s.cap)), num_warps=cfg.bracket_warps,
+        COPY=max(1, min(8, 8192 // s.cap)), RADIX_BITS=_RADIX_BITS[cfg.bsel_radix],
+        WINDOW=cfg.bsel_window, EXACT_SPAN=29 - (cfg.bracket_reg.bit_length() - 1), num_warps=cfg.bracket_warps,
         **reg_cap(cfg.bracket_maxnreg, cfg.bracket_warps),
     )
 

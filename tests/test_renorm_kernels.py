@@ -9,7 +9,9 @@ bracket passes, the whole-row fallback after a bracket overflow (TINY_CAP) or a 
 
 from __future__ import annotations
 
+import functools
 import os
+from unittest import mock
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -195,6 +197,130 @@ def test_top_p_default_shapes_above_tau_groups():
     # 16 * 1024 entries sit in the tau groups: a flat row of 40,000 takes the bracket passes
     x = make_rows(2, 40000, "flat", seed=11)
     assert_matches(top_p_renorm_triton(x, 0.9), ref.top_p_renorm_reference(x, 0.9))
+
+
+# --- session-3 options (kernels/NOTES.md): bsel_radix, bracket_copy -------------------------
+# Default block shapes (chunk 4096, groups of 32, 16384 bracket entries in registers) at vocab
+# 40000: two flat rows and a peaky row at p = 0.9999 take the bracket passes (FULL) and the
+# register search among the bracket entries. The other register search of bracket_select (the
+# sample bracket was too low: the groups above hi, gathered) needs <= bracket_reg entries there,
+# which small shapes give: GATHER_BLOCK at vocab 3000 with z = 0. ~1 s per call.
+GATHER_BLOCK = NO_MARGIN.replace(bracket_reg=4096, cap_per_chunk=256)
+
+
+@functools.lru_cache(maxsize=16)
+def _s3_run(batch: str, changes: tuple = ()):
+    """(output, workspace) of one top-p call; cached: the tests below share their baselines."""
+    import tpguard.kernels.renorm_passes as passes
+    import tpguard.kernels.renorm_top_p as tp_mod
+
+    if batch == "default":
+        x = torch.cat([make_rows(2, 40000, "flat", seed=71), make_rows(1, 40000, "peaky", seed=72)])
+        p, cfg = torch.tensor([0.9, 0.5, 0.9999], device=DEVICE), DEFAULT_CONFIG
+    else:
+        x = torch.cat([make_rows(4, 3000, "flat", seed=61)[2:3], make_rows(4, 3000, "peaky", seed=62)[:2]])
+        p, cfg = torch.tensor([0.95, 0.9, 0.99], device=DEVICE), GATHER_BLOCK
+    seen = []
+
+    def capture(*args, **kwargs):
+        seen.append(passes.workspace_for(*args, **kwargs))
+        return seen[-1]
+
+    with mock.patch.object(tp_mod, "workspace_for", capture):
+        out = top_p_renorm_triton(x, p, config=cfg.replace(**dict(changes)))
+    return x, p, out, seen[0]
+
+
+def test_bsel_radix_same_cutoff_and_bits():
+    # a wider search (2**k - 1 probes per round) computes every probe's mass like the radix-4
+    # search: the same cutoff, kept mass and output bits, on both register-search paths
+    for batch, radices in (("default", (16,)), ("gather", (16, 8, 4))):
+        x, p, base, ws = _s3_run(batch)
+        assert_matches(base, ref.top_p_renorm_reference(x, p))
+        rows = x.shape[0]
+        full, m_hi = ws.plan[:, 0] == 2, ws.mhi.view(rows, -1).sum(1)
+        assert full.all() and (ws.cnt.view(rows, -1).max(1).values <= ws.cap).all()
+        if batch == "default":  # the bracket holds the cutoff: search among its entries
+            assert (ws.cnt.view(rows, -1).sum(1) <= DEFAULT_CONFIG.bracket_reg).all() and (m_hi < ws.target).all()
+        else:  # the bracket is too low: search the groups whose max is >= hi, in registers
+            n_gather = (ws.gmax.view(rows, -1).view(torch.int32) >= ws.plan[:, 2:3]).sum(1) * GATHER_BLOCK.group
+            assert (m_hi >= ws.target).all() and (n_gather <= GATHER_BLOCK.bracket_reg).all()
+        for radix in radices:
+            _, _, out, ws_r = _s3_run(batch, (("bsel_radix", radix),))
+            assert torch.equal(ws_r.params.view(torch.int32), ws.params.view(torch.int32)), radix
+            assert torch.equal(out.view(torch.int32), base.view(torch.int32)), radix
+
+
+def _search_start(lo: int, hi: int) -> int:
+    """radix_select.search_start's first round, in Python."""
+    diff, first, found = lo ^ (hi - 1), 0, (lo ^ (hi - 1)) < 0
+    for r in range(16):
+        found = found or ((diff >> (30 - 2 * r)) & 3) != 0
+        first += 0 if found else 1
+    return min(first, 15)
+
+
+def test_bsel_window_same_cutoff_and_bits():
+    # bsel_window: after two rounds over the whole block, the rounds run on the window's entries
+    # compacted to the scratch after the list (list_cap >= bracket_reg + window): the same
+    # cutoff and bits when the window fits (with 4 and 16 probes per round) and when it does not
+    x, p, base, ws = _s3_run("default")
+    rows, reg = x.shape[0], DEFAULT_CONFIG.bracket_reg
+    for window, radix in ((2048, 0), (2048, 16), (16, 0)):
+        _, _, out, ws_w = _s3_run("default", (("bsel_window", window), ("bsel_radix", radix), ("list_cap", 32768)))
+        assert torch.equal(ws_w.params.view(torch.int32), ws.params.view(torch.int32)), (window, radix)
+        assert torch.equal(out.view(torch.int32), base.view(torch.int32)), (window, radix)
+        for r in range(rows):  # the window path ran: the scratch holds the window's entries, in order
+            lo, hi = int(ws.plan[r, 1]), int(ws.plan[r, 2])
+            wb = 32 - 2 * _search_start(lo, hi) - 4
+            t1 = (int(ws.params.view(rows, 4)[r, 2:3].view(torch.int32)) >> wb) << wb
+            n = int(ws.cnt.view(rows, -1)[r].sum())
+            cand = ws.cand.view(rows, -1)[r, :n].view(torch.int32)
+            win = cand[(cand >= t1) & (cand < t1 + (1 << wb))]
+            scratch = ws_w.cand.view(rows, -1)[r, reg : reg + len(win)].view(torch.int32)
+            assert 100 < len(win) <= 2048 and (window < len(win) or torch.equal(scratch, win)), (r, window)
+
+
+def _bracket_copy_out(x, lo, hi, cap, mode, cfg=DEFAULT_CONFIG):
+    """The bracket pass alone (plan: every row FULL with bracket [lo, hi)): mhi, cnt, slots."""
+    import tpguard.kernels.renorm_passes as passes
+
+    rows, vocab = x.shape
+    n_chunks = -(-vocab // cfg.chunk)
+    plan = torch.stack([torch.full_like(lo, 2), lo, hi, torch.zeros_like(lo)], 1).int().contiguous()
+    mhi = torch.zeros(rows * n_chunks, dtype=torch.float64, device=DEVICE)
+    cnt = torch.zeros(rows * n_chunks, dtype=torch.int32, device=DEVICE)
+    slots = torch.full((rows * n_chunks * cap,), -1.0, device=DEVICE)
+    passes._bracket_kernel[(rows, n_chunks)](x, vocab, n_chunks, plan, mhi, cnt, slots, CHUNK=cfg.chunk,
+                                            G=cfg.group, CAP=cap, PREFETCH=False, COPY_MODE=mode,
+                                            num_warps=cfg.pass_warps)
+    return mhi, cnt, slots
+
+
+def test_bracket_copy_same_slots():
+    # the bracket pass alone: the ballot copy-out writes the same slots, counts and masses for
+    # the sample brackets of a real call, a bracket holding every entry (full groups, lane 31
+    # included) and a narrow one, also with small CAPs (an overflowing chunk stops at CAP)
+    x, p, base, ws = _s3_run("default")
+    lo, hi = ws.plan[:, 1].clone(), ws.plan[:, 2].clone()
+    every = (torch.ones_like(lo), torch.full_like(hi, 0x7F800000))
+    narrow = (lo, torch.minimum(hi, lo + (1 << 16)))
+    for (b_lo, b_hi), cap in (((lo, hi), 1024), ((lo, hi), 64), (every, 4096), (every, 100), (narrow, 1024)):
+        want = _bracket_copy_out(x, b_lo, b_hi, cap, 0)
+        got = _bracket_copy_out(x, b_lo, b_hi, cap, 1)
+        for name, w, g in zip(("mhi", "cnt", "slots"), want, got):
+            assert torch.equal(w, g), (name, cap)
+        assert (want[1] > 0).any()
+    # a whole call with both options: the same workspace counts and output bits
+    _, _, out, ws_c = _s3_run("default", (("bracket_copy", 1), ("bsel_radix", 16)))
+    assert torch.equal(ws_c.cnt, ws.cnt) and torch.equal(ws_c.mhi, ws.mhi)
+    assert torch.equal(out.view(torch.int32), base.view(torch.int32))
+    with pytest.raises(ValueError, match="bracket_copy"):
+        top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bracket_copy=1, group=64, sample_stride=64))
+    with pytest.raises(ValueError, match="bsel_radix"):
+        top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bsel_radix=32))
+    with pytest.raises(ValueError, match="bsel_window"):
+        top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bsel_window=1000))
 
 
 @pytest.mark.parametrize("cfg", ["default", "small"])
