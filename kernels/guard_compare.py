@@ -39,7 +39,7 @@ def compare_gathered_torch(gathered: torch.Tensor, q: int, out: torch.Tensor | N
 if triton is not None:
 
     @triton.jit
-    def _compare_kernel(g_ptr, out_ptr, W, L, Q, BW: tl.constexpr, BQ: tl.constexpr, H: tl.constexpr = 3):
+    def _flags(g_ptr, W, L, Q, BW: tl.constexpr, BQ: tl.constexpr, H: tl.constexpr):
         r = tl.arange(0, BW)[:, None]
         c = tl.arange(0, BQ)[None, :]
         ok = (r < W) & (c < Q)
@@ -52,11 +52,29 @@ if triton is not None:
         hi = tl.min(tl.where(present, vals, big), axis=0)
         lo = tl.max(tl.where(present, vals, small), axis=0)
         cnt = tl.sum(present.to(tl.int32), axis=0)
-        differs = ((cnt >= 2) & (hi != lo)).to(tl.int64)
+        return ((cnt >= 2) & (hi != lo)).to(tl.int64)
+
+    @triton.jit
+    def _compare_kernel(g_ptr, out_ptr, W, L, Q, BW: tl.constexpr, BQ: tl.constexpr, H: tl.constexpr = 3):
+        differs = _flags(g_ptr, W, L, Q, BW, BQ, H)
         cols = tl.arange(0, BQ)
         tl.store(out_ptr + cols, differs, mask=cols < Q)
         tl.store(out_ptr + Q, tl.max(differs, axis=0))
 
+    @triton.jit
+    def _compare_to_host_kernel(g_ptr, host_ptr, W, L, Q, C, BW: tl.constexpr, BQ: tl.constexpr,
+                                BC: tl.constexpr, H: tl.constexpr = 3):
+        """_compare_kernel writing the flags, and the first C columns of every gathered row, straight
+        into host_ptr (pinned host memory, mapped) in the layout of [gathered, flags]: what the
+        host reads, with no copy node after the comparison in a CUDA graph."""
+        r = tl.arange(0, BW)[:, None]
+        cc = tl.arange(0, BC)[None, :]
+        keep = (r < W) & (cc < C)
+        tl.store(host_ptr + r * L + cc, tl.load(g_ptr + r * L + cc, mask=keep, other=0), mask=keep)
+        differs = _flags(g_ptr, W, L, Q, BW, BQ, H)
+        cols = tl.arange(0, BQ)
+        tl.store(host_ptr + W * L + cols, differs, mask=cols < Q)
+        tl.store(host_ptr + W * L + Q, tl.max(differs, axis=0))
 
 
 def compare_gathered(gathered: torch.Tensor, q: int, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -75,6 +93,49 @@ def compare_gathered(gathered: torch.Tensor, q: int, out: torch.Tensor | None = 
 
             logging.getLogger("tpguard").warning("guard_compare: Triton kernel unavailable (%s); using torch", e)
     return compare_gathered_torch(gathered, q, out)
+
+
+def compare_gathered_to_host(gathered: torch.Tensor, q: int, host: torch.Tensor, cols: int) -> None:
+    """The comparison written straight into `host` (pinned, laid out as [gathered, flags]); only
+    the first `cols` columns of each gathered row are copied. One Triton launch; callers check
+    `zero_copy_works(device)` first (outside capture)."""
+    w, length = gathered.shape
+    _compare_to_host_kernel[(1,)](gathered, host, w, length, q, cols, BW=max(2, triton.next_power_of_2(w)),
+                                  BQ=max(2, triton.next_power_of_2(q)),
+                                  BC=max(2, triton.next_power_of_2(cols)), H=HDR)
+
+
+_ZERO_COPY: dict = {}  # device -> whether compare_gathered_to_host gave the copy path's bytes
+
+
+def zero_copy_works(device: torch.device) -> bool:
+    """Once per device, outside capture: the zero-copy comparison against compare_gathered + a
+    copy, on a synthetic disagreement. False where Triton cannot write pinned host memory."""
+    device = torch.device(device)
+    if device.type != "cuda" or triton is None:
+        return False
+    if device not in _ZERO_COPY:
+        ok = False
+        try:
+            w, q = 3, 11
+            length = HDR + 2 * q + 5
+            g = torch.arange(w * length, dtype=torch.int64, device=device).view(w, length)
+            g[:, 2] = (1 << q) - 1
+            g[:, HDR:HDR + q] = 7
+            g[1, HDR + 4] = 8  # rank 1 differs in quantity 4
+            want = torch.zeros(w * length + q + 1, dtype=torch.int64)
+            want[: w * length] = g.reshape(-1).cpu()
+            want[w * length:] = compare_gathered(g, q).cpu()
+            host = torch.full((w * length + q + 1,), -1, dtype=torch.int64, pin_memory=True)
+            compare_gathered_to_host(g, q, host, length)
+            torch.cuda.synchronize(device)
+            ok = torch.equal(host, want)
+        except Exception as e:  # noqa: BLE001 - any failure: the copy path
+            import logging
+
+            logging.getLogger("tpguard").warning("guard_compare: zero-copy result unavailable (%s)", e)
+        _ZERO_COPY[device] = ok
+    return _ZERO_COPY[device]
 
 
 _kernel_failed = False

@@ -127,6 +127,45 @@ def test_compare_kernel_matches_reference(world, q):
         assert out.tolist() == ref.tolist()
 
 
+@pytest.mark.parametrize("world,q,extra", [(2, 11, 0), (4, 11, 7), (3, 5, 2)])
+def test_compare_to_host_kernel_writes_result_layout(world, q, extra):
+    """The zero-copy comparison (CUDA graphs: no copy node): the first `cols` columns of each
+    gathered row and the flags, where compare + copy put them; nothing else touched."""
+    from tpguard.kernels.guard_compare import _compare_to_host_kernel, compare_gathered_torch
+
+    length = 3 + 2 * q + extra
+    cols = 3 + 2 * q
+    g = torch.Generator().manual_seed(world + q)
+    gathered = torch.randint(-9, 9, (world, length), generator=g)
+    gathered[:, 2] = (1 << q) - 1
+    gathered[:, 3:3 + q] = 4
+    gathered[world - 1, 3 + q - 1] = 5
+    host = torch.full((world * length + q + 1,), -77, dtype=torch.int64)
+    _compare_to_host_kernel[(1,)](gathered, host, world, length, q, cols, BW=4, BQ=16,
+                                  BC=triton_next_pow2(cols))
+    got = host[: world * length].view(world, length)
+    assert torch.equal(got[:, :cols], gathered[:, :cols]) and bool((got[:, cols:] == -77).all())
+    assert host[world * length:].tolist() == compare_gathered_torch(gathered, q).tolist()
+    assert host[world * length + q - 1] == 1 and host[-1] == 1
+
+
+def test_zero_copy_is_cuda_only():
+    from tpguard.device_guard import DeviceStepGuard
+    from tpguard.kernels.guard_compare import zero_copy_works
+
+    assert not zero_copy_works(torch.device("cpu"))
+    guard = DeviceStepGuard(site="zc.cpu", run_id="z", watchdog=False, device="cpu")
+    guard.prepare_graph(make_step(0, 0), zero_copy=True)
+    assert guard._graph["zero_copy"] is False  # the copy path, as without it
+    guard.device_check()
+    assert guard.collect() is None
+    guard.close()
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
 def test_capturable_half_writes_fingerprints_and_step_in_place():
     """device_check() (the half a CUDA graph captures), one process: fingerprints land in the
     vector's slots, the step counter lives in the vector and advances once per call."""

@@ -9,7 +9,8 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def test_graph_replay_fingerprints_follow_the_data_and_match_eager():
+@pytest.mark.parametrize("zero_copy", [False, True])
+def test_graph_replay_fingerprints_follow_the_data_and_match_eager(zero_copy):
     from tpguard.bench.guard import make_tensors
     from tpguard.device_guard import DeviceStepGuard
     from tpguard.fingerprint import fingerprint, to_signed
@@ -18,7 +19,8 @@ def test_graph_replay_fingerprints_follow_the_data_and_match_eager():
     dev = torch.device("cuda")
     t = make_tensors(4, 4, 50000, dev)
     guard = DeviceStepGuard(site="graph.test", run_id="g", watchdog=False)
-    guard.prepare_graph(t)
+    guard.prepare_graph(t, zero_copy=zero_copy)
+    assert guard._graph["zero_copy"] == zero_copy  # the one-time check passed on this GPU
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):

@@ -299,7 +299,7 @@ class DeviceStepGuard(StepGuard):
     # --- CUDA graphs ---------------------------------------------------------------------------
 
     def prepare_graph(self, tensors: dict[str, torch.Tensor],
-                      precomputed: tuple[str, ...] | list[str] = ()) -> None:
+                      precomputed: tuple[str, ...] | list[str] = (), zero_copy: bool = False) -> None:
         """Fix the recorded tensors (static buffers of a captured graph) and build the buffers
         of the capturable path. Call outside capture, then `device_check()` inside it.
 
@@ -309,6 +309,10 @@ class DeviceStepGuard(StepGuard):
         `precomputed`: quantities whose fingerprint a producer writes itself, inside the same
         graph and before `device_check()`, into `fingerprint_slot(name)` (e.g. the renorm's
         ``fingerprint_out=``: target_probs without a second read of the probabilities).
+
+        `zero_copy` (CUDA): the comparison kernel writes the result straight into the pinned host
+        buffer, one graph node fewer (no copy after it); used only where a one-time check on
+        this device gave the copy path's bytes (`guard_compare.zero_copy_works`).
 
         The vector's header and numels are written once here; per replay only the fingerprints
         (written in place into the vector's slots) and the step counter change, and the step
@@ -344,7 +348,12 @@ class DeviceStepGuard(StepGuard):
             "precomputed": tuple(precomputed),
             "host": torch.zeros(w * self.length + q + 1, dtype=torch.int64,
                                 pin_memory=self.dev.type == "cuda"),
+            "zero_copy": False,
         }
+        if zero_copy:
+            from tpguard.kernels.guard_compare import zero_copy_works
+
+            g["zero_copy"] = zero_copy_works(self.dev)
         self._graph = g
         self._graph_fingerprints()  # compiles kernels and caches the plan before capture
 
@@ -384,8 +393,13 @@ class DeviceStepGuard(StepGuard):
         if self.heal_layout:
             self._tensors = tensors
             self._apply_rank0_decisions(gathered.view(w, n))
-        compare_gathered(gathered.view(w, n), q, out=g["result"][w * n:])
-        g["host"].copy_(g["result"], non_blocking=True)
+        if g["zero_copy"]:  # the header, fingerprints, numels and flags: all _process reads
+            from tpguard.kernels.guard_compare import compare_gathered_to_host
+
+            compare_gathered_to_host(gathered.view(w, n), q, g["host"], _HDR + 2 * q)
+        else:
+            compare_gathered(gathered.view(w, n), q, out=g["result"][w * n:])
+            g["host"].copy_(g["result"], non_blocking=True)
 
     def collect(self) -> Divergence | None:
         """After a replay: read the pinned result (waits for the stream to reach it)."""

@@ -166,6 +166,15 @@ def main(argv: list[str] | None = None) -> int:
         if on is not None and out["graph_step_off_us"] is not None:
             out[f"graph_step_{mode}_added_us"] = on - out["graph_step_off_us"]
         guard.close()
+        # zero-copy result: the comparison writes into pinned host memory, no copy node after it
+        guard = DeviceStepGuard(site=f"bench.zero_copy.{mode}", quantities=CANONICAL_ORDER, run_id="bench",
+                                watchdog=False)
+        guard.prepare_graph({n: t[n] for n in names}, zero_copy=True)
+        out[f"zero_copy_{mode}_used"] = guard._graph["zero_copy"]
+        out[f"graph_{mode}_zero_copy_us"] = time_graph(guard.device_check, args.iters, strict=False)
+        out[f"graph_{mode}_zero_copy_x8_us"] = time_graph(guard.device_check, args.iters, per_replay=8,
+                                                          strict=False)
+        guard.close()
     # The whole fused path in one graph: tpguard's top-p renorm writing target_probs'
     # fingerprint into the guard's vector slot (prepare_graph(precomputed=...)), then the
     # guard; against the same renorm without it plus the plain full guard. The difference is
@@ -299,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {mode} inside a graph: {_us(x8)} per check (8 checks in one graph); stand-in step "
                   f"{_us(out['graph_step_off_us'])} alone, {_us(out.get(f'graph_step_{mode}_us'))} with the "
                   f"guard: adds {_us(added)}")
+            print(f"  {mode} with the zero-copy result (used: {out.get(f'zero_copy_{mode}_used')}): "
+                  f"{_us(out.get(f'graph_{mode}_zero_copy_us'))} standalone, "
+                  f"{_us(out.get(f'graph_{mode}_zero_copy_x8_us'))} per check inside a graph")
         print(f"  of which fingerprints: full {out['fingerprint_full_us']:.1f} us, "
               f"decisions {out['fingerprint_decisions_us']:.1f} us")
         for key in sorted(k for k in out if k.startswith("graph_full_us[")):
