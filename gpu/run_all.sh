@@ -210,7 +210,7 @@ case "$PHASES" in
     # ~580 s on nvidia-h200-x2 (run with TAR_AT=575): max(290, 320) s, then ~220 s over NCCL
     ( export G_TIMEOUT=110 FP_NO_PYTEST=1 FP_BENCH_ARGS=--sweep FP_BENCH_TIMEOUT=120; on_gpu 0 guard1; on_gpu 0 fingerprint ) & P1=$!
     ( export FP_PYTEST=70 FP_NO_BENCH=1 K_PYTEST=80 K_NO_AUDIT=1 K_NO_BENCH=1 K_SWEEP=170 K_SWEEP_BUDGET=140
-      export K_SWEEP_ARGS="--breakdown default,bcopy_ballot,bsel_win4k --variants default,bcopy_ballot,bsel_win4k,bsel_r8,bsel_r16,bsel_r16_bcopy,bsel_win4k_r16_bcopy"
+      export K_SWEEP_ARGS="--breakdown default,bcopy_view,bsel_win4k --variants default,bcopy_view,bcopy_view_win4k,bsel_win4k,bcopy_ballot,bsel_r8,bsel_r16,bsel_r16_bcopy,bsel_win4k_r16_bcopy"
       on_gpu $G2 fingerprint; on_gpu $G2 kernels ) & P2=$!
     wait $P1 $P2
     [ "$NGPU" -gt 1 ] && G2_TIMEOUT=130 nccl_guard

@@ -32,6 +32,10 @@ from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
 
 VARIANTS = {  # in order of interest: the time budget cuts the list short (kernels/NOTES.md, run 4)
     "default": {},
+    # session 3 (kernels/NOTES.md, "bracket_copy=2"): the bracket pass's copy-out stored from a view
+    # in the load's lane/warp layout: 7 barriers per program instead of 25, no shared memory (offline)
+    "bcopy_view": {"bracket_copy": 2},
+    "bcopy_view_win4k": {"bracket_copy": 2, "bsel_window": 4096},
     # session 3 (kernels/NOTES.md, "Session 3 variants"; interpreter-tested, compiled offline, not
     # yet measured): bracket_select's searches with 15 probes per round; the bracket pass's copy-out
     # by per-group ballot + popcount; the window search (352 B of stack under the cap: see NOTES)

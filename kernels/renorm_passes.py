@@ -88,7 +88,8 @@ class RenormConfig:
     bracket_maxnreg: int = 128
     # --- session-3 options (kernels/NOTES.md, "Session 3 variants"); 0 = the default code ---
     bsel_radix: int = 0  # bracket_select's register searches: 2**k - 1 probes per round (4, 8, 16); 0 = radix 4
-    bracket_copy: int = 0  # bracket pass copy-out: 1 = per-group ballot + popcount instead of the scan in groups
+    bracket_copy: int = 0  # bracket pass copy-out: 1 = per-group ballot + popcount instead of the scan in groups;
+    # 2 = one scan over the chunk, stored from a view in the load's own lane/warp layout (no shared-memory shuffle)
     bsel_window: int = 0  # bracket_select: after 2 rounds, search the window's entries (<= this many) compacted
 
     def replace(self, **changes) -> "RenormConfig":
@@ -147,8 +148,10 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
     if cfg.bsel_window and (cfg.bsel_window & (cfg.bsel_window - 1) or cfg.bsel_window < 16
                             or cfg.bracket_reg & (cfg.bracket_reg - 1) or cfg.bracket_reg < 32):
         raise ValueError("RenormConfig: bsel_window must be 0 or a power of two >= 16 (and bracket_reg one >= 32)")
-    if cfg.bracket_copy not in (0, 1) or (cfg.bracket_copy and cfg.group > 32):
-        raise ValueError("RenormConfig: bracket_copy must be 0 or 1 (1 needs group <= 32: one int32 ballot per group)")
+    if cfg.bracket_copy not in (0, 1, 2) or (cfg.bracket_copy == 1 and cfg.group > 32) or (
+            cfg.bracket_copy == 2 and not (4 <= cfg.group <= 128 and (cfg.bracket_chunk or cfg.chunk) >= 128)):
+        raise ValueError("RenormConfig: bracket_copy must be 0, 1 or 2 (1 needs group <= 32: one int32 ballot per "
+                         "group; 2 needs 4 <= group <= 128 and a bracket chunk >= 128: its store view)")
     chunk = cfg.chunk  # fixed (not shrunk for short rows): fewer kernel variants to compile
     b_chunk = cfg.bracket_chunk or chunk
     if b_chunk & (b_chunk - 1) or b_chunk < max(64, cfg.group):
@@ -321,7 +324,25 @@ def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slot
         b = x.to(tl.int32, bitcast=True)
         mhi = tl.sum(tl.sum(tl.where(b >= hi, x.to(tl.float64), 0.0), axis=1), axis=0)
         inside = (b >= lo) & (b < hi)
-        if COPY_MODE == 0:
+        if COPY_MODE == 2:
+            # one scan over the chunk (row-major: the same positions as the group prefix plus the
+            # in-group scan), and the scatter on a 1-D view: Triton lays a store of unknown
+            # contiguity out one entry per thread, index bits to lanes then warps then registers,
+            # and this view's index bits 0-4 are the load's lane bits (a group's 16-byte lanes, the
+            # warp's groups), 5-6 its warp bits, the rest its registers: only registers permute,
+            # no conversion through shared memory (modes 0 and 1 convert pointers, values and
+            # mask there: 18 more barriers). 1-D: Triton 3.6 and 3.8 order tied dims differently.
+            inside_f = tl.reshape(inside.to(tl.int32), (CHUNK,))
+            n_in = tl.sum(inside_f, axis=0)
+            if n_in > 0:
+                pos = tl.reshape(tl.cumsum(inside_f, axis=0) - 1, (CHUNK // G, G))
+                LC: tl.constexpr = G // 4
+                view: tl.constexpr = (CHUNK // G // (32 // LC), 32 // LC, LC, 4)
+                pos_v = tl.reshape(tl.permute(tl.reshape(pos, view), (3, 0, 1, 2)), (CHUNK,))
+                keep_v = tl.reshape(tl.permute(tl.reshape(inside & (pos < CAP), view), (3, 0, 1, 2)), (CHUNK,))
+                x_v = tl.reshape(tl.permute(tl.reshape(x, view), (3, 0, 1, 2)), (CHUNK,))
+                tl.store(slots_ptr + (row * n_chunks + chunk) * CAP + pos_v, x_v, mask=keep_v)
+        elif COPY_MODE == 0:
             inside_i = inside.to(tl.int32)
             per_group = tl.sum(inside_i, axis=1)
             n_in = tl.sum(per_group, axis=0)

@@ -298,25 +298,43 @@ def _bracket_copy_out(x, lo, hi, cap, mode, cfg=DEFAULT_CONFIG):
 
 
 def test_bracket_copy_same_slots():
-    # the bracket pass alone: the ballot copy-out writes the same slots, counts and masses for
-    # the sample brackets of a real call, a bracket holding every entry (full groups, lane 31
-    # included) and a narrow one, also with small CAPs (an overflowing chunk stops at CAP)
+    # the bracket pass alone: the ballot copy-out (1) and the chunk-wide scan stored from a view
+    # in the load's layout (2) write the same slots, counts and masses for the sample brackets
+    # of a real call, a bracket holding every entry (full groups, lane 31 included) and a narrow
+    # one, also with small CAPs (an overflowing chunk stops at CAP); mode 2's view also with
+    # groups of 8 and 4 (other lane splits) and the smallest chunk it takes (128)
     x, p, base, ws = _s3_run("default")
     lo, hi = ws.plan[:, 1].clone(), ws.plan[:, 2].clone()
     every = (torch.ones_like(lo), torch.full_like(hi, 0x7F800000))
     narrow = (lo, torch.minimum(hi, lo + (1 << 16)))
-    for (b_lo, b_hi), cap in (((lo, hi), 1024), ((lo, hi), 64), (every, 4096), (every, 100), (narrow, 1024)):
-        want = _bracket_copy_out(x, b_lo, b_hi, cap, 0)
-        got = _bracket_copy_out(x, b_lo, b_hi, cap, 1)
-        for name, w, g in zip(("mhi", "cnt", "slots"), want, got):
-            assert torch.equal(w, g), (name, cap)
+    both = (1, 2)
+    cases = [(x, (lo, hi), 1024, DEFAULT_CONFIG, both), (x, (lo, hi), 64, DEFAULT_CONFIG, both),
+             (x, every, 4096, DEFAULT_CONFIG, both), (x, every, 100, DEFAULT_CONFIG, both),
+             (x, narrow, 1024, DEFAULT_CONFIG, both),
+             (x, (lo, hi), 256, DEFAULT_CONFIG.replace(group=8, sample_stride=32), (2,)),
+             (x[:, :2048].contiguous(), (lo, hi), 16, DEFAULT_CONFIG.replace(group=4, chunk=128, sample_stride=32), (2,))]
+    for xs, (b_lo, b_hi), cap, cfg, modes in cases:
+        want = _bracket_copy_out(xs, b_lo, b_hi, cap, 0, cfg)
         assert (want[1] > 0).any()
+        for mode in modes:
+            got = _bracket_copy_out(xs, b_lo, b_hi, cap, mode, cfg)
+            for name, w, g in zip(("mhi", "cnt", "slots"), want, got):
+                assert torch.equal(w, g), (name, cap, cfg.group, mode)
     # a whole call with both options: the same workspace counts and output bits
     _, _, out, ws_c = _s3_run("default", (("bracket_copy", 1), ("bsel_radix", 16)))
     assert torch.equal(ws_c.cnt, ws.cnt) and torch.equal(ws_c.mhi, ws.mhi)
     assert torch.equal(out.view(torch.int32), base.view(torch.int32))
+    _, _, out, ws_c = _s3_run("default", (("bracket_copy", 2),))
+    assert torch.equal(ws_c.cnt, ws.cnt) and torch.equal(ws_c.mhi, ws.mhi)
+    written = torch.arange(ws.cap, device=DEVICE)[None, :] < ws.cnt.clamp(max=ws.cap)[:, None]  # (empty workspace)
+    assert torch.equal(ws_c.slots.view(-1, ws.cap)[written], ws.slots.view(-1, ws.cap)[written])
+    assert torch.equal(out.view(torch.int32), base.view(torch.int32))
     with pytest.raises(ValueError, match="bracket_copy"):
         top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bracket_copy=1, group=64, sample_stride=64))
+    with pytest.raises(ValueError, match="bracket_copy"):
+        top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bracket_copy=2, bracket_chunk=64))
+    with pytest.raises(ValueError, match="bracket_copy"):
+        top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bracket_copy=3))
     with pytest.raises(ValueError, match="bsel_radix"):
         top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bsel_radix=32))
     with pytest.raises(ValueError, match="bsel_window"):
