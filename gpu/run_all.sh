@@ -86,7 +86,7 @@ PY
 
 fingerprint() {  # fingerprint kernels: CUDA tests and throughput
   local d=/tmp/res/fingerprint; mkdir -p $d
-  [ -z "${FP_NO_PYTEST:-}" ] && { timeout ${FP_PYTEST:-60} python3 -m pytest -q -p no:cacheprovider -s tests/test_fingerprint.py tests/test_gpu_guard_graphs.py > $d/pytest.log 2>&1
+  [ -z "${FP_NO_PYTEST:-}" ] && { timeout ${FP_PYTEST:-60} python3 -m pytest -q -p no:cacheprovider -s tests/test_gpu_guard_graphs.py tests/test_fingerprint.py > $d/pytest.log 2>&1
     say "fingerprint+graph pytest rc=$? $(tail -1 $d/pytest.log)"; }
   [ -n "${FP_NO_BENCH:-}" ] && return
   timeout ${FP_BENCH_TIMEOUT:-80} python3 -m tpguard.bench.fingerprint ${FP_BENCH_ARGS:-} > $d/bench.log 2>&1
@@ -210,7 +210,7 @@ case "$PHASES" in
     # ~580 s on nvidia-h200-x2 (run with TAR_AT=575): max(290, 320) s, then ~220 s over NCCL
     ( export G_TIMEOUT=110 FP_NO_PYTEST=1 FP_BENCH_ARGS=--sweep FP_BENCH_TIMEOUT=120; on_gpu 0 guard1; on_gpu 0 fingerprint ) & P1=$!
     ( export FP_PYTEST=70 FP_NO_BENCH=1 K_PYTEST=80 K_NO_AUDIT=1 K_NO_BENCH=1 K_SWEEP=170 K_SWEEP_BUDGET=140
-      export K_SWEEP_ARGS="--breakdown default,bcopy_view,bsel_win4k --variants default,bcopy_view,bcopy_view_win4k,bsel_win4k,bcopy_ballot,bsel_r8,bsel_r16,bsel_r16_bcopy,bsel_win4k_r16_bcopy"
+      export K_SWEEP_ARGS="--breakdown default,bcopy_view --variants default,bcopy_view,bcopy_view_win4k,bsel_win4k,bcopy_ballot,bsel_r8,bsel_r16,bsel_r16_bcopy,bsel_win4k_r16_bcopy"
       on_gpu $G2 fingerprint; on_gpu $G2 kernels ) & P2=$!
     wait $P1 $P2
     [ "$NGPU" -gt 1 ] && G2_TIMEOUT=130 nccl_guard

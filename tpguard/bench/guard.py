@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             guard.close()
     kfp.FAST_LAUNCH = True
 
-    if args.profile and rank == 0:
+    if args.profile and world == 1:  # the profiled guard's all-gather would wait for the other ranks
         import cProfile
         import pstats
 
