@@ -300,6 +300,22 @@ if triton is not None:
         l2 = tl.where(row_ok, g_lo.to(tl.uint64) + g_hi.to(tl.uint64), 0)
         return tl.sum(l1, axis=0), tl.sum(l2, axis=0)
 
+    @triton.jit
+    def _tile_origin(rb, c, n_rows, n_words, BR: tl.constexpr, BN: tl.constexpr, CHUNK_TILES: tl.constexpr):
+        """Rows and columns of work item (row block rb, chunk c). Padding rows of the last row
+        block read a valid row (rows_ld); their sums are never stored (row_ok)."""
+        rows = rb * BR + tl.arange(0, BR)
+        col0 = c * (CHUNK_TILES * BN)
+        return (rows, rows < n_rows, tl.minimum(rows, n_rows - 1), col0,
+                tl.minimum(n_words - col0, CHUNK_TILES * BN))
+
+    @triton.jit
+    def _store_partials(partial_ptr, c, n_rows, rows, row_ok, l1, l2):
+        """Partial lane sums of chunk c, laid out [chunks, rows, 2]."""
+        p = partial_ptr + (c.to(tl.int64) * n_rows + rows) * 2
+        tl.store(p, l1.to(tl.int64, bitcast=True), mask=row_ok)
+        tl.store(p + 1, l2.to(tl.int64, bitcast=True), mask=row_ok)
+
     # Seed halves arrive as value + 2**32, so Triton always types them int64 (one compiled
     # variant per shape class, not per seed); `.to(tl.uint32)` keeps the low 32 bits.
     @triton.jit(do_not_specialize=["s_lo", "s_hi", "t_lo", "t_hi"])
@@ -314,20 +330,13 @@ if triton is not None:
         c = tl.program_id(1)
         s_lo = s_lo.to(tl.uint32)
         s_hi = s_hi.to(tl.uint32)
-        rows = rb * BR + tl.arange(0, BR)
-        row_ok = rows < n_rows
-        # padding rows of the last row block read a valid row; their sums are never stored
-        rows_ld = tl.minimum(rows, n_rows - 1)
-        col0 = c * (CHUNK_TILES * BN)
-        width = tl.minimum(n_words - col0, CHUNK_TILES * BN)
+        rows, row_ok, rows_ld, col0, width = _tile_origin(rb, c, n_rows, n_words, BR, BN, CHUNK_TILES)
         cols = col0 + tl.arange(0, BN)
         ptrs = words_ptr + rows_ld.to(tl.int64)[:, None] * row_stride + cols[None, :]
         pos = (cols.to(tl.uint32) * _C2 + s_lo)[None, :]
         l1, l2 = _tile_lane_sums(ptrs, pos, s_hi, width // BN, width % BN, EB, BR, BN, SHIFTS)
         if MODE == 0:
-            p = partial_ptr + (c.to(tl.int64) * n_rows + rows) * 2
-            tl.store(p, l1.to(tl.int64, bitcast=True), mask=row_ok)
-            tl.store(p + 1, l2.to(tl.int64, bitcast=True), mask=row_ok)
+            _store_partials(partial_ptr, c, n_rows, rows, row_ok, l1, l2)
         else:
             fp = _row_fp(l1, l2, _seed64(s_lo, s_hi))
             tl.store(rows_out_ptr + rows, fp.to(tl.int64, bitcast=True), mask=row_ok)
@@ -415,11 +424,7 @@ if triton is not None:
         c = local % n_chunks
         s_lo = (seed & _M32).to(tl.uint32)
         s_hi = (seed >> 32).to(tl.uint32)
-        rows = rb * BR + tl.arange(0, BR)
-        row_ok = rows < n_rows
-        rows_ld = tl.minimum(rows, n_rows - 1)
-        col0 = c * (CHUNK_TILES * BN)
-        width = tl.minimum(n_words - col0, CHUNK_TILES * BN)
+        rows, row_ok, rows_ld, col0, width = _tile_origin(rb, c, n_rows, n_words, BR, BN, CHUNK_TILES)
         if EB != 0:  # one word size for the whole launch: one copy of the loop, fewer registers
             l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
                                         EB, BR, BN, ALIGNED, SHIFTS)
@@ -432,9 +437,7 @@ if triton is not None:
         else:
             l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
                                         1, BR, BN, ALIGNED, SHIFTS)
-        p = partial_ptr + part + (c.to(tl.int64) * n_rows + rows) * 2
-        tl.store(p, l1.to(tl.int64, bitcast=True), mask=row_ok)
-        tl.store(p + 1, l2.to(tl.int64, bitcast=True), mask=row_ok)
+        _store_partials(partial_ptr + part, c, n_rows, rows, row_ok, l1, l2)
 
     @triton.jit
     def _finalize_record(table_ptr, partial_ptr, out_ptr, rec, BR: tl.constexpr, BC: tl.constexpr):
@@ -472,16 +475,10 @@ if triton is not None:
         c = tl.program_id(1)
         s_lo = s_lo.to(tl.uint32)
         s_hi = s_hi.to(tl.uint32)
-        rows = rb * BR + tl.arange(0, BR)
-        row_ok = rows < n_rows
-        rows_ld = tl.minimum(rows, n_rows - 1)
-        col0 = c * (CHUNK_TILES * BN)
-        width = tl.minimum(n_words - col0, CHUNK_TILES * BN)
+        rows, row_ok, rows_ld, col0, width = _tile_origin(rb, c, n_rows, n_words, BR, BN, CHUNK_TILES)
         l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
                                     EB, BR, BN, ALIGNED, SHIFTS)
-        p = partial_ptr + part + (c.to(tl.int64) * n_rows + rows) * 2
-        tl.store(p, l1.to(tl.int64, bitcast=True), mask=row_ok)
-        tl.store(p + 1, l2.to(tl.int64, bitcast=True), mask=row_ok)
+        _store_partials(partial_ptr + part, c, n_rows, rows, row_ok, l1, l2)
 
     @triton.jit
     def _small_words(addr, offs, m, EB: tl.constexpr):

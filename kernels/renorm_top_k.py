@@ -71,14 +71,15 @@ def _top_k_stages(src, gid, n, vocab, k, first, t0, max_bits, p,
 
 
 @triton.jit
-def _top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
-                      chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
-                      k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
-                      HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
-                      G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
-                      NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
-                      TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
+def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                         chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                         k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
+                         HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
+                         G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
+                         NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
+                         TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
     """The per-row top-k (+ top-p) plan (module doc): writes the row's plan, target and params."""
+    row = tl.program_id(0).to(tl.int64)
     src = probs_ptr + row * vocab
     gid_row = gid_ptr + row * n_groups
     list_row = cand_ptr + row * list_cap
@@ -154,19 +155,6 @@ def _top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
     tl.store(params_ptr + row * 4 + 3, r2)
 
 
-@triton.jit
-def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
-                         chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
-                         k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
-                         HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
-                         G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
-                         NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
-                         TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
-    _top_k_select_row(tl.program_id(0).to(tl.int64), probs_ptr, vocab, n_chunks, n_groups, n_samples,
-                      chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
-                      k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
-                      HAS_K_ARR, HAS_P_ARR, WITH_TOP_P, G, SG, CH_BLOCK, NG_BLOCK, NS_BLOCK, SUB, REG,
-                      TAU_GROUPS, CSUB, MASS_FIRST)
 
 
 def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Optional[RenormConfig],

@@ -199,14 +199,15 @@ def top_p_plan(src, gid_row, list_row, list_cap, gb, gidx, max_bits, samp_row, n
 
 
 @triton.jit
-def _top_p_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
-                      chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
-                      p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
-                      HAS_P_ARR: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
-                      CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, NS_BLOCK: tl.constexpr,
-                      SUB: tl.constexpr, REG: tl.constexpr, TAU_GROUPS: tl.constexpr,
-                      CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
+def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                         chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                         p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
+                         HAS_P_ARR: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
+                         CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, NS_BLOCK: tl.constexpr,
+                         SUB: tl.constexpr, REG: tl.constexpr, TAU_GROUPS: tl.constexpr,
+                         CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
     """The per-row top-p plan (module doc): writes the row's plan, target and params."""
+    row = tl.program_id(0).to(tl.int64)
     ch = tl.arange(0, CH_BLOCK)
     chm = ch < n_chunks
     total = tl.sum(tl.load(chunk_sum_ptr + row * n_chunks + ch, mask=chm, other=0.0), axis=0)
@@ -241,18 +242,6 @@ def _top_p_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
     tl.store(params_ptr + row * 4 + 3, tl.where(full, 0.0, reciprocal_f32(kept)))
 
 
-@triton.jit
-def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
-                         chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
-                         p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
-                         HAS_P_ARR: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
-                         CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, NS_BLOCK: tl.constexpr,
-                         SUB: tl.constexpr, REG: tl.constexpr, TAU_GROUPS: tl.constexpr,
-                         CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
-    _top_p_select_row(tl.program_id(0).to(tl.int64), probs_ptr, vocab, n_chunks, n_groups, n_samples,
-                      chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
-                      p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
-                      HAS_P_ARR, G, SG, CH_BLOCK, NG_BLOCK, NS_BLOCK, SUB, REG, TAU_GROUPS, CSUB, MASS_FIRST)
 
 
 def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[RenormConfig] = None,

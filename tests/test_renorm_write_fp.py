@@ -1,11 +1,15 @@
 """launch_write_fp (kernels/renorm_write_fp.py): the renorm's write pass with its output's
 fingerprint. Output bit-identical to launch_write; fingerprints equal to the numpy reference."""
 
-import pytest
-import torch
+import os
 
-from tpguard import fingerprint as fp_ref
-from tpguard.kernels import renorm as renorm_api
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (no GPU: the interpreter)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tpguard import fingerprint as fp_ref  # noqa: E402
+from tpguard.kernels import renorm as renorm_api  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not renorm_api.triton_available(), reason="needs triton (or TRITON_INTERPRET=1)")
 

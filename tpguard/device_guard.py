@@ -96,8 +96,8 @@ class DeviceStepGuard(StepGuard):
         if self._forget_if_none(name, tensor):
             return
         pre = attached_fingerprint(tensor)
-        if pre is not None and pre.device == self.dev:
-            self._fps[name] = pre  # computed by the kernel that wrote the tensor: copied at check()
+        if pre is not None:  # computed by the kernel that wrote the tensor: copied at check()
+            self._fps[name] = pre if pre.device == self.dev else pre.to(self.dev)
         elif tensor.device.type == "cpu" and self.dev.type == "cuda":
             # Host-side state (a CUDA generator's seed/offset is a CPU tensor): hash it on the host.
             self._fps[name] = to_signed(fingerprint_bytes(tensor.contiguous().numpy().tobytes()
@@ -128,12 +128,8 @@ class DeviceStepGuard(StepGuard):
             if fp is None:
                 batch_names.append(name)
                 batch.append(self._tensors[name])
-            elif isinstance(fp, torch.Tensor) and fp.device == self.dev:
+            elif isinstance(fp, torch.Tensor):  # on the vector's device (record)
                 ready.append((_HDR + i, fp))
-            elif isinstance(fp, torch.Tensor):
-                batch_names.append(name)
-                batch.append(None)
-                self._tensors.setdefault("__fp_" + name, fp)
             else:
                 header[_HDR + i] = fp
         header[0], header[1], header[2] = step, self.site_id, mask
@@ -143,7 +139,7 @@ class DeviceStepGuard(StepGuard):
         vec[: _HDR + 2 * q].copy_(staged, non_blocking=True)
         if batch_names:
             slots = [_HDR + self.index[n] for n in batch_names]
-            if all(t is not None and t.device == self.dev for t in batch):
+            if all(t.device == self.dev for t in batch):
                 from tpguard.kernels.fingerprint import fingerprint_many
 
                 # the usual case: one batch, values written straight into the vector's slots
@@ -179,10 +175,7 @@ class DeviceStepGuard(StepGuard):
         out = torch.empty(len(names), dtype=torch.int64, device=self.dev)
         by_device: dict[torch.device, list[int]] = {}
         for k, t in enumerate(tensors):
-            if t is None:  # an already computed device fingerprint
-                out[k:k + 1].copy_(self._tensors["__fp_" + names[k]].reshape(1))
-            else:
-                by_device.setdefault(t.device, []).append(k)
+            by_device.setdefault(t.device, []).append(k)
         for ks in by_device.values():
             fps = fingerprint_many([tensors[k] for k in ks]).to(self.dev, non_blocking=True)
             if len(ks) == len(names):

@@ -83,7 +83,7 @@ def bench_shapes(shapes, iters: int, do_check: bool) -> list[dict]:
         print(f"{str(tuple(shape)):>20} {row['dtype']:>9} {row['mb']:8.1f} | {t_fp:8.1f} "
               f"{nbytes / t_fp / 1e6:6.2f} {t_graph:8.1f} | {t_rows:8.1f} {nbytes / t_rows / 1e6:6.2f} | "
               f"{t_sum:8.1f} {nbytes / t_sum / 1e6:6.2f} | {t_copy:8.1f} | {status}")
-        del x, y
+        x = y = flat = None  # free the big tensors before the next shape allocates its own
     return results
 
 
@@ -166,6 +166,20 @@ MANY_VARIANTS = [dict(many_long="table"), dict(many_long="table", maxnreg=128),
                  dict(many_long="rows"), dict(many_long="rows", maxnreg=128)]
 
 
+def _checked_us(label: str, matches, run, iters: int) -> float | None:
+    """Graph-replay us of `run` if `matches()` (bits against the reference) holds, else None
+    after saying why: a variant that does not compile (resources) or does not match."""
+    try:
+        ok = matches()
+    except Exception as exc:  # noqa: BLE001 - report and go on
+        print(f"{label}: ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+        return None
+    if not ok:
+        print(f"{label}: MISMATCH")
+        return None
+    return graph_batched(run, iters)
+
+
 def sweep(iters: int, budget_s: float = 75.0) -> None:
     """KernelConfig variants on the main shape (CUDA-graph replay), each checked bit for bit
     against the reference rows first; then the 3 fastest on the guard's full set."""
@@ -188,16 +202,12 @@ def sweep(iters: int, budget_s: float = 75.0) -> None:
         cfg = k.KernelConfig(block_words=block, rows_per_tile=rpt, chunk_words=chunk,
                              num_warps=warps, shifts=shifts, maxnreg=maxnreg)
         label = f"  {block:6d} {rpt:3d} {chunk:6d} {warps:3d} {shifts} {maxnreg or '-':>4}"
-        try:
-            ok = (torch.equal(k.fingerprint_rows_triton(x, config=cfg).cpu(), rows_ref)
-                  and ref.to_unsigned(int(k.fingerprint_triton(x, config=cfg).item())) == top_ref)
-        except Exception as exc:  # a variant that does not compile (resources): report, go on
-            print(f"{label}: ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+        us = _checked_us(label, lambda: (
+            torch.equal(k.fingerprint_rows_triton(x, config=cfg).cpu(), rows_ref)
+            and ref.to_unsigned(int(k.fingerprint_triton(x, config=cfg).item())) == top_ref),
+            lambda: k.fingerprint_triton(x, config=cfg), iters)
+        if us is None:
             continue
-        if not ok:
-            print(f"{label}: MISMATCH")
-            continue
-        us = graph_batched(lambda: k.fingerprint_triton(x, config=cfg), iters)
         timed.append((us, cfg))
         print(f"{label}: {us:8.1f} us {nbytes / us / 1e6:5.2f} TB/s")
     if not timed:
@@ -219,15 +229,10 @@ def sweep(iters: int, budget_s: float = 75.0) -> None:
             if cfg in seen:
                 continue
             seen.add(cfg)
-            try:
-                ok = torch.equal(k.fingerprint_many_triton(full, config=cfg).cpu(), want)
-            except Exception as exc:  # noqa: BLE001 - report and go on
-                print(f"  {cfg}: ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+            us = _checked_us(f"  {cfg}", lambda: torch.equal(k.fingerprint_many_triton(full, config=cfg).cpu(), want),
+                             lambda: k.fingerprint_many_triton(full, config=cfg), iters)
+            if us is None:
                 continue
-            if not ok:
-                print(f"  {cfg}: MISMATCH")
-                continue
-            us = graph_batched(lambda: k.fingerprint_many_triton(full, config=cfg), iters)
             print(f"  {cfg}: {us:8.1f} us (main shape {us_main:.1f} us)")
             if best_full is None or us < best_full[0]:
                 best_full = (us, cfg)
