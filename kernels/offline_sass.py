@@ -1,0 +1,120 @@
+"""Compile kernels for sm_90a without a GPU and count what ptxas made of them (registers, stack,
+SASS instructions by opcode, barriers, layout conversions). Counts, not timings: how the numbers in
+kernels/NOTES.md ("Session 3 variants", "bracket_copy=2") and NOTES-fingerprint.md section 5 were
+obtained. The GPU machine runs Triton 3.6.0: put a copy of it first on PYTHONPATH, e.g.
+
+    pip install --no-deps --target /tmp/tri36 triton==3.6.0
+    PYTHONPATH=/tmp/tri36 python kernels/offline_sass.py fingerprint 0 10 15
+    PYTHONPATH=/tmp/tri36 python kernels/offline_sass.py bracket 0 1 2
+
+`fingerprint SHIFTS...`: `_rows_kernel` at the default tile ([8, 512] x 4 warps, maxnreg 128),
+256 x 163840 fp32, with the launch's divisibility-16 specialisation; per 32-bit word of its main
+loop: instructions on the integer ALU pipe (SHF, LOP3, IADD3) and on the FMA pipe (IMAD, VIADD).
+`bracket MODES...`: the renorm bracket pass (`RenormConfig.bracket_copy` = MODE) at the default
+shapes for 256 x 163840.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+TARGET = GPUTarget("cuda", 90, 32)
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+OUT = tempfile.mkdtemp(prefix="tpguard-sass-")
+ALU = ("SHF", "LOP3", "IADD3", "ISETP", "SEL", "PRMT", "LEA", "PLOP3")
+FMA = ("IMAD", "VIADD")
+
+
+def compile_kernel(fn, signature: dict, constexprs: dict, aligned: list[int], num_warps: int,
+                   maxnreg: int | None, name: str):
+    """(resource usage line, SASS text, ttgir text) of one specialisation."""
+    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
+    src = ASTSource(fn=fn, signature={**signature, **{c: "constexpr" for c in constexprs}},
+                    constexprs=constexprs, attrs=attrs)
+    opts = {"num_warps": num_warps, **({"maxnreg": maxnreg} if maxnreg else {})}
+    cc = triton.compile(src, target=TARGET, options=opts)
+    path = os.path.join(OUT, name + ".cubin")
+    with open(path, "wb") as f:
+        f.write(cc.asm["cubin"])
+    res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", path], capture_output=True,
+                         text=True).stdout.splitlines()[-1].strip()
+    sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", path], capture_output=True, text=True).stdout
+    return res, sass, cc.asm["ttgir"]
+
+
+def instructions(sass: str) -> list[tuple[int, str]]:
+    out = []
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            out.append((int(m.group(1), 16), re.sub(r"^@!?U?P\w+\s+", "", m.group(2))))
+    return out
+
+
+def opcode(text: str) -> str:
+    return text.split()[0].split(".")[0]
+
+
+def main_loop(ins: list[tuple[int, str]]) -> list[str]:
+    """The body of the first predicated backward branch (the kernel's streaming loop)."""
+    for addr, text in ins:
+        m = re.search(r"BRA\s+0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < addr:
+            lo = int(m.group(1), 16)
+            return [t for a, t in ins if lo <= a <= addr]
+    return []
+
+
+def fingerprint(shifts: list[int]) -> None:
+    from tpguard.kernels import fingerprint as k
+
+    sig = {"words_ptr": "*i32", "rows_out_ptr": "*i64", "partial_ptr": "*i64", "top_ptr": "*i64",
+           "n_rows": "i32", "n_words": "i32", "row_stride": "i32", "s_lo": "i64", "s_hi": "i64",
+           "t_lo": "i64", "t_hi": "i64"}
+    words_per_thread = 8 * 512 // (4 * 32)
+    for mask in shifts:
+        const = dict(MODE=0, EB=4, BR=8, BN=512, CHUNK_TILES=8, SHIFTS=mask)
+        res, sass, _ = compile_kernel(k._rows_kernel, sig, const, [0, 1, 2, 3, 5, 6], 4, 128, f"rows_s{mask}")
+        loop = collections.Counter(opcode(t) for t in main_loop(instructions(sass)))
+        per = {op: n / words_per_thread for op, n in loop.items()}
+        alu = sum(v for op, v in per.items() if op in ALU)
+        fma = sum(v for op, v in per.items() if op in FMA)
+        hi = sum(1 for t in main_loop(instructions(sass)) if t.startswith("IMAD.HI")) / words_per_thread
+        print(f"fingerprint shifts={mask:2d}: {res}\n  loop per word: {sum(per.values()):.2f} instructions, "
+              f"ALU pipe {alu:.2f}, FMA pipe {fma:.2f} (IMAD.HI {hi:.2f})")
+
+
+def bracket(modes: list[int]) -> None:
+    from tpguard.kernels import renorm_passes as rp
+
+    cfg = rp.RenormConfig()
+    s = rp.shapes_for(256, 163840, cfg)
+    sig = {"probs_ptr": "*fp32", "vocab": "i32", "n_chunks": "i32", "plan_ptr": "*i32", "mhi_ptr": "*fp64",
+           "cnt_ptr": "*i32", "slots_ptr": "*fp32"}
+    warps = cfg.bracket_pass_warps or cfg.pass_warps
+    for mode in modes:
+        const = dict(CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=False, COPY_MODE=mode)
+        res, sass, ttgir = compile_kernel(rp._bracket_kernel, sig, const, [0, 1, 3, 4, 5, 6], warps,
+                                          rp.reg_cap(cfg.bracket_maxnreg, warps).get("maxnreg"), f"bracket_{mode}")
+        ops = collections.Counter(opcode(t) for _, t in instructions(sass))
+        print(f"bracket pass, bracket_copy={mode}, {warps} warps: {res}\n  {sum(ops.values())} SASS, "
+              f"BAR {ops['BAR']}, SHFL {ops['SHFL']}, convert_layout {ttgir.count('ttg.convert_layout')}")
+
+
+if __name__ == "__main__":
+    what, values = (sys.argv[1] if len(sys.argv) > 1 else ""), [int(v) for v in sys.argv[2:]]
+    if what == "fingerprint":
+        fingerprint(values or [0])
+    elif what == "bracket":
+        bracket(values or [0])
+    else:
+        sys.exit("usage: python kernels/offline_sass.py fingerprint SHIFTS... | bracket MODES...")
