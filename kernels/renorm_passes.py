@@ -108,14 +108,9 @@ def config_from_env(text: str) -> RenormConfig:
     """``TPGUARD_RENORM_CONFIG="chunk=4096,pass_warps=4"``: block shapes for the whole process.
     Every rank must use the same value (like any kernel configuration); results depend on it
     only where a float64 sum ties at the cutoff."""
-    fields = {f.name: f.type for f in dataclasses.fields(RenormConfig)}
-    changes = {}
-    for item in filter(None, (t.strip() for t in text.split(","))):
-        name, _, value = item.partition("=")
-        if name not in fields:
-            raise ValueError(f"TPGUARD_RENORM_CONFIG: unknown field {name!r} (known: {', '.join(fields)})")
-        changes[name] = float(value) if name == "z" else int(value)
-    return RenormConfig(**changes)
+    from tpguard.config import replace_from_text
+
+    return replace_from_text(RenormConfig(), text, "TPGUARD_RENORM_CONFIG")
 
 
 DEFAULT_CONFIG = config_from_env(os.environ.get("TPGUARD_RENORM_CONFIG", ""))

@@ -263,3 +263,14 @@ def test_bench_arguments(args, text, capsys):
     with pytest.raises(SystemExit) as e:  # argparse's exit, before any benchmark work
         cli_main(args)
     one_line_error(e.value.code, capsys.readouterr().err, text=text)
+
+
+def test_kernel_config_text():
+    from tpguard.config import replace_from_text
+    from tpguard.kernels.fingerprint import KernelConfig
+
+    cfg = replace_from_text(KernelConfig(), "maxnreg=none, many_long=rows,shifts=10", "--config")
+    assert (cfg.maxnreg, cfg.many_long, cfg.shifts) == (None, "rows", 10)
+    for text, msg in (("shifts=x", "shifts='x': expected int"), ("nope=1", "unknown field 'nope'")):
+        with pytest.raises(ValueError, match=msg):
+            replace_from_text(KernelConfig(), text, "--config")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import dataclasses
 from dataclasses import dataclass, field
 
 from tpguard.quantities import CANONICAL_ORDER, DECISIONS_MODE
@@ -137,3 +138,27 @@ def trace_dir_problem(path: str | os.PathLike) -> str | None:
     if not os.access(path, os.W_OK | os.X_OK):
         return f"trace directory {path} is not writable"
     return None
+
+
+def replace_from_text(base, text: str, what: str):
+    """A copy of dataclass instance `base` with ``name=value,...`` applied (kernel configs from an
+    environment variable or a command line). Values take the type of the field's current value
+    (int, float, str); ``none`` unsets an optional one. A bad item: a one-line ValueError naming
+    `what`."""
+    fields = [f.name for f in dataclasses.fields(base)]
+    changes = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in fields:
+            raise ValueError(f"{what}: unknown field {name!r} (known: {', '.join(fields)})")
+        current = getattr(base, name)
+        try:
+            if value.strip().lower() == "none":
+                changes[name] = None
+            elif isinstance(current, str):
+                changes[name] = value.strip()
+            else:
+                changes[name] = float(value) if isinstance(current, float) else int(value)
+        except ValueError:
+            raise ValueError(f"{what}: {name}={value!r}: expected {type(current).__name__}") from None
+    return dataclasses.replace(base, **changes)

@@ -62,26 +62,6 @@ def _us(value) -> str:
     return "n/a" if value is None else f"{value:.1f} us"
 
 
-def parse_config(text: str, base):
-    """'name=value,...' -> a copy of KernelConfig `base` with those fields."""
-    import dataclasses
-
-    fields = {f.name: f.type for f in dataclasses.fields(base)}
-    changes = {}
-    for item in filter(None, (x.strip() for x in text.split(","))):
-        name, _, value = item.partition("=")
-        if name not in fields:
-            raise SystemExit(f"tpguard bench guard: unknown KernelConfig field {name!r} "
-                             f"(known: {', '.join(fields)})")
-        if name == "many_long":
-            changes[name] = value
-        elif value.lower() in ("none", ""):
-            changes[name] = None
-        else:
-            changes[name] = int(value)
-    return dataclasses.replace(base, **changes)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = BenchParser(prog="tpguard bench guard")
     ap.add_argument("--bs", type=int, default=32)
@@ -122,7 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     from tpguard.kernels import fingerprint as kfp
 
     if args.config:
-        kfp.DEFAULT_CONFIG = parse_config(args.config, kfp.DEFAULT_CONFIG)
+        from tpguard.config import replace_from_text
+
+        try:
+            kfp.DEFAULT_CONFIG = replace_from_text(kfp.DEFAULT_CONFIG, args.config, "--config")
+        except ValueError as e:
+            ap.error(str(e))
     out["config"] = str(kfp.DEFAULT_CONFIG)
     default_cfg = kfp.DEFAULT_CONFIG
     for variant in ({"many_long": "table"}, {"many_long": "table", "maxnreg": 128},
