@@ -381,16 +381,29 @@ if triton is not None:
             tl.store(top_ptr, _row_fp(t1, t2, _seed64(t_lo, t_hi)).to(tl.int64, bitcast=True))
 
     @triton.jit
-    def _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
-                           EB: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
-                           ALIGNED: tl.constexpr, SHIFTS: tl.constexpr):
-        """`_tile_lane_sums` for a segment known by its address (fingerprint_many)."""
+    def _segment_fields(meta):
+        """(address, rows, words per row, row stride, bytes per word, row seed) of a table record."""
+        return (tl.load(meta + _F_ADDR), tl.load(meta + _F_ROWS).to(tl.int32),
+                tl.load(meta + _F_WORDS).to(tl.int32), tl.load(meta + _F_STRIDE), tl.load(meta + _F_EB),
+                tl.load(meta + _F_SEED).to(tl.uint64, bitcast=True))
+
+    @triton.jit
+    def _segment_base(addr, EB: tl.constexpr):
+        """A segment's address (int64, from the table) as a pointer to its storage words."""
         if EB == 4:
             base = addr.to(tl.pointer_type(tl.int32))
         elif EB == 2:
             base = addr.to(tl.pointer_type(tl.int16))
         else:
             base = addr.to(tl.pointer_type(tl.uint8))
+        return base
+
+    @triton.jit
+    def _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
+                           EB: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
+                           ALIGNED: tl.constexpr, SHIFTS: tl.constexpr):
+        """`_tile_lane_sums` for a segment known by its address (fingerprint_many)."""
+        base = _segment_base(addr, EB)
         cols = col0 + tl.arange(0, BN)
         ptrs = base + (rows_ld.to(tl.int64) * row_stride)[:, None] + cols[None, :]
         if ALIGNED:  # host-checked: address and row stride are multiples of 16 bytes
@@ -411,12 +424,7 @@ if triton is not None:
             first = tl.load(table_ptr + (rec0 + i) * _REC + _F_ITEM0)
             rec = tl.where(pid >= first, rec0 + i, rec)
         meta = table_ptr + rec * _REC
-        addr = tl.load(meta + _F_ADDR)
-        n_rows = tl.load(meta + _F_ROWS).to(tl.int32)
-        n_words = tl.load(meta + _F_WORDS).to(tl.int32)
-        row_stride = tl.load(meta + _F_STRIDE)
-        eb = tl.load(meta + _F_EB)
-        seed = tl.load(meta + _F_SEED).to(tl.uint64, bitcast=True)
+        addr, n_rows, n_words, row_stride, eb, seed = _segment_fields(meta)
         part = tl.load(meta + _F_PART)
         n_chunks = tl.load(meta + _F_CHUNKS).to(tl.int32)
         local = pid - tl.load(meta + _F_ITEM0).to(tl.int32)
@@ -482,12 +490,7 @@ if triton is not None:
 
     @triton.jit
     def _small_words(addr, offs, m, EB: tl.constexpr):
-        if EB == 4:
-            base = addr.to(tl.pointer_type(tl.int32))
-        elif EB == 2:
-            base = addr.to(tl.pointer_type(tl.int16))
-        else:
-            base = addr.to(tl.pointer_type(tl.uint8))
+        base = _segment_base(addr, EB)
         return _as_words(tl.load(base + offs, mask=m, other=0), EB)
 
     @triton.jit
@@ -495,12 +498,7 @@ if triton is not None:
         """One small segment (rows of <= BN words, few rows) read and finished in one program:
         row fingerprints and the top hash in one pass, no partial sums."""
         meta = table_ptr + rec * _REC
-        addr = tl.load(meta + _F_ADDR)
-        n_rows = tl.load(meta + _F_ROWS).to(tl.int32)
-        n_words = tl.load(meta + _F_WORDS).to(tl.int32)
-        row_stride = tl.load(meta + _F_STRIDE)
-        eb = tl.load(meta + _F_EB)
-        seed = tl.load(meta + _F_SEED).to(tl.uint64, bitcast=True)
+        addr, n_rows, n_words, row_stride, eb, seed = _segment_fields(meta)
         top_seed = tl.load(meta + _F_TOP).to(tl.uint64, bitcast=True)
         out_index = tl.load(meta + _F_OUT)
         s_lo = (seed & _M32).to(tl.uint32)
