@@ -267,6 +267,8 @@ def parse_args(argv: Sequence[str]) -> dict:
     p.add_argument("--graphs", action="store_true", help="also time CUDA-graph replays in the main table")
     p.add_argument("--json", dest="json_path", default=None)
     p.add_argument("--quick", action="store_true", help="fewer iterations and repeats")
+    p.add_argument("--host-profile", action="store_true",
+                   help="only: host time of eager tpguard calls at 1 row and a cProfile of them (where eager time goes)")
     a = vars(p.parse_args(list(argv)))
     if a.pop("quick"):
         a["iters"], a["repeats"] = 10, 20
@@ -286,8 +288,39 @@ def main(argv: Optional[Sequence[str]] = None, **kwargs) -> int:
     if bad:
         print(f"tpguard bench kernels: unknown implementation or op {bad[0]!r}", file=sys.stderr)
         return 2
+    if opts.pop("host_profile", False):
+        host_profile(opts.get("vocabs", (163840,))[-1], opts.get("iters", 50))
+        return 0
     run(**opts)
     return 0
+
+
+def host_profile(vocab: int, iters: int) -> None:
+    """Host time per eager call (no sync in the loop) of each tpguard op at 1 row, then a cProfile of
+    the top-p calls: small batches run eagerly are host-bound (docs/benchmarks.md)."""
+    import cProfile
+    import pstats
+
+    from tpguard.bench.timing import time_host
+    from tpguard.kernels import renorm
+
+    probs = torch.softmax(torch.randn(1, vocab, device="cuda"), -1)
+    calls = {"top_p": lambda: renorm.top_p_renorm(probs, 0.9),
+             "top_k": lambda: renorm.top_k_renorm(probs, 40),
+             "top_k_top_p": lambda: renorm.top_k_top_p_renorm(probs, 40, 0.9),
+             "min_p": lambda: renorm.min_p_renorm(probs, 0.1)}
+    for name, fn in calls.items():
+        for _ in range(3):
+            fn()
+        print(f"host time per eager call, 1 x {vocab}: {name} {time_host(fn, iters):.1f} us")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(iters):
+        calls["top_p"]()
+    prof.disable()
+    torch.cuda.synchronize()
+    print(f"cProfile of {iters} eager top_p calls:")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(20)
 
 
 if __name__ == "__main__":
