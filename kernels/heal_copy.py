@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from tpguard.kernels.fingerprint import INTERPRET  # the CPU interpreter: CPU tensors only
+
 try:
     import triton
     import triton.language as tl
@@ -111,12 +113,6 @@ if triton is not None:
             _copy_one(base_ptr, a4, n4, o4, C4, UNPACK, BLOCK)
 
 
-def _interpreted() -> bool:
-    from tpguard.kernels.fingerprint import INTERPRET
-
-    return INTERPRET
-
-
 def kernel_applies(base: torch.Tensor, present: list[tuple[torch.Tensor, int]]) -> bool:
     """The kernel's case: CUDA (or CPU under TRITON_INTERPRET=1), at most MAX_TENSORS tensors,
     each contiguous, of a dtype in CODES, on base's device. Anything else: the torch copies."""
@@ -124,7 +120,7 @@ def kernel_applies(base: torch.Tensor, present: list[tuple[torch.Tensor, int]]) 
         return False
     if base.dtype != torch.int64 or not base.is_contiguous():
         return False
-    if base.device.type != ("cpu" if _interpreted() else "cuda"):
+    if base.device.type != ("cpu" if INTERPRET else "cuda"):
         return False
     return all(t.device == base.device and t.dtype in CODES and t.is_contiguous() for t, _ in present)
 
@@ -152,13 +148,20 @@ def _args(present: list[tuple[torch.Tensor, int]]) -> tuple[list, dict]:
 
 
 _kernel_failed = False
-_LAUNCHES: dict = {}  # (direction, addresses, dtypes, numels, offsets, device) -> _Launch
+_LAUNCHES: dict = {}  # (direction, addresses, numels, offsets, dtype codes, device) -> _Launch
 _LAUNCHES_MAX = 64
+_SEEN_ONCE: dict = {}  # keys met once outside capture (the direct launch is set up at the second)
 
 
 def _launch(base: torch.Tensor, present: list[tuple[torch.Tensor, int]], unpack: bool) -> None:
     """One launch; through a recorded direct launcher once checked against Triton's (as
-    guard_compare's `_launch`), keyed by the tensors' addresses, never holding the tensors."""
+    guard_compare's `_launch`), keyed by the tensors' addresses, never holding the tensors.
+
+    Addresses met for the first time outside capture get Triton's launch only (compiling the
+    variant, so a capture after one warm-up step compiles nothing): recording and checking the
+    direct launcher cost more host time, which tensors reallocated at new addresses every step
+    would pay every step (as a `ManyPlan` used once); from the second meeting on (the caching
+    allocator's usual reuse) the launch is set up and then direct."""
     from tpguard.kernels.fingerprint import _Launch, fast_launch_enabled, prepare_fast
 
     args, meta = _args(present)
@@ -173,23 +176,33 @@ def _launch(base: torch.Tensor, present: list[tuple[torch.Tensor, int]], unpack:
     if launch is not None:
         launch(base, fast=True)
         return
+    capturing = torch.cuda.is_current_stream_capturing()
+    if not capturing and key not in _SEEN_ONCE:
+        if len(_SEEN_ONCE) >= 4 * _LAUNCHES_MAX:
+            _SEEN_ONCE.clear()
+        _SEEN_ONCE[key] = True
+        args[0] = base
+        _heal_copy_kernel[grid](*args, **meta)
+        return
     launch = _Launch(_heal_copy_kernel, grid, tuple(args), meta, out_pos=0)
     launch.normal(base)
-    if torch.cuda.is_current_stream_capturing():
+    if capturing:
         return  # set up outside capture only
 
     if unpack:
-        def rerun() -> bool:  # the tensors again from the same row 0, over a poisoned copy
+        def rerun() -> bool:  # the tensors again from the same row 0, over poisoned values
             want = [t.clone() for t, _ in present]
-            for t, _ in present:
-                t.copy_(t.logical_not() if t.dtype == torch.bool else t.bitwise_not())
-            launch(base, fast=True)
-            ok = all(torch.equal(t, w) for (t, _), w in zip(present, want))
-            if not ok:
-                for (t, _), w in zip(present, want):
-                    t.copy_(w)
+            ok = False
+            try:
+                for t, _ in present:
+                    t.copy_(t.logical_not() if t.dtype == torch.bool else t.bitwise_not())
+                launch(base, fast=True)
+                ok = all(torch.equal(t, w) for (t, _), w in zip(present, want))
+            finally:
+                if not ok:  # the values of the normal launch back
+                    for (t, _), w in zip(present, want):
+                        t.copy_(w)
             return ok
-        out = base
     else:
         def rerun() -> bool:  # the payload again into a poisoned copy of the vector
             direct = base.bitwise_not()
@@ -198,16 +211,17 @@ def _launch(base: torch.Tensor, present: list[tuple[torch.Tensor, int]], unpack:
             for t, offset in present:
                 want[offset:offset + t.numel()] = base[offset:offset + t.numel()]
             return torch.equal(direct, want)
-        out = base
 
-    prepare_fast([launch], out, rerun)
+    prepare_fast([launch], base, rerun)
+    _SEEN_ONCE.pop(key, None)
     if len(_LAUNCHES) >= _LAUNCHES_MAX:
         _LAUNCHES.clear()
     _LAUNCHES[key] = launch
 
 
 def _run(base: torch.Tensor, present, unpack: bool) -> bool:
-    """The kernel if it applies (True), else False (the caller uses the torch copies)."""
+    """True: the kernel ran; False: the caller uses the torch copies (not the kernel's case, or
+    a Triton that cannot build it)."""
     global _kernel_failed
     if not kernel_applies(base, present):
         return False
