@@ -9,9 +9,10 @@ lags by at most one step and never blocks the stream; every rank reads the same 
 at the same call, so `abort` still stops all ranks at the same point.
 
 Fused heal (policy ``heal`` with ``heal_capacity``): rank 0's decision tensors travel inside the
-same all-gather, and every rank copies rank 0's values into its own on the device, every step.
-One collective per verify step replaces SGLang's per-site broadcasts, and the fingerprints still
-record every disagreement that the broadcast hid.
+same all-gather, and every rank copies rank 0's values into its own on the device, every step
+(one launch packs all decision tensors into the vector, one unpacks rank 0's row back:
+kernels/heal_copy.py). One collective per verify step replaces SGLang's per-site broadcasts, and
+the fingerprints still record every disagreement that the broadcast hid.
 
 CUDA graphs: `device_check()` is the capturable half (fixed buffers, a device step counter, no
 host reads); after each replay, `collect()` reads the result. See docs/production.md.
@@ -158,14 +159,12 @@ class DeviceStepGuard(StepGuard):
         return vec
 
     def _stage_heal_payload(self, vec: torch.Tensor, tensors: dict) -> None:
-        """With fused heal: this rank's decisions into the vector (rank 0's travel to everyone)."""
-        for name, offset, cap in self.heal_layout:
-            t = tensors.get(name)
-            if t is not None:
-                n = t.numel()
-                if n > cap:
-                    raise ValueError(f"heal_capacity[{name!r}] = {cap} < {n} elements this step")
-                vec[offset:offset + n].copy_(t.reshape(-1))
+        """With fused heal: this rank's decisions into the vector (rank 0's travel to everyone);
+        one launch for all of them (kernels/heal_copy.py)."""
+        if self.heal_layout:
+            from tpguard.kernels.heal_copy import heal_pack
+
+            heal_pack(vec, self.heal_layout, tensors)
 
     def _fingerprints(self, names: list[str], tensors: list) -> torch.Tensor:
         """int64 [len(names)] on the comm device: one `fingerprint_many` batch per device (the
@@ -219,10 +218,10 @@ class DeviceStepGuard(StepGuard):
             self._pending.append((step, result.clone(), None, time.monotonic()))
 
     def _apply_rank0_decisions(self, gathered: torch.Tensor) -> None:
-        for name, offset, _ in self.heal_layout:
-            t = self._tensors.get(name)
-            if t is not None:
-                t.view(-1).copy_(gathered[0, offset:offset + t.numel()])
+        """Rank 0's payload (row 0 of `gathered`) into this rank's tensors: one launch."""
+        from tpguard.kernels.heal_copy import heal_unpack
+
+        heal_unpack(gathered, self.heal_layout, self._tensors)
 
     # --- the host half -------------------------------------------------------------------------
 
@@ -371,7 +370,8 @@ class DeviceStepGuard(StepGuard):
 
     def device_check(self) -> None:
         """Capturable: fingerprints (+ step counter), all-gather, compare, copy into the pinned
-        slot. One rank, decisions set: 3 graph nodes (fingerprints, compare, copy)."""
+        slot. One rank, decisions set: 3 graph nodes (fingerprints, compare, copy); fused heal
+        adds 2 (the payload pack before the all-gather, rank 0's unpack after it)."""
         from tpguard.kernels.guard_compare import compare_gathered
 
         g = self._graph

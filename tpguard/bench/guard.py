@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default="", help="KernelConfig overrides for the guard's "
                     "fingerprints, e.g. block_words=2048,num_warps=4,many_long=rows,maxnreg=128 "
                     "(the sweep's best line of `python -m tpguard.bench.fingerprint --sweep`)")
+    ap.add_argument("--heal-only", action="store_true", help="with 2+ ranks: only the fused heal vs "
+                    "broadcasts comparison (section 3), plus the plain decisions guard timed the same ways")
     ap.add_argument("--fused-probs", action="store_true", help="only measure the renorm's write pass "
                     "with vs without the fused target_probs fingerprint (kernels/renorm_write_fp.py)")
     args = ap.parse_args(argv)
@@ -82,10 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.fused_probs:
         return fused_probs_main(args)
-    from tpguard.device_guard import DeviceStepGuard, decisions_capacity
-
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
+    if args.heal_only and world < 2:
+        print("tpguard bench guard: --heal-only needs 2+ ranks (torchrun --nproc-per-node 2 ...)")
+        return 2
     if world > 1:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
         dist.init_process_group("nccl")
@@ -94,6 +97,68 @@ def main(argv: list[str] | None = None) -> int:
     rows = args.bs * args.draft_tokens
     out: dict = {"shape": f"{rows} x {args.vocab} fp32", "world_size": world,
                  "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+
+    if not args.heal_only:
+        _sections_1_2(args, ap, t, out, world)
+
+    # 3. Fused heal vs per-site broadcasts (2 ranks).
+    if world > 1:
+        heal_section(args, t, out)
+
+    if rank == 0 and args.heal_only:
+        print_heal(out)
+    elif rank == 0:
+        from tpguard.kernels import fingerprint as kfp
+
+        off = out["step_off_us"]
+        print(f"guard cost at {out['shape']}, {world} rank(s), {out['gpu']}, {out['config']}")
+        print(f"  device work per checked step (graph replay): full {out['graph_full_us']:.1f} us, "
+              f"decisions {out['graph_decisions_us']:.1f} us")
+        print(f"  full with target_probs from the renorm write pass: {out['graph_full_fused_probs_us']:.1f} us "
+              f"+ the write pass's extra (--fused-probs)")
+        if out.get("graph_fused_guard_added_us") is not None:
+            print(f"  one graph, top-p renorm + full guard with the fused slot: {out['graph_renorm_fused_guard_us']:.1f} "
+                  f"us vs the renorm alone {out['graph_renorm_only_us']:.1f} us: guard adds "
+                  f"{out['graph_fused_guard_added_us']:.1f} us")
+        for mode in ("full", "decisions"):
+            x8, added = out.get(f"graph_{mode}_x8_us"), out.get(f"graph_step_{mode}_added_us")
+            print(f"  {mode} inside a graph: {_us(x8)} per check (8 checks in one graph); stand-in step "
+                  f"{_us(out['graph_step_off_us'])} alone, {_us(out.get(f'graph_step_{mode}_us'))} with the "
+                  f"guard: adds {_us(added)}")
+            print(f"  {mode} with the zero-copy result (used: {out.get(f'zero_copy_{mode}_used')}): "
+                  f"{_us(out.get(f'graph_{mode}_zero_copy_us'))} standalone, "
+                  f"{_us(out.get(f'graph_{mode}_zero_copy_x8_us'))} per check inside a graph")
+        print(f"  of which fingerprints: full {out['fingerprint_full_us']:.1f} us, "
+              f"decisions {out['fingerprint_decisions_us']:.1f} us")
+        for key in sorted(k for k in out if k.startswith("graph_full_us[")):
+            value = out[key]
+            print(f"  full mode, {key[len('graph_full_us'):]}: "
+                  + (f"{value:.1f} us" if value is not None else "capture failed"))
+        print(f"  host time per checked step (record + check, eager, no sync; a GPU-bound step "
+              f"waits for the step before): full {out['host_full_us']:.0f} us, "
+              f"decisions {out['host_decisions_us']:.0f} us with direct launches; "
+              f"{out['host_full_triton_launch_us']:.0f} / {out['host_decisions_triton_launch_us']:.0f} us "
+              f"with Triton's launches (fast launch: {kfp.fast_launch_enabled()})")
+        states = [plan.fast_launch for plan in kfp._PLAN_CACHE.values()]
+        print(f"  direct-launch state of the cached fingerprint plans: "
+              f"{ {s_: states.count(s_) for s_ in set(states)} }; refusals: {kfp.FAST_LAUNCH_FAILURES or 'none'}")
+        for mode in ("full", "decisions"):
+            on = out[f"step_{mode}_us"]
+            print(f"  eager stand-in verify step: off {off:.0f} us, {mode} on {on:.0f} us "
+                  f"(+{on - off:.0f} us, {100 * (on - off) / off:.2f}% of this step)")
+        if world > 1:
+            print_heal(out)
+    if rank == 0 and args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    if world > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+def _sections_1_2(args, ap, t: dict, out: dict, world: int) -> None:
+    """Sections 1 (graph-replayed device work) and 2 (eager steps, host time)."""
+    from tpguard.device_guard import DeviceStepGuard
 
     # 1. GPU time of the guard's device work, from graph replays; the full set also with the
     #    long-row variants of fingerprint_many (KernelConfig.many_long, maxnreg).
@@ -248,82 +313,78 @@ def main(argv: list[str] | None = None) -> int:
         guard.drain()
         guard.close()
 
-    # 3. Fused heal vs per-site broadcasts (2 ranks).
-    if world > 1:
-        decisions = ["accept_index", "accept_len", "bonus", "commit_lens", "out_tokens"]
+def heal_section(args, t: dict, out: dict) -> None:
+    """Fused heal vs per-site rank-0 broadcasts, each eager (host clock, synchronised per call:
+    what a caller waits) and from a graph; fused heal also as host time alone (no sync, the
+    measure of host_decisions_us), and the plain decisions guard (no heal) timed the same ways,
+    so heal's own share is a difference of like numbers; and the like-for-like alternative of
+    a guarded engine without fused heal: the decisions guard followed by the 5 broadcasts."""
+    from tpguard.bench.timing import time_host
+    from tpguard.device_guard import DeviceStepGuard, decisions_capacity
 
-        def broadcasts():
-            for n in decisions:  # one rank-0 broadcast per decision site, as SpecTpSync does
-                dist.broadcast(t[n], src=0)
+    decisions = ["accept_index", "accept_len", "bonus", "commit_lens", "out_tokens"]
 
-        guard = DeviceStepGuard(site="bench.heal", policy="heal", run_id="bench", watchdog=False,
-                                heal_capacity=decisions_capacity(args.bs, args.draft_tokens))
+    def broadcasts():
+        for n in decisions:  # one rank-0 broadcast per decision site, as SpecTpSync does
+            dist.broadcast(t[n], src=0)
 
-        def fused():
+    out["broadcasts_per_step"] = len(decisions)
+    out["broadcasts_eager_us"] = time_wall(broadcasts, args.iters)
+    out["fused_heal_collectives_per_step"] = 1
+    for label, heal in (("fused_heal", True), ("decisions_no_heal", False)):
+        kw = dict(policy="heal", heal_capacity=decisions_capacity(args.bs, args.draft_tokens)) if heal else {}
+        guard = DeviceStepGuard(site=f"bench.{label}", run_id="bench", watchdog=False, **kw)
+
+        def guarded(guard=guard):
             for n in DECISIONS_MODE:
                 guard.record(n, t[n])
             guard.check()
 
-        out["broadcasts_per_step"] = len(decisions)
-        out["broadcasts_eager_us"] = time_wall(broadcasts, args.iters)
-        out["fused_heal_collectives_per_step"] = 1
-        out["fused_heal_eager_us"] = time_wall(fused, args.iters)
+        out[f"{label}_eager_us"] = time_wall(guarded, args.iters)
+        guarded()
+        torch.cuda.synchronize()
+        out[f"{label}_host_us"] = time_host(guarded, args.iters)
+        torch.cuda.synchronize()
         guard.drain()
         guard.close()
-        guard = DeviceStepGuard(site="bench.heal.graph", policy="heal", run_id="bench", watchdog=False,
-                                heal_capacity=decisions_capacity(args.bs, args.draft_tokens))
+        guard = DeviceStepGuard(site=f"bench.{label}.graph", run_id="bench", watchdog=False, **kw)
         guard.prepare_graph({n: t[n] for n in DECISIONS_MODE})
-        out["fused_heal_graph_us"] = time_graph(guard.device_check, args.iters)
-        out["broadcasts_graph_us"] = time_graph(broadcasts, args.iters)
-        guard.close()
+        out[f"{label}_graph_us"] = time_graph(guard.device_check, args.iters)
+        if not heal:
+            def check_then_broadcasts(guard=guard):
+                guard.device_check()
+                broadcasts()
 
-    if rank == 0:
-        off = out["step_off_us"]
-        print(f"guard cost at {out['shape']}, {world} rank(s), {out['gpu']}, {out['config']}")
-        print(f"  device work per checked step (graph replay): full {out['graph_full_us']:.1f} us, "
-              f"decisions {out['graph_decisions_us']:.1f} us")
-        print(f"  full with target_probs from the renorm write pass: {out['graph_full_fused_probs_us']:.1f} us "
-              f"+ the write pass's extra (--fused-probs)")
-        if out.get("graph_fused_guard_added_us") is not None:
-            print(f"  one graph, top-p renorm + full guard with the fused slot: {out['graph_renorm_fused_guard_us']:.1f} "
-                  f"us vs the renorm alone {out['graph_renorm_only_us']:.1f} us: guard adds "
-                  f"{out['graph_fused_guard_added_us']:.1f} us")
-        for mode in ("full", "decisions"):
-            x8, added = out.get(f"graph_{mode}_x8_us"), out.get(f"graph_step_{mode}_added_us")
-            print(f"  {mode} inside a graph: {_us(x8)} per check (8 checks in one graph); stand-in step "
-                  f"{_us(out['graph_step_off_us'])} alone, {_us(out.get(f'graph_step_{mode}_us'))} with the "
-                  f"guard: adds {_us(added)}")
-            print(f"  {mode} with the zero-copy result (used: {out.get(f'zero_copy_{mode}_used')}): "
-                  f"{_us(out.get(f'graph_{mode}_zero_copy_us'))} standalone, "
-                  f"{_us(out.get(f'graph_{mode}_zero_copy_x8_us'))} per check inside a graph")
-        print(f"  of which fingerprints: full {out['fingerprint_full_us']:.1f} us, "
-              f"decisions {out['fingerprint_decisions_us']:.1f} us")
-        for key in sorted(k for k in out if k.startswith("graph_full_us[")):
-            value = out[key]
-            print(f"  full mode, {key[len('graph_full_us'):]}: "
-                  + (f"{value:.1f} us" if value is not None else "capture failed"))
-        print(f"  host time per checked step (record + check, eager, no sync; a GPU-bound step "
-              f"waits for the step before): full {out['host_full_us']:.0f} us, "
-              f"decisions {out['host_decisions_us']:.0f} us with direct launches; "
-              f"{out['host_full_triton_launch_us']:.0f} / {out['host_decisions_triton_launch_us']:.0f} us "
-              f"with Triton's launches (fast launch: {kfp.fast_launch_enabled()})")
-        states = [plan.fast_launch for plan in kfp._PLAN_CACHE.values()]
-        print(f"  direct-launch state of the cached fingerprint plans: "
-              f"{ {s_: states.count(s_) for s_ in set(states)} }; refusals: {kfp.FAST_LAUNCH_FAILURES or 'none'}")
-        for mode in ("full", "decisions"):
-            on = out[f"step_{mode}_us"]
-            print(f"  eager stand-in verify step: off {off:.0f} us, {mode} on {on:.0f} us "
-                  f"(+{on - off:.0f} us, {100 * (on - off) / off:.2f}% of this step)")
-        if world > 1:
-            print(f"  heal: {out['broadcasts_per_step']} broadcasts {out['broadcasts_eager_us']:.0f} us eager "
-                  f"/ {out['broadcasts_graph_us']:.1f} us graph  vs  fused 1 all-gather "
-                  f"{out['fused_heal_eager_us']:.0f} us eager / {out['fused_heal_graph_us']:.1f} us graph")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(out, f, indent=1)
-    if world > 1:
-        dist.destroy_process_group()
-    return 0
+            out["decisions_then_broadcasts_graph_us"] = time_graph(check_then_broadcasts, args.iters)
+        guard.close()
+        if not heal:
+            guard = DeviceStepGuard(site="bench.then_broadcasts", run_id="bench", watchdog=False)
+
+            def guarded_then_broadcasts(guard=guard):
+                for n in DECISIONS_MODE:
+                    guard.record(n, t[n])
+                guard.check()
+                broadcasts()
+
+            out["decisions_then_broadcasts_eager_us"] = time_wall(guarded_then_broadcasts, args.iters)
+            torch.cuda.synchronize()
+            guard.drain()
+            guard.close()
+    out["broadcasts_graph_us"] = time_graph(broadcasts, args.iters)
+
+
+def print_heal(out: dict) -> None:
+    print(f"  heal: {out['broadcasts_per_step']} broadcasts {out['broadcasts_eager_us']:.0f} us eager "
+          f"/ {out['broadcasts_graph_us']:.1f} us graph  vs  fused 1 all-gather "
+          f"{out['fused_heal_eager_us']:.0f} us eager / {out['fused_heal_graph_us']:.1f} us graph")
+    print(f"  heal's share: fused heal vs the decisions guard without heal: eager (synchronised) "
+          f"{out['fused_heal_eager_us']:.0f} vs {out['decisions_no_heal_eager_us']:.0f} us, host alone "
+          f"{out['fused_heal_host_us']:.0f} vs {out['decisions_no_heal_host_us']:.0f} us, graph "
+          f"{out['fused_heal_graph_us']:.1f} vs {out['decisions_no_heal_graph_us']:.1f} us")
+    print(f"  guarded either way: fused heal {out['fused_heal_eager_us']:.0f} us eager / "
+          f"{out['fused_heal_graph_us']:.1f} us graph  vs  decisions guard + {out['broadcasts_per_step']} "
+          f"broadcasts {out['decisions_then_broadcasts_eager_us']:.0f} us eager / "
+          f"{out['decisions_then_broadcasts_graph_us']:.1f} us graph")
 
 
 def fused_probs_main(args) -> int:
