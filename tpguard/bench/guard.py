@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"guard: adds {_us(added)}")
             print(f"  {mode} with the zero-copy result (used: {out.get(f'zero_copy_{mode}_used')}): "
                   f"{_us(out.get(f'graph_{mode}_zero_copy_us'))} standalone, "
-                  f"{_us(out.get(f'graph_{mode}_zero_copy_x8_us'))} per check inside a graph")
+                  f"{_us(out.get(f'graph_{mode}_zero_copy_x8_us'))} per check inside a graph; the stand-in "
+                  f"step with it: adds {_us(out.get(f'graph_step_{mode}_zero_copy_added_us'))}")
         print(f"  of which fingerprints: full {out['fingerprint_full_us']:.1f} us, "
               f"decisions {out['fingerprint_decisions_us']:.1f} us")
         for key in sorted(k for k in out if k.startswith("graph_full_us[")):
@@ -180,7 +181,7 @@ def _sections_1_2(args, ap, t: dict, out: dict, world: int) -> None:
         kfp.DEFAULT_CONFIG = dataclasses.replace(default_cfg, **variant)
         guard = DeviceStepGuard(site="bench.variant", quantities=CANONICAL_ORDER, run_id="bench",
                                 watchdog=False)
-        guard.prepare_graph({n: t[n] for n in CANONICAL_ORDER})
+        guard.prepare_graph({n: t[n] for n in CANONICAL_ORDER}, zero_copy=False)
         label = ",".join(f"{k}={v}" for k, v in variant.items())
         out[f"graph_full_us[{label}]"] = time_graph(guard.device_check, args.iters, strict=False)
         guard.close()
@@ -193,7 +194,7 @@ def _sections_1_2(args, ap, t: dict, out: dict, world: int) -> None:
                         ("decisions", DECISIONS_MODE)):
         guard = DeviceStepGuard(site=f"bench.{mode}", quantities=CANONICAL_ORDER, run_id="bench",
                                 watchdog=False)
-        guard.prepare_graph({n: t[n] for n in names})
+        guard.prepare_graph({n: t[n] for n in names}, zero_copy=False)
         out[f"graph_{mode}_us"] = time_graph(guard.device_check, args.iters)
         guard.close()
     # The guard inside a step's graph, as SGLang replays it: the guard's nodes follow the step's
@@ -204,7 +205,7 @@ def _sections_1_2(args, ap, t: dict, out: dict, world: int) -> None:
     for mode, names in (("full", CANONICAL_ORDER), ("decisions", DECISIONS_MODE)):
         guard = DeviceStepGuard(site=f"bench.in_graph.{mode}", quantities=CANONICAL_ORDER, run_id="bench",
                                 watchdog=False)
-        guard.prepare_graph({n: t[n] for n in names})
+        guard.prepare_graph({n: t[n] for n in names}, zero_copy=False)
         out[f"graph_{mode}_x8_us"] = time_graph(guard.device_check, args.iters, per_replay=8, strict=False)
 
         def step_and_guard(guard=guard):
@@ -224,6 +225,14 @@ def _sections_1_2(args, ap, t: dict, out: dict, world: int) -> None:
         out[f"graph_{mode}_zero_copy_us"] = time_graph(guard.device_check, args.iters, strict=False)
         out[f"graph_{mode}_zero_copy_x8_us"] = time_graph(guard.device_check, args.iters, per_replay=8,
                                                           strict=False)
+
+        def step_and_zero_copy_guard(guard=guard):
+            stand_in_verify(t)
+            guard.device_check()
+
+        on = time_graph(step_and_zero_copy_guard, args.iters, strict=False)
+        if on is not None and out["graph_step_off_us"] is not None:
+            out[f"graph_step_{mode}_zero_copy_added_us"] = on - out["graph_step_off_us"]
         guard.close()
     # The whole fused path in one graph: tpguard's top-p renorm writing target_probs'
     # fingerprint into the guard's vector slot (prepare_graph(precomputed=...)), then the
