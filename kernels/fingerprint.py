@@ -30,6 +30,10 @@ Design (one read pass over the data, no host sync):
   launch once per kernel per process; ``TPGUARD_FAST_LAUNCH=0`` turns it off).
 * Long rows are hashed ``rows_per_tile`` side by side: a thread holds the same columns of
   several rows, so the per-column position work (``_pos_mix``) is shared by those rows.
+* Loads of the column loop: the next step's words are loaded before the current ones are
+  hashed (default); ``KernelConfig.prefetch`` / ``num_stages`` / ``load_cache`` / ``load_evict``
+  try deeper register prefetch, Triton's cp.async pipeline and cache hints
+  (kernels/NOTES-fingerprint.md, session 4).
 * Per-row groups of words are summed through ``tl.reshape`` WITHOUT ``can_reorder``: a reordering
   reshape let the sm_90 compiler mix rows of multi-row tiles (GPU run 1: wrong row fingerprints
   of [3, 5] tensors and of the guard's decisions set); the interpreter never reorders.
@@ -314,20 +318,23 @@ if triton is not None:
         V: tl.constexpr = 4 if BN >= 4 else BN
         acc1 = tl.zeros([BR, BN // V], dtype=tl.uint64)
         acc2 = tl.zeros([BR, BN // V], dtype=tl.uint64)
-        if PREFETCH == 1:
+        if PREFETCH == 1 and STAGES == 0:  # runs 1-9's code, written out: the same compiled kernel
+            nxt = tl.load(ptrs, mask=n_full > 0, other=0, cache_modifier=CACHE, eviction_policy=EVICT)
+            for k in range(n_full):
+                w = nxt
+                nxt = tl.load(ptrs + (k + 1) * BN, mask=k + 1 < n_full, other=0, cache_modifier=CACHE,
+                              eviction_policy=EVICT)
+                h, g = _word_hashes(_as_words(w, EB), _pos_mix(pos), s_hi, SHIFTS)
+                acc1 += _group_sum(h, BR, BN, V)
+                acc2 += _group_sum(g, BR, BN, V)
+                pos += POS_STEP
+        elif PREFETCH == 1:  # and STAGES > 0
             nxt = _load_words(ptrs, n_full > 0, CACHE, EVICT)
-            if STAGES == 0:
-                for k in range(n_full):
-                    w = nxt
-                    nxt = _load_words(ptrs + (k + 1) * BN, k + 1 < n_full, CACHE, EVICT)
-                    acc1, acc2 = _hash_step(w, pos, s_hi, acc1, acc2, EB, BR, BN, V, SHIFTS)
-                    pos += POS_STEP
-            else:
-                for k in tl.range(n_full, num_stages=STAGES):
-                    w = nxt
-                    nxt = _load_words(ptrs + (k + 1) * BN, k + 1 < n_full, CACHE, EVICT)
-                    acc1, acc2 = _hash_step(w, pos, s_hi, acc1, acc2, EB, BR, BN, V, SHIFTS)
-                    pos += POS_STEP
+            for k in tl.range(n_full, num_stages=STAGES):
+                w = nxt
+                nxt = _load_words(ptrs + (k + 1) * BN, k + 1 < n_full, CACHE, EVICT)
+                acc1, acc2 = _hash_step(w, pos, s_hi, acc1, acc2, EB, BR, BN, V, SHIFTS)
+                pos += POS_STEP
         elif PREFETCH == 2:
             nxt = _load_words(ptrs, n_full > 0, CACHE, EVICT)
             nxt2 = _load_words(ptrs + BN, n_full > 1, CACHE, EVICT)
@@ -358,7 +365,7 @@ if triton is not None:
                     pos += POS_STEP
         if tail > 0:
             cmask = tl.arange(0, BN)[None, :] < tail
-            w = _load_words(ptrs + n_full * BN, cmask, CACHE, EVICT)
+            w = tl.load(ptrs + n_full * BN, mask=cmask, other=0, cache_modifier=CACHE, eviction_policy=EVICT)
             h, g = _word_hashes(_as_words(w, EB), _pos_mix(pos), s_hi, SHIFTS)
             acc1 += _group_sum(tl.where(cmask, h, 0), BR, BN, V)
             acc2 += _group_sum(tl.where(cmask, g, 0), BR, BN, V)

@@ -232,7 +232,7 @@ def sweep(iters: int, budget_s: float = 30.0) -> None:
     seen, best_full = set(), None
     for us_main, base in timed[:3]:
         for variant in MANY_VARIANTS:
-            if time.perf_counter() - t0 > budget_s + 12:
+            if time.perf_counter() - t0 > budget_s + 10:
                 print("  (time budget spent)")
                 break
             cfg = dataclasses.replace(base, **variant)
