@@ -1,6 +1,6 @@
 """Compile kernels for sm_90a without a GPU and count what ptxas made of them (registers, stack,
 SASS instructions by opcode, barriers, layout conversions). Counts, not timings: how the numbers in
-kernels/NOTES.md ("Session 3 variants", "bracket_copy=2") and NOTES-fingerprint.md section 5 were
+kernels/NOTES.md ("Session 3 variants", "bracket_copy=2") and NOTES-fingerprint.md sections 5-6 were
 obtained. The GPU machine runs Triton 3.6.0: put a copy of it first on PYTHONPATH, e.g.
 
     pip install --no-deps --target /tmp/tri36 triton==3.6.0
@@ -166,8 +166,8 @@ def fingerprint_knobs(overrides: list[str]) -> None:
                   f"{min(dist)}-{max(dist)} instructions (mean {sum(dist) / len(dist):.0f})")
         if ops["LDGSTS"]:
             pos = [100 * i // len(loop) for i, t in enumerate(loop) if opcode(t) == "LDGSTS"]
-            print(f"  LDGSTS in loop {ops['LDGSTS']} at {pos[0]}-{pos[-1]}% of the loop, {cfg.num_stages - 1} "
-                  f"steps ahead; LDS {ops['LDS']}, BAR {ops['BAR']}, DEPBAR {ops['DEPBAR']}, "
+            print(f"  LDGSTS in loop {ops['LDGSTS']} at {pos[0]}-{pos[-1]}% of the loop, for the step {cfg.num_stages - 1} "
+                  f"ahead; LDS {ops['LDS']}, BAR {ops['BAR']}, DEPBAR {ops['DEPBAR']}, "
                   f"LDGDEPBAR {ops['LDGDEPBAR']}")
 
 

@@ -157,12 +157,12 @@ SWEEP_CONFIGS = [
     "prefetch=0,num_stages=4,block_words=2048,maxnreg=none",  # 48 regs, 24 KB, 9 CTAs/SM
     "prefetch=0,num_stages=3,block_words=2048,maxnreg=none,chunk_words=8192",
     "prefetch=0,num_stages=3,num_warps=8,maxnreg=none",  # [8, 512] x 8 warps: 48 regs, 32 KB, 5 CTAs/SM
-    "prefetch=0,num_stages=2",  # 109 regs, 16 KB, 4 CTAs/SM, 1 step ahead
     "prefetch=0,num_stages=3,block_words=8192,num_warps=8",  # 95 regs, 64 KB, 2 CTAs/SM
     # register prefetch depth
     "prefetch=2,block_words=2048,maxnreg=none",  # 69 regs, 7 CTAs/SM, LDGs 233-350 instructions ahead
     "prefetch=2,maxnreg=none",  # 161 regs, 3 CTAs/SM, LDGs 548-749 ahead (at maxnreg 128: spills)
     "prefetch=2,block_words=2048,maxnreg=96",  # 88 regs, 5 CTAs/SM
+    "prefetch=0,num_stages=2",  # 109 regs, 16 KB, 4 CTAs/SM; copies issued at the end of the step before
     "prefetch=0",  # no prefetch: 96 regs, 5 CTAs/SM, loads at the loop top (28-63 ahead)
     # cache hints (same schedule as the default for .cg; evict_* push two LDGs to 92-95%)
     "load_cache=.cg",
