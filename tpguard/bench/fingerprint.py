@@ -149,13 +149,12 @@ def bench_many(iters: int, do_check: bool) -> list[str]:
 SWEEP_CONFIGS = [
     "",  # 128 regs, 4 CTAs/SM; next step's LDGs issued at 63-73% of the loop (run 9: 56.3 us)
     # cp.async (LDGSTS) pipelines of Triton's pipeliner: words staged in shared memory S-1 steps ahead
-    "prefetch=0,num_stages=3",  # 95 regs, 32 KB, 5 CTAs/SM, 2 steps ahead
-    "prefetch=0,num_stages=3,chunk_words=8192",  # same, 16 steps per program (prologue paid half as often)
+    "prefetch=0,num_stages=3",  # 95 regs, 32 KB, 5 CTAs/SM, 2 steps ahead; 1280 programs = 1.94 waves
+    "prefetch=0,num_stages=3,chunk_words=8192",  # same, 16 steps per program (prologue paid half as often), 0.97 waves
     "prefetch=0,num_stages=4",  # 95 regs, 48 KB, 4 CTAs/SM, 3 steps ahead
     "prefetch=0,num_stages=4,chunk_words=8192",
-    "prefetch=0,num_stages=3,block_words=2048,maxnreg=none",  # [8, 256]: 48 regs, 16 KB, 10 CTAs/SM
-    "prefetch=0,num_stages=4,block_words=2048,maxnreg=none",  # 48 regs, 24 KB, 9 CTAs/SM
-    "prefetch=0,num_stages=3,block_words=2048,maxnreg=none,chunk_words=8192",
+    "prefetch=0,num_stages=3,block_words=2048,maxnreg=none",  # [8, 256]: 48 regs, 16 KB, 10 CTAs/SM, 0.97 waves
+    "prefetch=0,num_stages=4,block_words=2048,maxnreg=none",  # 48 regs, 24 KB, 9 CTAs/SM, 1.08 waves
     "prefetch=0,num_stages=3,num_warps=8,maxnreg=none",  # [8, 512] x 8 warps: 48 regs, 32 KB, 5 CTAs/SM
     "prefetch=0,num_stages=3,block_words=8192,num_warps=8",  # 95 regs, 64 KB, 2 CTAs/SM
     # register prefetch depth
