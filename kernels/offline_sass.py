@@ -1,6 +1,6 @@
 """Compile kernels for sm_90a without a GPU and count what ptxas made of them (registers, stack,
 SASS instructions by opcode, barriers, layout conversions). Counts, not timings: how the numbers in
-kernels/NOTES.md ("Session 3 variants", "bracket_copy=2") and NOTES-fingerprint.md section 5 were
+kernels/NOTES.md ("Session 3 variants", "bracket_copy=2") and NOTES-fingerprint.md sections 5-6 were
 obtained. The GPU machine runs Triton 3.6.0: put a copy of it first on PYTHONPATH, e.g.
 
     pip install --no-deps --target /tmp/tri36 triton==3.6.0
@@ -10,6 +10,10 @@ obtained. The GPU machine runs Triton 3.6.0: put a copy of it first on PYTHONPAT
 `fingerprint SHIFTS...`: `_rows_kernel` at the default tile ([8, 512] x 4 warps, maxnreg 128),
 256 x 163840 fp32, with the launch's divisibility-16 specialisation; per 32-bit word of its main
 loop: instructions on the integer ALU pipe (SHF, LOP3, IADD3) and on the FMA pipe (IMAD, VIADD).
+`knobs [NAME=VALUE,...]...`: the same kernel for 256 x 163840 fp32 at the default KernelConfig with
+each override (e.g. ``prefetch=0,num_stages=3`` ``load_evict=evict_first`` ``block_words=2048,
+maxnreg=none``; "" the default): registers, stack, dynamic shared memory, CTAs per SM, loop size,
+and where the loop's loads sit (LDG position and distance to first use, or cp.async LDGSTS).
 `bracket MODES...`: the renorm bracket pass (`RenormConfig.bracket_copy` = MODE) at the default
 shapes for 256 x 163840.
 """
@@ -36,7 +40,8 @@ FMA = ("IMAD", "VIADD")
 
 def compile_kernel(fn, signature: dict, constexprs: dict, aligned: list[int], num_warps: int,
                    maxnreg: int | None, name: str):
-    """(resource usage line, SASS text, ttgir text) of one specialisation."""
+    """(resource usage line, SASS text, ttgir text, dynamic shared memory bytes) of one
+    specialisation (cuobjdump's SHARED is the static part only; Triton's buffers are dynamic)."""
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
     src = ASTSource(fn=fn, signature={**signature, **{c: "constexpr" for c in constexprs}},
                     constexprs=constexprs, attrs=attrs)
@@ -48,7 +53,7 @@ def compile_kernel(fn, signature: dict, constexprs: dict, aligned: list[int], nu
     res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", path], capture_output=True,
                          text=True).stdout.splitlines()[-1].strip()
     sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", path], capture_output=True, text=True).stdout
-    return res, sass, cc.asm["ttgir"]
+    return res, sass, cc.asm["ttgir"], cc.metadata.shared
 
 
 def instructions(sass: str) -> list[tuple[int, str]]:
@@ -83,7 +88,8 @@ def fingerprint(shifts: list[int]) -> None:
     words_per_thread = 8 * 512 // (4 * 32)
     for mask in shifts:
         const = dict(MODE=0, EB=4, BR=8, BN=512, CHUNK_TILES=8, SHIFTS=mask)
-        res, sass, _ = compile_kernel(k._rows_kernel, sig, const, [0, 1, 2, 3, 5, 6], 4, 128, f"rows_s{mask}")
+        const.update(k._load_opts(k.DEFAULT_CONFIG))
+        res, sass, _, _ = compile_kernel(k._rows_kernel, sig, const, [0, 1, 2, 3, 5, 6], 4, 128, f"rows_s{mask}")
         loop = collections.Counter(opcode(t) for t in main_loop(instructions(sass)))
         per = {op: n / words_per_thread for op, n in loop.items()}
         alu = sum(v for op, v in per.items() if op in ALU)
@@ -91,6 +97,78 @@ def fingerprint(shifts: list[int]) -> None:
         hi = sum(1 for t in main_loop(instructions(sass)) if t.startswith("IMAD.HI")) / words_per_thread
         print(f"fingerprint shifts={mask:2d}: {res}\n  loop per word: {sum(per.values()):.2f} instructions, "
               f"ALU pipe {alu:.2f}, FMA pipe {fma:.2f} (IMAD.HI {hi:.2f})")
+
+
+REG = re.compile(r"\bR(\d+)\b")
+
+
+def _dest_regs(text: str) -> set[int]:
+    """Registers written by a load (LDG.128: 4 from its first operand)."""
+    m = REG.search(text.split(None, 1)[1])
+    width = 4 if ".128" in text else 2 if ".64" in text else 1
+    return set(range(int(m.group(1)), int(m.group(1)) + width)) if m else set()
+
+
+def _first_use(loop: list[str], i: int, regs: set[int]) -> int:
+    """Instructions from loop[i] to the first later one (wrapping to the next iteration) that
+    reads one of `regs`; the loop length if none does."""
+    n = len(loop)
+    for d in range(1, n + 1):
+        text = loop[(i + d) % n]
+        parts = text.split(None, 1)
+        if len(parts) < 2:
+            continue
+        operands = parts[1].split(",")
+        srcs = ",".join(operands[1:]) if not opcode(text).startswith(("ST", "RED", "ATOM")) else parts[1]
+        if regs & {int(r) for r in REG.findall(srcs)}:
+            return d
+    return n
+
+
+def fingerprint_knobs(overrides: list[str]) -> None:
+    """`_rows_kernel` for 256 x 163840 fp32 at the default KernelConfig with each `name=value,...`
+    override (the load-pipelining knobs of NOTES-fingerprint.md session 4): registers, stack,
+    dynamic shared memory, CTAs per SM, loop instructions per word, and where the loop's loads
+    sit: LDG (into registers) positions in the loop and the distance in instructions to their
+    first use (next iteration's hashing), or LDGSTS (cp.async into shared memory, Triton's
+    pipeliner) with the LDS / barriers that consume them."""
+    from tpguard.config import replace_from_text
+    from tpguard.kernels import fingerprint as k
+
+    sig = {"words_ptr": "*i32", "rows_out_ptr": "*i64", "partial_ptr": "*i64", "top_ptr": "*i64",
+           "n_rows": "i32", "n_words": "i32", "row_stride": "i32", "s_lo": "i64", "s_hi": "i64",
+           "t_lo": "i64", "t_hi": "i64"}
+    for text in overrides:
+        cfg = replace_from_text(k.DEFAULT_CONFIG, text, "offline_sass knobs")
+        br, bn, chunk_tiles, _ = k._tile(256, 163840, cfg)
+        warps = k._warps(br * bn, cfg)
+        const = dict(MODE=0, EB=4, BR=br, BN=bn, CHUNK_TILES=chunk_tiles, SHIFTS=cfg.shifts,
+                     **k._load_opts(cfg))
+        res, sass, ttgir, shared = compile_kernel(k._rows_kernel, sig, const, [0, 1, 2, 3, 5, 6], warps,
+                                                  cfg.maxnreg, "knobs")
+        regs = int(re.search(r"REG:(\d+)", res).group(1))
+        stack = int(re.search(r"STACK:(\d+)", res).group(1))
+        by_regs = 65536 // (((regs + 7) // 8 * 8) * 32 * warps)
+        by_smem = (228 * 1024) // (shared + 1024) if shared else 32
+        ctas = min(by_regs, by_smem, 32, 64 // warps)
+        loop = main_loop(instructions(sass))
+        wpt = br * bn // (warps * 32)
+        ops = collections.Counter(opcode(t) for t in loop)
+        print(f"knobs {text or '(default)'}: tile [{br}, {bn}] x {warps} warps, {wpt} words/thread, "
+              f"maxnreg {cfg.maxnreg}\n  REG {regs} STACK {stack} dynamic shared {shared} B -> "
+              f"{ctas} CTAs/SM ({ctas * warps} warps); loop {len(loop)} SASS = {len(loop) / wpt:.2f} per word; "
+              f"ttgir async_copy {ttgir.count('ttg.async_copy_global_to_local')}")
+        ldg = [(i, t) for i, t in enumerate(loop) if opcode(t) == "LDG"]
+        if ldg:
+            dist = [_first_use(loop, i, _dest_regs(t)) for i, t in ldg]
+            print(f"  LDG in loop {len(ldg)} ({sorted({t.split()[0] for _, t in ldg})}) at "
+                  f"{', '.join(f'{100 * i // len(loop)}%' for i, _ in ldg)} of the loop; issue -> first use "
+                  f"{min(dist)}-{max(dist)} instructions (mean {sum(dist) / len(dist):.0f})")
+        if ops["LDGSTS"]:
+            pos = [100 * i // len(loop) for i, t in enumerate(loop) if opcode(t) == "LDGSTS"]
+            print(f"  LDGSTS in loop {ops['LDGSTS']} at {pos[0]}-{pos[-1]}% of the loop, for the step {cfg.num_stages - 1} "
+                  f"ahead; LDS {ops['LDS']}, BAR {ops['BAR']}, DEPBAR {ops['DEPBAR']}, "
+                  f"LDGDEPBAR {ops['LDGDEPBAR']}")
 
 
 def bracket(modes: list[int]) -> None:
@@ -103,7 +181,7 @@ def bracket(modes: list[int]) -> None:
     warps = cfg.bracket_pass_warps or cfg.pass_warps
     for mode in modes:
         const = dict(CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=False, COPY_MODE=mode)
-        res, sass, ttgir = compile_kernel(rp._bracket_kernel, sig, const, [0, 1, 3, 4, 5, 6], warps,
+        res, sass, ttgir, _ = compile_kernel(rp._bracket_kernel, sig, const, [0, 1, 3, 4, 5, 6], warps,
                                           rp.reg_cap(cfg.bracket_maxnreg, warps).get("maxnreg"), f"bracket_{mode}")
         ops = collections.Counter(opcode(t) for _, t in instructions(sass))
         print(f"bracket pass, bracket_copy={mode}, {warps} warps: {res}\n  {sum(ops.values())} SASS, "
@@ -111,10 +189,14 @@ def bracket(modes: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    what, values = (sys.argv[1] if len(sys.argv) > 1 else ""), [int(v) for v in sys.argv[2:]]
+    what = sys.argv[1] if len(sys.argv) > 1 else ""
+    values = [int(v) for v in sys.argv[2:]] if what != "knobs" else []
     if what == "fingerprint":
         fingerprint(values or [0])
+    elif what == "knobs":
+        fingerprint_knobs(sys.argv[2:] or [""])
     elif what == "bracket":
         bracket(values or [0])
     else:
-        sys.exit("usage: python kernels/offline_sass.py fingerprint SHIFTS... | bracket MODES...")
+        sys.exit("usage: python kernels/offline_sass.py fingerprint SHIFTS... | knobs [NAME=VALUE,...]... "
+                 "| bracket MODES...")
