@@ -153,6 +153,18 @@ nccl_sglang() {  # issue 7.2: sglang's verify functions with the plugin over NCC
   say "sglang $site (2 GPUs, NCCL) rc=$?"; grep -E "PASS|FAIL|^  " $d/$site.log | cut -c1-300 | tee -a "$SUMMARY"
 }
 
+cross_gpu() {  # issue 3: the same input on both GPUs gives the same bytes from every renorm
+  local d=/tmp/res/cross_gpu; mkdir -p $d
+  timeout ${X_TIMEOUT:-120} python3 gpu/cross_gpu_check.py $d/cross_gpu.json > $d/log.txt 2>&1
+  say "cross-GPU renorm check rc=$? $(tail -1 $d/log.txt)"
+}
+
+hostprof() {  # where an eager small-batch renorm call spends its host time
+  local d=/tmp/res/hostprof; mkdir -p $d
+  timeout ${HP_TIMEOUT:-90} python3 -m tpguard.bench.kernels --host-profile > $d/log.txt 2>&1
+  say "renorm host profile rc=$? $(grep '^host time' $d/log.txt | sed 's/host time per eager call, //' | tr '\n' ' ')"
+}
+
 on_gpu() { local g=$1; shift; ( export CUDA_VISIBLE_DEVICES=$g; "$@" ); }
 
 PHASES=${PHASES:-call1}
@@ -214,6 +226,20 @@ case "$PHASES" in
       on_gpu $G2 fingerprint; on_gpu $G2 kernels ) & P2=$!
     wait $P1 $P2
     [ "$NGPU" -gt 1 ] && G2_TIMEOUT=130 nccl_guard
+    ;;
+  call10)
+    # session 4, ~450 s on nvidia-h200-x2 (TAR_AT=580): GPU 0 the guard (zero-copy default, heal kernels),
+    # the fingerprint knob sweep, the renorm host profile, the fingerprint/graph GPU tests; GPU 1 the
+    # renorm sweep (sub-bracket bins) and every GPU kernel test; then NCCL (guard + heal, graph check)
+    # and the cross-GPU renorm check
+    ( export G_TIMEOUT=120 FP_NO_PYTEST=1 FP_BENCH_ARGS=--sweep FP_BENCH_TIMEOUT=110
+      on_gpu 0 guard1; on_gpu 0 fingerprint; on_gpu 0 hostprof
+      FP_NO_PYTEST= FP_NO_BENCH=1 FP_PYTEST=200 on_gpu 0 fingerprint ) & P1=$!
+    ( export TPGUARD_RENORM_GPU_TESTS=all K_PYTEST=300 K_NO_AUDIT=1 K_NO_BENCH=1 K_SWEEP=130 K_SWEEP_BUDGET=110
+      export K_SWEEP_ARGS="${K10_SWEEP_ARGS:---breakdown default --variants default}"
+      on_gpu $G2 kernels ) & P2=$!
+    wait $P1 $P2
+    [ "$NGPU" -gt 1 ] && { G2_TIMEOUT=130 nccl_guard; cross_gpu; }
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done
