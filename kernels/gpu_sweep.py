@@ -36,8 +36,9 @@ VARIANTS = {  # in order of interest: the time budget cuts the list short (kerne
     # mass per 1/16 of [lo, hi); bracket_select searches only the sub-bracket holding the cutoff
     "bins16": {"bracket_bins": 16},
     "bins16_bcopy_view": {"bracket_bins": 16, "bracket_copy": 2},
+    "bins8_bcopy_view": {"bracket_bins": 8, "bracket_copy": 2},
+    "bins4_bcopy_view": {"bracket_bins": 4, "bracket_copy": 2},
     "bins32_bcopy_view": {"bracket_bins": 32, "bracket_copy": 2},
-    "bins16_r16_bcopy_view": {"bracket_bins": 16, "bracket_copy": 2, "bsel_radix": 16},
     # session 3 (kernels/NOTES.md, "bracket_copy=2"): the bracket pass's copy-out stored from a view
     # in the load's lane/warp layout: 7 barriers per program instead of 25, no shared memory (offline)
     "bcopy_view": {"bracket_copy": 2},

@@ -136,7 +136,7 @@ def bins(variants: list[str]) -> None:
                "cnt_ptr": "*i32", "slots_ptr": "*fp32", **({"bmass_ptr": "*fp64"} if on else {})}
         warps = cfg.bracket_pass_warps or cfg.pass_warps
         const = dict(CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=bool(cfg.bracket_prefetch),
-                     COPY_MODE=cfg.bracket_copy, BINS=cfg.bracket_bins, BIN_SUB=256, **({} if on else {"bmass_ptr": None}))
+                     COPY_MODE=cfg.bracket_copy, BINS=cfg.bracket_bins, BIN_SUB=int(os.environ.get('BIN_SUB', 128)), **({} if on else {"bmass_ptr": None}))
         aligned = [0, 1, 3, 4, 5, 6] + ([7] if on else [])
         res, sass, _ = compile_kernel(rp._bracket_kernel, sig, const, aligned, warps,
                                       rp.reg_cap(cfg.bracket_maxnreg, warps).get("maxnreg"), f"bpass_{name}")
@@ -153,7 +153,7 @@ def bins(variants: list[str]) -> None:
         const = dict(CH_BLOCK=s.bch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg,
                      G=cfg.group, COPY=max(1, min(8, 8192 // s.cap)), RADIX_BITS=rp._RADIX_BITS[cfg.bsel_radix],
                      WINDOW=cfg.bsel_window, EXACT_SPAN=rp.exact_span(cfg), BINS=cfg.bracket_bins,
-                     BIN_W=rp.bins_window(cfg), **({} if on else {"bmass_ptr": None}))
+                     BIN_W=rp.bins_window(cfg), BIN_STEP=int(os.environ.get('BIN_STEP', 4096)), **({} if on else {"bmass_ptr": None}))
         aligned = [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13] + ([14] if on else [])  # (n_chunks = 40)
         res, sass, _ = compile_kernel(rp._bracket_select_kernel, sig, const, aligned, cfg.bracket_warps,
                                       rp.reg_cap(cfg.bracket_maxnreg, cfg.bracket_warps).get("maxnreg"), f"bsel_{name}")

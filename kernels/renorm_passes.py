@@ -312,7 +312,7 @@ def popcount32(x):
 @triton.jit
 def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slots_ptr,
                     CHUNK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr, PREFETCH: tl.constexpr,
-                    COPY_MODE: tl.constexpr, bmass_ptr=None, BINS: tl.constexpr = 0, BIN_SUB: tl.constexpr = 256):
+                    COPY_MODE: tl.constexpr, bmass_ptr=None, BINS: tl.constexpr = 0, BIN_SUB: tl.constexpr = 128):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * CHUNK + tl.arange(0, CHUNK // G)[:, None] * G + tl.arange(0, G)[None, :]
@@ -372,7 +372,7 @@ def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slot
             # the copied entries' mass per sub-bracket (bracket_select's bins), read back from the
             # slots just written (about 250 per chunk on flat rows, not the chunk's 4096 entries)
             kk = tl.arange(0, BINS)
-            bm = tl.zeros((BINS,), tl.float64)
+            acc = tl.zeros((BIN_SUB, BINS), tl.float64)
             if (status == 2) & (n_in > 0):
                 tl.debug_barrier()
                 shift = bin_shift(lo, hi, BINS)
@@ -381,8 +381,8 @@ def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slot
                     i = s0 + tl.arange(0, BIN_SUB)
                     v = tl.load(slots_ptr + (row * n_chunks + chunk) * CAP + i, mask=i < n_c, other=0.0)
                     bin_i = (v.to(tl.int32, bitcast=True) - lo) >> shift  # (padding: negative, no bin)
-                    bm += tl.sum(tl.where(bin_i[:, None] == kk[None, :], v.to(tl.float64)[:, None], 0.0), axis=0)
-            tl.store(bmass_ptr + (row * n_chunks + chunk) * BINS + kk, bm)
+                    acc += tl.where(bin_i[:, None] == kk[None, :], v.to(tl.float64)[:, None], 0.0)
+            tl.store(bmass_ptr + (row * n_chunks + chunk) * BINS + kk, tl.sum(acc, axis=0))
         tl.store(mhi_ptr + row * n_chunks + chunk, mhi)
         tl.store(cnt_ptr + row * n_chunks + chunk, n_in)
 
@@ -411,7 +411,8 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
                            CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, CAP: tl.constexpr,
                            SUB: tl.constexpr, REG: tl.constexpr, G: tl.constexpr, COPY: tl.constexpr,
                            RADIX_BITS: tl.constexpr, WINDOW: tl.constexpr, EXACT_SPAN: tl.constexpr,
-                           bmass_ptr=None, BINS: tl.constexpr = 0, BIN_W: tl.constexpr = 0):
+                           bmass_ptr=None, BINS: tl.constexpr = 0, BIN_W: tl.constexpr = 0,
+                           BIN_STEP: tl.constexpr = 4096):
     row = tl.program_id(0).to(tl.int64)
     status = tl.load(plan_ptr + row * 4)
     if status >= 2:
@@ -463,7 +464,7 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
                     if use_bins:
                         t, kept, found = mass_cutoff_block_bins(cand_row, n, target, m_hi, bin_mass, lo,
                                                                 bin_shift(lo, hi, BINS), slots_ptr + row * n_chunks * CAP,
-                                                                min(REG, 4096), BIN_W, max(RADIX_BITS, 2), BINS)
+                                                                min(REG, BIN_STEP), BIN_W, max(RADIX_BITS, 2), BINS)
                     if found == 0:  # (a bin over BIN_W entries)
                         t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, lo, hi, list_cap,
                                                        G, SUB, REG, RADIX_BITS, WINDOW, EXACT_SPAN)
