@@ -366,11 +366,12 @@ def mass_cutoff_block_window(src_ptr, n, target, base_mass, first, t0, lo, hi, s
 def bin_shift(lo, hi, B: tl.constexpr):
     """log2 of the sub-bracket width (bracket_bins): the smallest shift with (hi - 1 - lo) >> shift
     < B, so every pattern b in [lo, hi) lies in bin (b - lo) >> shift, one of 0 .. B - 1."""
-    span = hi - 1 - lo
-    shift = tl.full((), 0, tl.int32)
-    for s in range(31):
-        shift += ((span >> s) >= B).to(tl.int32)
-    return shift
+    # = max(bit length of the span - log2(B), 0); the bit length from the exponent of the span as
+    # a float64 (exact for any int32)
+    span = tl.maximum(hi - 1 - lo, 0)
+    e = (span.to(tl.float64).to(tl.int64, bitcast=True) >> 52).to(tl.int32) - 1022
+    log2_b: tl.constexpr = B.bit_length() - 1
+    return tl.maximum(tl.where(span > 0, e, 0) - log2_b, 0)
 
 
 @triton.jit

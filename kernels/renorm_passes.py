@@ -443,14 +443,14 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
             tl.debug_barrier()
             if BINS > 0:
                 # the bins are exact (hence equal to any other summation) when the bracket is narrow
-                # and holds <= REG entries; the row's slots (read above; n <= n_chunks * CAP of them)
-                # become the bin's scratch
+                # and holds <= REG entries; the bin's entries (< n) are compacted after the list
                 kk = tl.arange(0, BINS)
                 bin_mass = tl.sum(tl.load(bmass_ptr + (row * n_chunks + ch[:, None]) * BINS + kk[None, :],
                                           mask=chm[:, None], other=0.0), axis=0)
                 e_lo = tl.maximum(lo >> 23, 1)  # biased exponents; subnormals share exponent 1's ulp
                 e_hi = tl.maximum((hi - 1) >> 23, 1)
-                use_bins = (overflow == 0) & (n <= REG) & (e_hi - e_lo <= EXACT_SPAN)
+                scratch_at = ((n + 15) >> 4) << 4  # after the list (bracket_select stays idempotent)
+                use_bins = (overflow == 0) & (n <= REG) & (e_hi - e_lo <= EXACT_SPAN) & (scratch_at + n <= list_cap)
                 if use_bins:
                     m_in = tl.sum(bin_mass, axis=0)
                 else:
@@ -463,7 +463,8 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
                     found = use_bins
                     if use_bins:
                         t, kept, found = mass_cutoff_block_bins(cand_row, n, target, m_hi, bin_mass, lo,
-                                                                bin_shift(lo, hi, BINS), slots_ptr + row * n_chunks * CAP,
+                                                                bin_shift(lo, hi, BINS),
+                                                                cand_row + tl.multiple_of(scratch_at, 16),
                                                                 min(REG, BIN_STEP), BIN_W, max(RADIX_BITS, 2), BINS)
                     if found == 0:  # (a bin over BIN_W entries)
                         t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, lo, hi, list_cap,

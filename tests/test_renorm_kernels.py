@@ -356,7 +356,7 @@ def test_bracket_bins_same_cutoff_and_bits():
     # the cutoff from those exact masses and searches only its entries: the same params and output
     # bits as the default on the real FULL rows (2 flat, 1 peaky at p = 0.9999), with 4 and 16
     # probes per round and with the view copy-out; the bins hold exactly the list's masses, and
-    # the row's slots (the bin's scratch) hold the cutoff's bin, in list order
+    # the scratch after the list holds the cutoff's bin, in list order
     x, p, base, ws = _s3_run("default")
     rows, n_chunks = x.shape[0], ws.cnt.numel() // x.shape[0]
     assert (ws.plan[:, 0] == 2).all() and (ws.cnt.view(rows, -1) <= ws.cap).all()
@@ -376,8 +376,29 @@ def test_bracket_bins_same_cutoff_and_bits():
             kb = (int(ws.params.view(rows, 4)[r, 2:3].view(torch.int32)) - lo) >> shift
             in_bin = cand[idx == kb]
             assert 0 < len(in_bin) < n / 3, (bins, r)
-            got = wb.slots.view(rows, -1)[r, : len(in_bin)]
+            at = (n + 15) // 16 * 16  # the scratch after the list
+            got = wb.cand.view(rows, -1)[r, at : at + len(in_bin)]
             assert torch.equal(got.view(torch.int32), in_bin.view(torch.int32)), (bins, r)
+
+
+@triton.jit
+def _bin_shifts(lo_ptr, hi_ptr, out_ptr, N: tl.constexpr, B: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, bin_shift(tl.load(lo_ptr + i), tl.load(hi_ptr + i), B))
+
+
+def test_bin_shift():
+    # the sub-bracket width (from a float64 exponent) is the smallest 2**s with (hi - 1 - lo) >> s < B
+    g = torch.Generator().manual_seed(0)
+    lo = torch.randint(1, 2**31 - 1, (1024,), generator=g)
+    span = (torch.rand(1024, generator=g) * 31).exp2().long()
+    span[:40] = torch.arange(40)
+    hi = torch.minimum(lo + span, torch.tensor(2**31 - 1))
+    lo = torch.minimum(lo, hi)
+    for bins in (2, 16, 64):
+        out = torch.zeros(1024, dtype=torch.int32, device=DEVICE)
+        _bin_shifts[(1,)](lo.int().to(DEVICE), hi.int().to(DEVICE), out, N=1024, B=bins)
+        assert out.tolist() == [_bin_shift(a, b, bins) for a, b in zip(lo.tolist(), hi.tolist())], bins
 
 
 @triton.jit
@@ -434,11 +455,19 @@ def test_bracket_bins_fallbacks():
     with mock.patch.object(passes, "bins_window", lambda cfg: 32):
         _, _, out, _ = run("default", (("bracket_bins", 16),))
     assert torch.equal(out.view(torch.int32), base.view(torch.int32))
-    with mock.patch.object(passes, "exact_span", lambda cfg: -1):
-        _, _, out, wb = run("default", (("bracket_bins", 16),))
+    real_workspace = passes.workspace_for
+
+    def filled(*args, **kwargs):  # the list's scratch reads -1 unless something writes it
+        ws_f = real_workspace(*args, **kwargs)
+        ws_f.cand.fill_(-1.0)
+        return ws_f
+
+    with mock.patch.object(passes, "exact_span", lambda cfg: -1), mock.patch.object(passes, "workspace_for", filled):
+        _, _, out, wf = run("default", (("bracket_bins", 16),))
     assert torch.equal(out.view(torch.int32), base.view(torch.int32))
-    written = torch.arange(ws.cap, device=DEVICE)[None, :] < ws.cnt.clamp(max=ws.cap)[:, None]
-    assert torch.equal(wb.slots.view(-1, ws.cap)[written], ws.slots.view(-1, ws.cap)[written])  # no scratch use
+    n = ws.cnt.view(x.shape[0], -1).sum(1)
+    for r in range(x.shape[0]):  # the bins' path never ran: nothing after the list
+        assert (wf.cand.view(x.shape[0], -1)[r, int(n[r]):] == -1.0).all()
     xs = make_rows(2, 1000, "flat", seed=21)  # TINY_CAP: chunks overflow their 2 slots
     want = top_p_renorm_triton(xs, 0.9, config=TINY_CAP)
     got = top_p_renorm_triton(xs, 0.9, config=TINY_CAP.replace(bracket_bins=4))
