@@ -351,7 +351,14 @@ def mass_cutoff_block_window(src_ptr, n, target, base_mass, first, t0, lo, hi, s
         e_hi = tl.maximum((hi - 1) >> 23, 1)
         if scratch_ok & (n_win <= W) & (e_hi - e_lo <= EXACT_SPAN):
             inner = tl.sum(tl.where((b >= t) & ((rel >> wb) != 0), v.to(tl.float64), 0.0), axis=0)
-            compact_in_order(v, inwin, scratch_ptr, REG)
+            # in-order positions from a two-level prefix sum (rows of 32 entries: a 1-D scan over
+            # the whole block costs ~2.5k instructions per thread and spills under the cap); the
+            # code of compact_in_order, kept inline: called, the IR comes out in another order and
+            # ptxas allocates registers differently (this variant's SASS stays byte-identical)
+            in2 = tl.reshape(inwin.to(tl.int32), (REG // 32, 32))
+            per_row = tl.sum(in2, axis=1)
+            pos = tl.reshape((tl.cumsum(per_row, axis=0) - per_row)[:, None] + tl.cumsum(in2, axis=1) - 1, (REG,))
+            tl.store(scratch_ptr + pos, v, mask=inwin)
             tl.debug_barrier()
             wi = tl.arange(0, W)
             w = tl.load(scratch_ptr + wi, mask=wi < n_win, other=0.0)
