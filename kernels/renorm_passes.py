@@ -12,7 +12,9 @@
    the entries >= hi and the entries in [lo, hi), copied out in order.
 4. ``bracket_select`` (FULL rows only, one program per row): the exact cutoff among the copied
    entries; if the bracket was too low, among the groups whose max is >= hi; if it was too high
-   or a huge tie overflowed it, over the whole row. Every path gives the same answer.
+   or a huge tie overflowed it, over the whole row. Every path gives the same answer. With
+   ``bracket_bins`` the bracket pass also sums the copied entries' mass per sub-bracket and the
+   search runs on the entries of the one sub-bracket holding the cutoff (exact sums: same bits).
 5. ``renorm_write`` (rows x chunks programs, one read + one write): the output.
 
 Everything a row's output depends on is computed by programs that see only that row, with block
