@@ -154,9 +154,8 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
             cfg.bracket_copy == 2 and not (4 <= cfg.group <= 128 and (cfg.bracket_chunk or cfg.chunk) >= 128)):
         raise ValueError("RenormConfig: bracket_copy must be 0, 1 or 2 (1 needs group <= 32: one int32 ballot per "
                          "group; 2 needs 4 <= group <= 128 and a bracket chunk >= 128: its store view)")
-    if cfg.bracket_bins and (cfg.bracket_bins & (cfg.bracket_bins - 1) or not 2 <= cfg.bracket_bins <= 64
-                             or cfg.bracket_reg & (cfg.bracket_reg - 1) or cfg.bracket_reg < 32):
-        raise ValueError("RenormConfig: bracket_bins must be 0 or a power of two in 2..64 (and bracket_reg one >= 32)")
+    if cfg.bracket_bins and (cfg.bracket_bins & (cfg.bracket_bins - 1) or not 2 <= cfg.bracket_bins <= 64):
+        raise ValueError("RenormConfig: bracket_bins must be 0 or a power of two in 2..64")
     chunk = cfg.chunk  # fixed (not shrunk for short rows): fewer kernel variants to compile
     b_chunk = cfg.bracket_chunk or chunk
     if b_chunk & (b_chunk - 1) or b_chunk < max(64, cfg.group):
@@ -467,7 +466,7 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
                         t, kept, found = mass_cutoff_block_bins(cand_row, n, target, m_hi, bin_mass, lo,
                                                                 bin_shift(lo, hi, BINS),
                                                                 cand_row + tl.multiple_of(scratch_at, 16),
-                                                                min(REG, BIN_STEP), BIN_W, max(RADIX_BITS, 2), BINS)
+                                                                max(32, min(REG, BIN_STEP)), BIN_W, max(RADIX_BITS, 2), BINS)
                     if found == 0:  # (a bin over BIN_W entries)
                         t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, lo, hi, list_cap,
                                                        G, SUB, REG, RADIX_BITS, WINDOW, EXACT_SPAN)
