@@ -405,7 +405,7 @@ def mass_cutoff_block_bins(src_ptr, n, target, base_mass, bin_mass, lo, shift, s
     t = lo + (kb << shift)
     m_t = base_mass + (inner + tl.sum(tl.where(k == kb, bin_mass, 0.0), axis=0))
     # the bin's entries compacted in list order, STEP at a time (the whole REG block at once
-    # spills under the register cap); positions stay below n, inside the scratch (n_chunks * CAP)
+    # spills under the register cap); positions stay below n (scratch_ptr has room for n)
     n_w = tl.full((), 0, tl.int32)
     for s0 in range(0, n, STEP):
         ri = s0 + tl.arange(0, STEP)

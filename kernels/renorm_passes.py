@@ -467,7 +467,7 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
                                                                 bin_shift(lo, hi, BINS),
                                                                 cand_row + tl.multiple_of(scratch_at, 16),
                                                                 max(32, min(REG, BIN_STEP)), BIN_W, max(RADIX_BITS, 2), BINS)
-                    if found == 0:  # (a bin over BIN_W entries)
+                    if found == 0:  # (no usable bins, or a bin over BIN_W entries)
                         t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, lo, hi, list_cap,
                                                        G, SUB, REG, RADIX_BITS, WINDOW, EXACT_SPAN)
                 else:
