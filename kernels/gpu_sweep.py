@@ -32,6 +32,13 @@ from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
 
 VARIANTS = {  # in order of interest: the time budget cuts the list short (kernels/NOTES.md, run 4)
     "default": {},
+    # session 4 (kernels/NOTES.md, "Sub-bracket bins (session 4)"): the bracket pass sums its entries'
+    # mass per 1/16 of [lo, hi); bracket_select searches only the sub-bracket holding the cutoff
+    "bins16": {"bracket_bins": 16},
+    "bins16_bcopy_view": {"bracket_bins": 16, "bracket_copy": 2},
+    "bins8_bcopy_view": {"bracket_bins": 8, "bracket_copy": 2},
+    "bins4_bcopy_view": {"bracket_bins": 4, "bracket_copy": 2},
+    "bins32_bcopy_view": {"bracket_bins": 32, "bracket_copy": 2},
     # session 3 (kernels/NOTES.md, "bracket_copy=2"): the bracket pass's copy-out stored from a view
     # in the load's lane/warp layout: 7 barriers per program instead of 25, no shared memory (offline)
     "bcopy_view": {"bracket_copy": 2},

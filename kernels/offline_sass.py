@@ -16,6 +16,10 @@ maxnreg=none``; "" the default): registers, stack, dynamic shared memory, CTAs p
 and where the loop's loads sit (LDG position and distance to first use, or cp.async LDGSTS).
 `bracket MODES...`: the renorm bracket pass (`RenormConfig.bracket_copy` = MODE) at the default
 shapes for 256 x 163840.
+`bins VARIANTS...` (sweep variant names of kernels/gpu_sweep.py, e.g. default bins16 bins16_bcopy_view):
+the bracket pass and bracket_select of each RenormConfig variant at 256 x 163840 (kernels/NOTES.md,
+"Sub-bracket bins (session 4)"), with the SASS of each loop (between a backward branch and its target).
+`topp_select`: the top-p select kernel at the default shapes for 256 x 163840 (scalar p), its loops.
 """
 
 from __future__ import annotations
@@ -188,15 +192,93 @@ def bracket(modes: list[int]) -> None:
               f"BAR {ops['BAR']}, SHFL {ops['SHFL']}, convert_layout {ttgir.count('ttg.convert_layout')}")
 
 
+def loops(ins: list[tuple[int, str]]) -> list[tuple[int, int, collections.Counter]]:
+    """(start, end, opcode counts) of every backward-branch loop body, innermost first."""
+    out = []
+    for addr, text in ins:
+        m = re.search(r"BRA\s+0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < addr:
+            lo = int(m.group(1), 16)
+            out.append((lo, addr, collections.Counter(opcode(t) for a, t in ins if lo <= a <= addr)))
+    return sorted(out, key=lambda x: x[1] - x[0])
+
+
+def bins(variants: list[str]) -> None:
+    from tpguard.kernels import renorm_passes as rp
+    from tpguard.kernels.gpu_sweep import VARIANTS
+
+    for name in variants:
+        cfg = rp.RenormConfig().replace(**VARIANTS[name])
+        s = rp.shapes_for(256, 163840, cfg)
+        on = bool(cfg.bracket_bins)
+        sig = {"probs_ptr": "*fp32", "vocab": "i32", "n_chunks": "i32", "plan_ptr": "*i32", "mhi_ptr": "*fp64",
+               "cnt_ptr": "*i32", "slots_ptr": "*fp32", **({"bmass_ptr": "*fp64"} if on else {})}
+        warps = cfg.bracket_pass_warps or cfg.pass_warps
+        const = dict(CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=bool(cfg.bracket_prefetch),
+                     COPY_MODE=cfg.bracket_copy, BINS=cfg.bracket_bins, BIN_SUB=int(os.environ.get('BIN_SUB', 128)), **({} if on else {"bmass_ptr": None}))
+        aligned = [0, 1, 3, 4, 5, 6] + ([7] if on else [])
+        res, sass, _ = compile_kernel(rp._bracket_kernel, sig, const, aligned, warps,
+                                      rp.reg_cap(cfg.bracket_maxnreg, warps).get("maxnreg"), f"bpass_{name}")
+        ins = instructions(sass)
+        ops = collections.Counter(opcode(t) for _, t in ins)
+        print(f"{name}: bracket pass ({warps} warps): {res}\n  {len(ins)} SASS, BAR {ops['BAR']}, SHFL {ops['SHFL']}, "
+              f"DADD {ops['DADD']}")
+        for lo, hi, c in loops(ins):
+            print(f"  loop {lo:#x}-{hi:#x}: {sum(c.values())} SASS ({', '.join(f'{k} {v}' for k, v in c.most_common(6))})")
+        sig = {"probs_ptr": "*fp32", "vocab": "i32", "n_chunks": "i32", "n_groups": "i32", "plan_ptr": "*i32",
+               "target_ptr": "*fp64", "params_ptr": "*fp32", "mhi_ptr": "*fp64", "cnt_ptr": "*i32", "slots_ptr": "*fp32",
+               "cand_ptr": "*fp32", "list_cap": "i32", "gmax_ptr": "*fp32", "gid_ptr": "*i32",
+               **({"bmass_ptr": "*fp64"} if on else {})}
+        const = dict(CH_BLOCK=s.bch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg,
+                     G=cfg.group, COPY=max(1, min(8, 8192 // s.cap)), RADIX_BITS=rp._RADIX_BITS[cfg.bsel_radix],
+                     WINDOW=cfg.bsel_window, EXACT_SPAN=rp.exact_span(cfg), BINS=cfg.bracket_bins,
+                     BIN_W=rp.bins_window(cfg), BIN_STEP=int(os.environ.get('BIN_STEP', 4096)), **({} if on else {"bmass_ptr": None}))
+        aligned = [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13] + ([14] if on else [])  # (n_chunks = 40)
+        res, sass, _ = compile_kernel(rp._bracket_select_kernel, sig, const, aligned, cfg.bracket_warps,
+                                      rp.reg_cap(cfg.bracket_maxnreg, cfg.bracket_warps).get("maxnreg"), f"bsel_{name}")
+        ins = instructions(sass)
+        ops = collections.Counter(opcode(t) for _, t in ins)
+        print(f"{name}: bracket_select ({cfg.bracket_warps} warps): {res}\n  {len(ins)} SASS, BAR {ops['BAR']}, "
+              f"SHFL {ops['SHFL']}, DADD {ops['DADD']}")
+        for lo, hi, c in loops(ins):
+            print(f"  loop {lo:#x}-{hi:#x}: {sum(c.values())} SASS ({', '.join(f'{k} {v}' for k, v in c.most_common(6))})")
+
+
+def topp_select() -> None:
+    from tpguard.kernels import renorm_passes as rp
+    from tpguard.kernels import renorm_top_p as tp
+
+    cfg = rp.RenormConfig()
+    s = rp.shapes_for(256, 163840, cfg)
+    sig = {"probs_ptr": "*fp32", "vocab": "i32", "n_chunks": "i32", "n_groups": "i32", "n_samples": "i32",
+           "chunk_sum_ptr": "*fp64", "chunk_bad_ptr": "*i32", "gmax_ptr": "*fp32", "gsamp_ptr": "*fp32",
+           "gid_ptr": "*i32", "cand_ptr": "*fp32", "list_cap": "i32", "p_ptr": "*fp32", "p_val": "fp32",
+           "params_ptr": "*fp32", "flag_ptr": "*i32", "plan_ptr": "*i32", "target_ptr": "*fp64", "Z": "fp32"}
+    const = dict(HAS_P_ARR=False, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
+                 NS_BLOCK=s.ns_block, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups, CSUB=cfg.compact_sub,
+                 MASS_FIRST=bool(cfg.tau_mass_first))
+    aligned = [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 16, 17]  # (n_chunks = 40)
+    res, sass, _ = compile_kernel(tp._top_p_select_kernel, sig, const, aligned, cfg.select_warps,
+                                  rp.reg_cap(cfg.select_maxnreg, cfg.select_warps).get("maxnreg"), "topp_select")
+    ins = instructions(sass)
+    print(f"top-p select ({cfg.select_warps} warps): {res}\n  {len(ins)} SASS")
+    for lo, hi, c in loops(ins):
+        print(f"  loop {lo:#x}-{hi:#x}: {sum(c.values())} SASS ({', '.join(f'{k} {v}' for k, v in c.most_common(6))})")
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else ""
-    values = [int(v) for v in sys.argv[2:]] if what != "knobs" else []
+    values = [int(v) for v in sys.argv[2:]] if what in ("fingerprint", "bracket") else []
     if what == "fingerprint":
         fingerprint(values or [0])
     elif what == "knobs":
         fingerprint_knobs(sys.argv[2:] or [""])
     elif what == "bracket":
         bracket(values or [0])
+    elif what == "topp_select":
+        topp_select()
+    elif what == "bins":
+        bins(sys.argv[2:] or ["default", "bins16"])
     else:
         sys.exit("usage: python kernels/offline_sass.py fingerprint SHIFTS... | knobs [NAME=VALUE,...]... "
-                 "| bracket MODES...")
+                 "| bracket MODES... | bins VARIANTS... | topp_select")

@@ -20,7 +20,8 @@ recomputed on the fly exactly as the write pass computes it.
 Optional bracket_select searches (RenormConfig bsel_radix / bsel_window; kernels/NOTES.md,
 "Session 3 variants"): ``mass_cutoff_block_wide`` (2**k - 1 probes per round) and
 ``mass_cutoff_block_window`` (the rounds after the second on the window's entries only); both
-give mass_cutoff_block's cutoff and kept-mass bits.
+give mass_cutoff_block's cutoff and kept-mass bits. ``mass_cutoff_block_bins`` (bracket_bins):
+the rounds on one sub-bracket's entries, chosen from per-bin masses the bracket pass summed.
 """
 
 from __future__ import annotations
@@ -304,6 +305,18 @@ def mass_cutoff_block_wide(v, target, base_mass, first, t0, BITS: tl.constexpr):
 
 
 @triton.jit
+def compact_in_order(v, keep, dst_ptr, REG: tl.constexpr):
+    """Store the entries of the register block v (REG entries) where keep holds to dst_ptr, in
+    block order. Put a barrier before reading them back."""
+    # in-order positions from a two-level prefix sum (rows of 32 entries: a 1-D scan over
+    # the whole block costs ~2.5k instructions per thread and spills under the cap)
+    in2 = tl.reshape(keep.to(tl.int32), (REG // 32, 32))
+    per_row = tl.sum(in2, axis=1)
+    pos = tl.reshape((tl.cumsum(per_row, axis=0) - per_row)[:, None] + tl.cumsum(in2, axis=1) - 1, (REG,))
+    tl.store(dst_ptr + pos, v, mask=keep)
+
+
+@triton.jit
 def mass_cutoff_block_window(src_ptr, n, target, base_mass, first, t0, lo, hi, scratch_ptr, scratch_ok,
                              REG: tl.constexpr, W: tl.constexpr, BITS: tl.constexpr, EXACT_SPAN: tl.constexpr):
     """mass_cutoff_block over the n <= REG bracket entries at src_ptr (all in [lo, hi)): two
@@ -339,7 +352,9 @@ def mass_cutoff_block_window(src_ptr, n, target, base_mass, first, t0, lo, hi, s
         if scratch_ok & (n_win <= W) & (e_hi - e_lo <= EXACT_SPAN):
             inner = tl.sum(tl.where((b >= t) & ((rel >> wb) != 0), v.to(tl.float64), 0.0), axis=0)
             # in-order positions from a two-level prefix sum (rows of 32 entries: a 1-D scan over
-            # the whole block costs ~2.5k instructions per thread and spills under the cap)
+            # the whole block costs ~2.5k instructions per thread and spills under the cap); the
+            # code of compact_in_order, kept inline: called, the IR comes out in another order and
+            # ptxas allocates registers differently (this variant's SASS stays byte-identical)
             in2 = tl.reshape(inwin.to(tl.int32), (REG // 32, 32))
             per_row = tl.sum(in2, axis=1)
             pos = tl.reshape((tl.cumsum(per_row, axis=0) - per_row)[:, None] + tl.cumsum(in2, axis=1) - 1, (REG,))
@@ -352,6 +367,63 @@ def mass_cutoff_block_window(src_ptr, n, target, base_mass, first, t0, lo, hi, s
         else:
             t, m_t = _rounds_wide(b, v, t, m_t, wb, 0, base_mass, 0.0, target, 2, False)
     return t, m_t
+
+
+@triton.jit
+def bin_shift(lo, hi, B: tl.constexpr):
+    """log2 of the sub-bracket width (bracket_bins): the smallest shift with (hi - 1 - lo) >> shift
+    < B, so every pattern b in [lo, hi) lies in bin (b - lo) >> shift, one of 0 .. B - 1."""
+    # = max(bit length of the span - log2(B), 0); the bit length from the exponent of the span as
+    # a float64 (exact for any int32)
+    span = tl.maximum(hi - 1 - lo, 0)
+    e = (span.to(tl.float64).to(tl.int64, bitcast=True) >> 52).to(tl.int32) - 1022
+    log2_b: tl.constexpr = B.bit_length() - 1
+    return tl.maximum(tl.where(span > 0, e, 0) - log2_b, 0)
+
+
+@triton.jit
+def mass_cutoff_block_bins(src_ptr, n, target, base_mass, bin_mass, lo, shift, scratch_ptr,
+                           STEP: tl.constexpr, W: tl.constexpr, BITS: tl.constexpr, B: tl.constexpr):
+    """(t, m, ok): mass_cutoff_block's answer and kept-mass bits over the n <= REG bracket entries
+    at src_ptr (all in [lo, hi)), searched among one sub-bracket's entries only (bracket_bins;
+    kernels/NOTES.md, "Sub-bracket bins"). bin_mass: the exact float64 mass of the entries in
+    each bin (b - lo) >> shift. ok is 0 (nothing decided) when the bin holds more than W entries.
+
+    Exactness (checked by the caller: hi / lo < 2**EXACT_SPAN, n <= REG): every entry is a multiple
+    of ulp(lo) and any sum of them stays below 2**53 ulp(lo), so every float64 partial sum is exact
+    and S(c) = the mass of the entries >= c does not depend on the order of summation. The upper
+    mass at bin k's first pattern is S = the bins >= k; the cutoff lies in the last bin kb whose
+    base_mass + S passes the predicate (a monotone function of the pattern), and a probe c in bin kb
+    has S(c) = inner (the bins above kb) + the bin's entries >= c: the same float64 value as the
+    whole-block sum, so the same predicate, the same largest passing pattern and the same mass.
+    scratch_ptr: room for n entries."""
+    k = tl.arange(0, B)
+    s_ge = tl.sum(tl.where(k[None, :] >= k[:, None], bin_mass[None, :], 0.0), axis=1)  # bins >= k
+    m_k = base_mass + s_ge
+    kb = tl.max(tl.where((m_k >= target) & (m_k > 0.0), k, 0), axis=0)  # bin 0 passes (checked)
+    inner = tl.sum(tl.where(k > kb, bin_mass, 0.0), axis=0)
+    t = lo + (kb << shift)
+    m_t = base_mass + (inner + tl.sum(tl.where(k == kb, bin_mass, 0.0), axis=0))
+    # the bin's entries compacted in list order, STEP at a time (the whole REG block at once
+    # spills under the register cap); positions stay below n (scratch_ptr has room for n)
+    n_w = tl.full((), 0, tl.int32)
+    for s0 in range(0, n, STEP):
+        ri = s0 + tl.arange(0, STEP)
+        v = tl.load(src_ptr + ri, mask=ri < n, other=0.0)
+        b = v.to(tl.int32, bitcast=True)
+        inbin = (b >= t) & (((b - t) >> shift) == 0)  # (padding 0 < lo <= t)
+        compact_in_order(v, inbin, scratch_ptr + n_w, STEP)
+        n_w += tl.sum(inbin.to(tl.int32), axis=0)
+    tl.debug_barrier()
+    ok = n_w <= W
+    if ok:
+        wi = tl.arange(0, W)
+        w = tl.load(scratch_ptr + wi, mask=wi < n_w, other=0.0)
+        # rounds over the bin's offsets [0, 2**shift) from t (patterns past the bin's entries add
+        # nothing to inner, fail like the bin above; past bit 31 they wrap negative: not patterns)
+        t, m_t = _rounds_wide(w.to(tl.int32, bitcast=True), w, t, m_t, shift, 0, base_mass, inner, target,
+                              BITS, True)
+    return t, m_t, ok
 
 
 @triton.jit

@@ -12,7 +12,9 @@
    the entries >= hi and the entries in [lo, hi), copied out in order.
 4. ``bracket_select`` (FULL rows only, one program per row): the exact cutoff among the copied
    entries; if the bracket was too low, among the groups whose max is >= hi; if it was too high
-   or a huge tie overflowed it, over the whole row. Every path gives the same answer.
+   or a huge tie overflowed it, over the whole row. Every path gives the same answer. With
+   ``bracket_bins`` the bracket pass also sums the copied entries' mass per sub-bracket and the
+   search runs on the entries of the one sub-bracket holding the cutoff (exact sums: same bits).
 5. ``renorm_write`` (rows x chunks programs, one read + one write): the output.
 
 Everything a row's output depends on is computed by programs that see only that row, with block
@@ -35,11 +37,13 @@ from triton.language.extra.cuda import libdevice
 
 from tpguard.kernels.radix_select import (
     INTERPRETED,
+    bin_shift,
     list_groups_block,
     mass_cutoff_any,
     mass_cutoff_any_wide,
     mass_cutoff_any_window,
     mass_cutoff_bits,
+    mass_cutoff_block_bins,
     reciprocal_f32,
     search_start,
     upper_mass_any,
@@ -91,6 +95,9 @@ class RenormConfig:
     bracket_copy: int = 0  # bracket pass copy-out: 1 = per-group ballot + popcount instead of the scan in groups;
     # 2 = one scan over the chunk, stored from a view in the load's own lane/warp layout (no shared-memory shuffle)
     bsel_window: int = 0  # bracket_select: after 2 rounds, search the window's entries (<= this many) compacted
+    # --- session-4 option (kernels/NOTES.md, "Sub-bracket bins (session 4)"); 0 = the default code ---
+    bracket_bins: int = 0  # B: the bracket pass sums its entries' mass per 1/B of [lo, hi) (by bit pattern);
+    # bracket_select searches only the sub-bracket holding the cutoff (a power of two, 2..64)
 
     def replace(self, **changes) -> "RenormConfig":
         return dataclasses.replace(self, **changes)
@@ -147,6 +154,8 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
             cfg.bracket_copy == 2 and not (4 <= cfg.group <= 128 and (cfg.bracket_chunk or cfg.chunk) >= 128)):
         raise ValueError("RenormConfig: bracket_copy must be 0, 1 or 2 (1 needs group <= 32: one int32 ballot per "
                          "group; 2 needs 4 <= group <= 128 and a bracket chunk >= 128: its store view)")
+    if cfg.bracket_bins and (cfg.bracket_bins & (cfg.bracket_bins - 1) or not 2 <= cfg.bracket_bins <= 64):
+        raise ValueError("RenormConfig: bracket_bins must be 0 or a power of two in 2..64")
     chunk = cfg.chunk  # fixed (not shrunk for short rows): fewer kernel variants to compile
     b_chunk = cfg.bracket_chunk or chunk
     if b_chunk & (b_chunk - 1) or b_chunk < max(64, cfg.group):
@@ -195,11 +204,12 @@ class Workspace:
     mhi: torch.Tensor  # float64 [rows * n_bchunks]
     cnt: torch.Tensor  # int32 [rows * n_bchunks]
     slots: torch.Tensor  # float32 [rows * n_bchunks * cap]
+    bmass: torch.Tensor  # float64 [rows * n_bchunks * bracket_bins]: bracket mass per sub-bracket (bracket_bins)
     list_cap: int
     cap: int
 
 
-_DTYPE_OF = {"chunk_sum": torch.float64, "target": torch.float64, "mhi": torch.float64,
+_DTYPE_OF = {"chunk_sum": torch.float64, "target": torch.float64, "mhi": torch.float64, "bmass": torch.float64,
              "chunk_bad": torch.int32, "gid": torch.int32, "flag": torch.int32, "plan": torch.int32,
              "cnt": torch.int32, "gmax": torch.float32, "gsamp": torch.float32, "cand": torch.float32,
              "params": torch.float32, "slots": torch.float32}
@@ -217,6 +227,7 @@ def _layout(s: Shapes, cfg: RenormConfig, with_sample: bool, with_bracket: bool)
         "params": r * 4, "flag": r, "plan": r * 4, "target": r,
         "mhi": r * s.n_bchunks if with_bracket else 1, "cnt": r * s.n_bchunks if with_bracket else 1,
         "slots": r * s.n_bchunks * s.cap if with_bracket else 1,
+        "bmass": r * s.n_bchunks * cfg.bracket_bins if with_bracket and cfg.bracket_bins else 1,
     }
     groups = {}
     for name, n in numel.items():
@@ -302,7 +313,7 @@ def popcount32(x):
 @triton.jit
 def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slots_ptr,
                     CHUNK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr, PREFETCH: tl.constexpr,
-                    COPY_MODE: tl.constexpr):
+                    COPY_MODE: tl.constexpr, bmass_ptr=None, BINS: tl.constexpr = 0, BIN_SUB: tl.constexpr = 128):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * CHUNK + tl.arange(0, CHUNK // G)[:, None] * G + tl.arange(0, G)[None, :]
@@ -358,8 +369,41 @@ def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slot
                 start = tl.cumsum(per_group, axis=0) - per_group
                 pos = start[:, None] + popcount32(ballot[:, None] & (lane[None, :] - 1))
                 tl.store(slots_ptr + (row * n_chunks + chunk) * CAP + pos, x, mask=inside & (pos < CAP))
+        if BINS > 0:
+            # the copied entries' mass per sub-bracket (bracket_select's bins), read back from the
+            # slots just written (about 250 per chunk on flat rows, not the chunk's 4096 entries)
+            kk = tl.arange(0, BINS)
+            acc = tl.zeros((BIN_SUB, BINS), tl.float64)
+            if (status == 2) & (n_in > 0):
+                tl.debug_barrier()
+                shift = bin_shift(lo, hi, BINS)
+                n_c = tl.minimum(n_in, CAP)
+                for s0 in range(0, n_c, BIN_SUB):
+                    i = s0 + tl.arange(0, BIN_SUB)
+                    v = tl.load(slots_ptr + (row * n_chunks + chunk) * CAP + i, mask=i < n_c, other=0.0)
+                    bin_i = (v.to(tl.int32, bitcast=True) - lo) >> shift  # (padding: negative, no bin)
+                    acc += tl.where(bin_i[:, None] == kk[None, :], v.to(tl.float64)[:, None], 0.0)
+            tl.store(bmass_ptr + (row * n_chunks + chunk) * BINS + kk, tl.sum(acc, axis=0))
         tl.store(mhi_ptr + row * n_chunks + chunk, mhi)
         tl.store(cnt_ptr + row * n_chunks + chunk, n_in)
+
+
+@triton.jit
+def _search_bracket_list(cand_row, n, target, m_hi, first, t0, lo, hi, list_cap, G: tl.constexpr,
+                         SUB: tl.constexpr, REG: tl.constexpr, RADIX_BITS: tl.constexpr, WINDOW: tl.constexpr,
+                         EXACT_SPAN: tl.constexpr):
+    """bracket_select's search among the n bracket entries listed at cand_row (the default path)."""
+    if WINDOW > 0:  # (the scratch follows the list's first REG entries)
+        t, kept = mass_cutoff_any_window(cand_row, n, target, m_hi, first, t0, lo, hi, cand_row + REG,
+                                         REG + WINDOW <= list_cap, SUB, REG, WINDOW,
+                                         max(RADIX_BITS, 2), EXACT_SPAN)
+    elif RADIX_BITS == 0:
+        t, kept = mass_cutoff_any(cand_row, cand_row, n, n, target, m_hi, 0, 1.0, first, t0,
+                                  False, False, G, SUB, REG)
+    else:
+        t, kept = mass_cutoff_any_wide(cand_row, cand_row, n, n, target, m_hi, 0, 1.0, first, t0,
+                                       False, False, G, SUB, REG, RADIX_BITS)
+    return t, kept
 
 
 @triton.jit
@@ -367,7 +411,9 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
                            mhi_ptr, cnt_ptr, slots_ptr, cand_ptr, list_cap, gmax_ptr, gid_ptr,
                            CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, CAP: tl.constexpr,
                            SUB: tl.constexpr, REG: tl.constexpr, G: tl.constexpr, COPY: tl.constexpr,
-                           RADIX_BITS: tl.constexpr, WINDOW: tl.constexpr, EXACT_SPAN: tl.constexpr):
+                           RADIX_BITS: tl.constexpr, WINDOW: tl.constexpr, EXACT_SPAN: tl.constexpr,
+                           bmass_ptr=None, BINS: tl.constexpr = 0, BIN_W: tl.constexpr = 0,
+                           BIN_STEP: tl.constexpr = 4096):
     row = tl.program_id(0).to(tl.int64)
     status = tl.load(plan_ptr + row * 4)
     if status >= 2:
@@ -396,19 +442,37 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
                 tl.store(cand_row + start[:, None] + idx[None, :], v, mask=inside)
                 n += tl.sum(cnt_c, axis=0)
             tl.debug_barrier()
-            m_in = upper_mass_any(cand_row, cand_row, n, n, 0, 0, 1.0, False, False, G, SUB, REG)
+            if BINS > 0:
+                # the bins are exact (hence equal to any other summation) when the bracket is narrow
+                # and holds <= REG entries; the bin's entries (< n) are compacted after the list
+                kk = tl.arange(0, BINS)
+                bin_mass = tl.sum(tl.load(bmass_ptr + (row * n_chunks + ch[:, None]) * BINS + kk[None, :],
+                                          mask=chm[:, None], other=0.0), axis=0)
+                e_lo = tl.maximum(lo >> 23, 1)  # biased exponents; subnormals share exponent 1's ulp
+                e_hi = tl.maximum((hi - 1) >> 23, 1)
+                scratch_at = ((n + 15) >> 4) << 4  # after the list (bracket_select stays idempotent)
+                use_bins = (overflow == 0) & (n <= REG) & (e_hi - e_lo <= EXACT_SPAN) & (scratch_at + n <= list_cap)
+                if use_bins:
+                    m_in = tl.sum(bin_mass, axis=0)
+                else:
+                    m_in = upper_mass_any(cand_row, cand_row, n, n, 0, 0, 1.0, False, False, G, SUB, REG)
+            else:
+                m_in = upper_mass_any(cand_row, cand_row, n, n, 0, 0, 1.0, False, False, G, SUB, REG)
             if (overflow == 0) & (m_hi < target) & (m_hi + m_in >= target):
                 first, t0 = search_start(lo, hi - 1)
-                if WINDOW > 0:  # (the scratch follows the list's first REG entries)
-                    t, kept = mass_cutoff_any_window(cand_row, n, target, m_hi, first, t0, lo, hi, cand_row + REG,
-                                                     REG + WINDOW <= list_cap, SUB, REG, WINDOW,
-                                                     max(RADIX_BITS, 2), EXACT_SPAN)
-                elif RADIX_BITS == 0:
-                    t, kept = mass_cutoff_any(cand_row, cand_row, n, n, target, m_hi, 0, 1.0, first, t0,
-                                              False, False, G, SUB, REG)
+                if BINS > 0:
+                    found = use_bins
+                    if use_bins:
+                        t, kept, found = mass_cutoff_block_bins(cand_row, n, target, m_hi, bin_mass, lo,
+                                                                bin_shift(lo, hi, BINS),
+                                                                cand_row + tl.multiple_of(scratch_at, 16),
+                                                                max(32, min(REG, BIN_STEP)), BIN_W, max(RADIX_BITS, 2), BINS)
+                    if found == 0:  # (no usable bins, or a bin over BIN_W entries)
+                        t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, lo, hi, list_cap,
+                                                       G, SUB, REG, RADIX_BITS, WINDOW, EXACT_SPAN)
                 else:
-                    t, kept = mass_cutoff_any_wide(cand_row, cand_row, n, n, target, m_hi, 0, 1.0, first, t0,
-                                                   False, False, G, SUB, REG, RADIX_BITS)
+                    t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, lo, hi, list_cap,
+                                                   G, SUB, REG, RADIX_BITS, WINDOW, EXACT_SPAN)
             elif m_hi >= target:
                 # the sample bracket was too low: the cutoff is >= hi, so every entry that counts
                 # lies in a group whose max is >= hi
@@ -436,11 +500,28 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
 _RADIX_BITS = {0: 0, 4: 2, 8: 3, 16: 4}  # bsel_radix -> bits per round of the wide search (0: default code)
 
 
+def exact_span(cfg: RenormConfig) -> int:
+    """Most binades between lo and hi for which a float64 sum of <= bracket_reg bracket entries is
+    exact in any order (each a multiple of ulp(lo): n * hi < 2**53 ulp(lo))."""
+    return 29 - (cfg.bracket_reg.bit_length() - 1)
+
+
+def bins_window(cfg: RenormConfig) -> int:
+    """Entries of the one sub-bracket bracket_select searches (about 2x a bin's share of bracket_reg);
+    a bin with more falls back to the default search."""
+    return max(32, 2 * cfg.bracket_reg // cfg.bracket_bins) if cfg.bracket_bins else 0
+
+
+def bins_args(ws: Workspace, cfg: RenormConfig, **extra) -> dict:
+    """The bins' launch arguments; none with bracket_bins=0 (the default kernels stay as they were)."""
+    return dict(bmass_ptr=ws.bmass, BINS=cfg.bracket_bins, **extra) if cfg.bracket_bins else {}
+
+
 def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig) -> None:
     _bracket_kernel[(s.rows, s.n_bchunks)](
         probs, s.vocab, s.n_bchunks, ws.plan, ws.mhi, ws.cnt, ws.slots,
         CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=bool(cfg.bracket_prefetch),
-        COPY_MODE=cfg.bracket_copy,
+        COPY_MODE=cfg.bracket_copy, **bins_args(ws, cfg),
         num_warps=cfg.bracket_pass_warps or cfg.pass_warps,
         **reg_cap(cfg.bracket_maxnreg, cfg.bracket_pass_warps or cfg.pass_warps),
     )
@@ -449,7 +530,8 @@ def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormCon
         ws.cand, ws.list_cap, ws.gmax, ws.gid,
         CH_BLOCK=s.bch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg, G=cfg.group,
         COPY=max(1, min(8, 8192 // s.cap)), RADIX_BITS=_RADIX_BITS[cfg.bsel_radix],
-        WINDOW=cfg.bsel_window, EXACT_SPAN=29 - (cfg.bracket_reg.bit_length() - 1), num_warps=cfg.bracket_warps,
+        WINDOW=cfg.bsel_window, EXACT_SPAN=exact_span(cfg), num_warps=cfg.bracket_warps,
+        **bins_args(ws, cfg, BIN_W=bins_window(cfg)),
         **reg_cap(cfg.bracket_maxnreg, cfg.bracket_warps),
     )
 

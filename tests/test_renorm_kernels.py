@@ -17,8 +17,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from tpguard.kernels import reference as ref  # noqa: E402
+from tpguard.kernels.radix_select import bin_shift, mass_cutoff_block, mass_cutoff_block_bins, search_start  # noqa: E402
 from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm  # noqa: E402
 from tpguard.kernels.renorm_min_p import min_p_renorm_triton  # noqa: E402
 from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, RenormConfig  # noqa: E402
@@ -339,6 +342,138 @@ def test_bracket_copy_same_slots():
         top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bsel_radix=32))
     with pytest.raises(ValueError, match="bsel_window"):
         top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bsel_window=1000))
+
+
+# --- session-4 option (kernels/NOTES.md, "Sub-bracket bins (session 4)"): bracket_bins ---------
+
+def _bin_shift(lo: int, hi: int, bins: int) -> int:
+    """radix_select.bin_shift in Python."""
+    return sum(((hi - 1 - lo) >> s) >= bins for s in range(31))
+
+
+def test_bracket_bins_same_cutoff_and_bits():
+    # the bracket pass sums its entries' mass per sub-bracket; bracket_select picks the bin holding
+    # the cutoff from those exact masses and searches only its entries: the same params and output
+    # bits as the default on the real FULL rows (2 flat, 1 peaky at p = 0.9999), with 4 and 16
+    # probes per round and with the view copy-out; the bins hold exactly the list's masses, and
+    # the scratch after the list holds the cutoff's bin, in list order
+    x, p, base, ws = _s3_run("default")
+    rows, n_chunks = x.shape[0], ws.cnt.numel() // x.shape[0]
+    assert (ws.plan[:, 0] == 2).all() and (ws.cnt.view(rows, -1) <= ws.cap).all()
+    for bins, changes in ((16, ()), (64, (("bsel_radix", 16), ("bracket_copy", 2)))):
+        _, _, out, wb = _s3_run("default", (("bracket_bins", bins),) + changes)
+        assert torch.equal(wb.params.view(torch.int32), ws.params.view(torch.int32)), bins
+        assert torch.equal(out.view(torch.int32), base.view(torch.int32)), bins
+        bin_mass = wb.bmass.view(rows, n_chunks, bins).sum(1)
+        for r in range(rows):
+            lo, hi = int(ws.plan[r, 1]), int(ws.plan[r, 2])
+            shift = _bin_shift(lo, hi, bins)
+            n = int(ws.cnt.view(rows, -1)[r].sum())
+            cand = ws.cand.view(rows, -1)[r, :n]
+            idx = (cand.view(torch.int32).long() - lo) >> shift
+            want = torch.zeros(bins, dtype=torch.float64).index_add_(0, idx.cpu(), cand.double().cpu())
+            assert torch.equal(bin_mass[r].cpu(), want), (bins, r)  # exact sums: any order
+            kb = (int(ws.params.view(rows, 4)[r, 2:3].view(torch.int32)) - lo) >> shift
+            in_bin = cand[idx == kb]
+            assert 0 < len(in_bin) < n / 3, (bins, r)
+            at = (n + 15) // 16 * 16  # the scratch after the list
+            got = wb.cand.view(rows, -1)[r, at : at + len(in_bin)]
+            assert torch.equal(got.view(torch.int32), in_bin.view(torch.int32)), (bins, r)
+
+
+@triton.jit
+def _bin_shifts(lo_ptr, hi_ptr, out_ptr, N: tl.constexpr, B: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, bin_shift(tl.load(lo_ptr + i), tl.load(hi_ptr + i), B))
+
+
+def test_bin_shift():
+    # the sub-bracket width (from a float64 exponent) is the smallest 2**s with (hi - 1 - lo) >> s < B
+    g = torch.Generator().manual_seed(0)
+    lo = torch.randint(1, 2**31 - 1, (1024,), generator=g)
+    span = (torch.rand(1024, generator=g) * 31).exp2().long()
+    span[:40] = torch.arange(40)
+    hi = torch.minimum(lo + span, torch.tensor(2**31 - 1))
+    lo = torch.minimum(lo, hi)
+    for bins in (2, 16, 64):
+        out = torch.zeros(1024, dtype=torch.int32, device=DEVICE)
+        _bin_shifts[(1,)](lo.int().to(DEVICE), hi.int().to(DEVICE), out, N=1024, B=bins)
+        assert out.tolist() == [_bin_shift(a, b, bins) for a, b in zip(lo.tolist(), hi.tolist())], bins
+
+
+@triton.jit
+def _bins_vs_block(src, n, lo, hi, bmass, scratch, out, REG: tl.constexpr, B: tl.constexpr):
+    """mass_cutoff_block and mass_cutoff_block_bins on the same list: t1, m1, t2, m2, ok (out holds
+    target and base on entry: float64, which scalar arguments are not)."""
+    target = tl.load(out)
+    base = tl.load(out + 1)
+    first, t0 = search_start(lo, hi - 1)
+    ri = tl.arange(0, REG)
+    t1, m1 = mass_cutoff_block(tl.load(src + ri, mask=ri < n, other=0.0), target, base, first, t0)
+    t2, m2, ok = mass_cutoff_block_bins(src, n, target, base, tl.load(bmass + tl.arange(0, B)), lo,
+                                        bin_shift(lo, hi, B), scratch, 64, REG, 2, B)
+    tl.store(out, t1.to(tl.float64))
+    tl.store(out + 1, m1)
+    tl.store(out + 2, t2.to(tl.float64))
+    tl.store(out + 3, m2)
+    tl.store(out + 4, ok.to(tl.float64))
+
+
+def test_bins_search_at_bin_starts():
+    # mass_cutoff_block_bins against mass_cutoff_block (the default register search) on crafted
+    # bracket lists whose cutoff is the first pattern of its bin (no probe passes inside the bin:
+    # the answer is the bin's start and its mass, as the default's), or anywhere; bins of 64
+    # patterns and of 1 (no rounds at all)
+    g = torch.Generator().manual_seed(5)
+    lo = 0x3F000000
+    for span, bins in ((1000, 16), (16, 16)):
+        hi = lo + span
+        shift = _bin_shift(lo, hi, bins)
+        starts = lo + (torch.arange(bins) << shift)
+        bits = torch.cat([torch.randint(lo, hi, (90,), generator=g), starts[starts < hi]])
+        bits = bits[torch.randperm(len(bits), generator=g)].int()
+        vals = bits.view(torch.float32)
+        idx = (bits.long() - lo) >> shift
+        bmass = torch.zeros(bins, dtype=torch.float64).index_add_(0, idx, vals.double())
+        base = 0.25
+        for e in sorted(set(starts[starts < hi].tolist()))[1:] + bits[:3].tolist():
+            target = base + vals[bits >= e].double().sum().item()  # exact: the cutoff is e
+            out = torch.tensor([target, base, 0, 0, 0], dtype=torch.float64, device=DEVICE)
+            _bins_vs_block[(1,)](vals.to(DEVICE), len(vals), lo, hi, bmass.to(DEVICE),
+                                 torch.zeros(128, device=DEVICE), out, REG=128, B=bins)
+            t1, m1, t2, m2, ok = out.tolist()
+            assert ok == 1 and int(t1) == e and (t2, m2) == (t1, m1), (span, e, out)
+
+
+def test_bracket_bins_fallbacks():
+    # when the bins cannot be used the default search runs: a bin over its window (bins_window), an
+    # inexact bracket (exact_span), an overflowing chunk: the same bits
+    import tpguard.kernels.renorm_passes as passes
+
+    x, p, base, ws = _s3_run("default")
+    run = _s3_run.__wrapped__
+    with mock.patch.object(passes, "bins_window", lambda cfg: 32):
+        _, _, out, _ = run("default", (("bracket_bins", 16),))
+    assert torch.equal(out.view(torch.int32), base.view(torch.int32))
+    real_workspace = passes.workspace_for
+
+    def filled(*args, **kwargs):  # the list's scratch reads -1 unless something writes it
+        ws_f = real_workspace(*args, **kwargs)
+        ws_f.cand.fill_(-1.0)
+        return ws_f
+
+    with mock.patch.object(passes, "exact_span", lambda cfg: -1), mock.patch.object(passes, "workspace_for", filled):
+        _, _, out, wf = run("default", (("bracket_bins", 16),))
+    assert torch.equal(out.view(torch.int32), base.view(torch.int32))
+    n = ws.cnt.view(x.shape[0], -1).sum(1)
+    for r in range(x.shape[0]):  # the bins' path never ran: nothing after the list
+        assert (wf.cand.view(x.shape[0], -1)[r, int(n[r]):] == -1.0).all()
+    xs = make_rows(2, 1000, "flat", seed=21)  # TINY_CAP: chunks overflow their 2 slots
+    want = top_p_renorm_triton(xs, 0.9, config=TINY_CAP)
+    got = top_p_renorm_triton(xs, 0.9, config=TINY_CAP.replace(bracket_bins=4))
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    with pytest.raises(ValueError, match="bracket_bins"):
+        top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bracket_bins=12))
 
 
 @pytest.mark.parametrize("cfg", ["default", "small"])
