@@ -107,8 +107,8 @@ def _matches(built: list, recorded: list) -> bool:
 
 def launch(kernel, grid: tuple, *args, **meta) -> None:
     """``kernel[grid](*args, **meta)``, directly through the compiled launcher once checked."""
-    if not fast_launch_enabled():
-        kernel[grid](*args, **meta)
+    if not fast_launch_enabled() or any(isinstance(v, torch.Tensor) for v in meta.values()):
+        kernel[grid](*args, **meta)  # a tensor by keyword: outside the positional layout and the key
         return
     try:
         key = (kernel, torch.cuda.current_device(), len(grid), tuple(_spec(a) for a in args),

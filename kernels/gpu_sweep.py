@@ -31,18 +31,14 @@ from tpguard.kernels import reference as ref
 from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
 
 VARIANTS = {  # in order of interest: the time budget cuts the list short (kernels/NOTES.md, run 4)
-    "default": {},
+    "default": {},  # bracket_copy=2 since run 9
     # session 4 (kernels/NOTES.md, "Sub-bracket bins (session 4)"): the bracket pass sums its entries'
-    # mass per 1/16 of [lo, hi); bracket_select searches only the sub-bracket holding the cutoff
+    # mass per 1/B of [lo, hi); bracket_select searches only the sub-bracket holding the cutoff
     "bins16": {"bracket_bins": 16},
-    "bins16_bcopy_view": {"bracket_bins": 16, "bracket_copy": 2},
-    "bins8_bcopy_view": {"bracket_bins": 8, "bracket_copy": 2},
-    "bins4_bcopy_view": {"bracket_bins": 4, "bracket_copy": 2},
-    "bins32_bcopy_view": {"bracket_bins": 32, "bracket_copy": 2},
-    # session 3 (kernels/NOTES.md, "bracket_copy=2"): the bracket pass's copy-out stored from a view
-    # in the load's lane/warp layout: 7 barriers per program instead of 25, no shared memory (offline)
-    "bcopy_view": {"bracket_copy": 2},
-    "bcopy_view_win4k": {"bracket_copy": 2, "bsel_window": 4096},
+    "bins8": {"bracket_bins": 8},
+    "bins32": {"bracket_bins": 32},
+    "bins4": {"bracket_bins": 4},
+    "bcopy_scan": {"bracket_copy": 0},  # run 9's default (the copy-out through shared memory)
     # session 3 (kernels/NOTES.md, "Session 3 variants"; interpreter-tested, compiled offline, not
     # yet measured): bracket_select's searches with 15 probes per round; the bracket pass's copy-out
     # by per-group ballot + popcount; the window search (352 B of stack under the cap: see NOTES)

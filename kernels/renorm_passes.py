@@ -35,6 +35,7 @@ import triton.language as tl
 
 from triton.language.extra.cuda import libdevice
 
+from tpguard.kernels.fast_launch import launch
 from tpguard.kernels.radix_select import (
     INTERPRETED,
     bin_shift,
@@ -92,8 +93,10 @@ class RenormConfig:
     bracket_maxnreg: int = 128
     # --- session-3 options (kernels/NOTES.md, "Session 3 variants"); 0 = the default code ---
     bsel_radix: int = 0  # bracket_select's register searches: 2**k - 1 probes per round (4, 8, 16); 0 = radix 4
-    bracket_copy: int = 0  # bracket pass copy-out: 1 = per-group ballot + popcount instead of the scan in groups;
-    # 2 = one scan over the chunk, stored from a view in the load's own lane/warp layout (no shared-memory shuffle)
+    # bracket pass copy-out: 2 (run 9's winner: bracket pass 100 -> 75 us, top-p flat 386 -> 364) = one scan over
+    # the chunk, stored from a view in the load's own lane/warp layout (no shared-memory shuffle); used where
+    # that view fits (4 <= group <= 128, bracket chunk >= 128), else 0 = prefix over groups + scan inside each
+    bracket_copy: int = 2
     bsel_window: int = 0  # bracket_select: after 2 rounds, search the window's entries (<= this many) compacted
     # --- session-4 option (kernels/NOTES.md, "Sub-bracket bins (session 4)"); 0 = the default code ---
     bracket_bins: int = 0  # B: the bracket pass sums its entries' mass per 1/B of [lo, hi) (by bit pattern);
@@ -150,10 +153,9 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
     if cfg.bsel_window and (cfg.bsel_window & (cfg.bsel_window - 1) or cfg.bsel_window < 16
                             or cfg.bracket_reg & (cfg.bracket_reg - 1) or cfg.bracket_reg < 32):
         raise ValueError("RenormConfig: bsel_window must be 0 or a power of two >= 16 (and bracket_reg one >= 32)")
-    if cfg.bracket_copy not in (0, 1, 2) or (cfg.bracket_copy == 1 and cfg.group > 32) or (
-            cfg.bracket_copy == 2 and not (4 <= cfg.group <= 128 and (cfg.bracket_chunk or cfg.chunk) >= 128)):
+    if cfg.bracket_copy not in (0, 1, 2) or (cfg.bracket_copy == 1 and cfg.group > 32):
         raise ValueError("RenormConfig: bracket_copy must be 0, 1 or 2 (1 needs group <= 32: one int32 ballot per "
-                         "group; 2 needs 4 <= group <= 128 and a bracket chunk >= 128: its store view)")
+                         "group)")
     if cfg.bracket_bins and (cfg.bracket_bins & (cfg.bracket_bins - 1) or not 2 <= cfg.bracket_bins <= 64):
         raise ValueError("RenormConfig: bracket_bins must be 0 or a power of two in 2..64")
     chunk = cfg.chunk  # fixed (not shrunk for short rows): fewer kernel variants to compile
@@ -287,7 +289,8 @@ def _row_stats_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
 
 
 def launch_row_stats(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig, with_sample: bool) -> None:
-    _row_stats_kernel[(s.rows, s.n_chunks)](
+    launch(
+        _row_stats_kernel, (s.rows, s.n_chunks),
         probs, s.vocab, s.n_chunks, s.n_groups, s.n_samples,
         ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp,
         CHUNK=s.chunk, G=cfg.group, SG=cfg.sample_stride, WRITE_SAMPLE=with_sample,
@@ -517,15 +520,25 @@ def bins_args(ws: Workspace, cfg: RenormConfig, **extra) -> dict:
     return dict(bmass_ptr=ws.bmass, BINS=cfg.bracket_bins, **extra) if cfg.bracket_bins else {}
 
 
+def copy_mode(cfg: RenormConfig) -> int:
+    """The bracket pass's copy-out: cfg.bracket_copy, but 2's store view needs 4 <= group <= 128 and
+    a bracket chunk >= 128 (one lane per entry of a 32-wide slice); elsewhere mode 0 (same slots)."""
+    if cfg.bracket_copy == 2 and not (4 <= cfg.group <= 128 and (cfg.bracket_chunk or cfg.chunk) >= 128):
+        return 0
+    return cfg.bracket_copy
+
+
 def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig) -> None:
-    _bracket_kernel[(s.rows, s.n_bchunks)](
+    launch(
+        _bracket_kernel, (s.rows, s.n_bchunks),
         probs, s.vocab, s.n_bchunks, ws.plan, ws.mhi, ws.cnt, ws.slots,
         CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=bool(cfg.bracket_prefetch),
-        COPY_MODE=cfg.bracket_copy, **bins_args(ws, cfg),
+        COPY_MODE=copy_mode(cfg), **bins_args(ws, cfg),
         num_warps=cfg.bracket_pass_warps or cfg.pass_warps,
         **reg_cap(cfg.bracket_maxnreg, cfg.bracket_pass_warps or cfg.pass_warps),
     )
-    _bracket_select_kernel[(s.rows,)](
+    launch(
+        _bracket_select_kernel, (s.rows,),
         probs, s.vocab, s.n_bchunks, s.n_groups, ws.plan, ws.target, ws.params, ws.mhi, ws.cnt, ws.slots,
         ws.cand, ws.list_cap, ws.gmax, ws.gid,
         CH_BLOCK=s.bch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg, G=cfg.group,
@@ -572,6 +585,7 @@ def _renorm_write_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, CHUNK:
 
 
 def launch_write(probs: torch.Tensor, out: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig) -> None:
-    _renorm_write_kernel[(s.rows, s.n_chunks)](
+    launch(
+        _renorm_write_kernel, (s.rows, s.n_chunks),
         probs, out, s.vocab, ws.params, ws.flag, CHUNK=s.chunk, num_warps=cfg.pass_warps,
     )

@@ -67,6 +67,13 @@ def test_renorms_through_direct_launches_equal_tritons():
                 got = [fn(x) for _ in range(4)]  # Triton, recorded, checked, then direct
                 for y in got:
                     assert torch.equal(y.view(torch.int32), want.view(torch.int32)), (name, rows, vocab)
+        # an option whose tensor argument goes by keyword (bracket_bins' bmass_ptr): Triton's launch, same bytes
+        from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
+        from tpguard.kernels.renorm_top_p import top_p_renorm_triton
+
+        cfg = DEFAULT_CONFIG.replace(bracket_bins=16)
+        assert torch.equal(top_p_renorm_triton(x, 0.9, config=cfg).view(torch.int32),
+                           renorm.top_p_renorm(x, 0.9).view(torch.int32))
     kfp.FAST_LAUNCH = True
     st = fl.state()
     assert st["direct"] > 0 and st["refused"] == 0, (st, kfp.FAST_LAUNCH_FAILURES)
