@@ -15,7 +15,6 @@ import torch
 import triton
 import triton.language as tl
 
-from tpguard.kernels.fast_launch import launch
 from tpguard.kernels.radix_select import list_groups_block, reciprocal_f32, upper_mass_any
 from tpguard.kernels.renorm_passes import (
     DEFAULT_CONFIG,
@@ -96,8 +95,7 @@ def min_p_renorm_triton(probs: torch.Tensor, min_p: MinP, config: Optional[Renor
     ws = workspace_for(s, cfg, probs.device, with_sample=False, with_bracket=True)
     has_arr = isinstance(min_p, torch.Tensor)
     launch_row_stats(probs, s, ws, cfg, with_sample=False)
-    launch(
-        _min_p_select_kernel, (rows,),
+    _min_p_select_kernel[(rows,)](
         probs, vocab, s.n_chunks, s.n_groups,
         ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gid,
         min_p if has_arr else ws.params, 0.0 if has_arr else float(min_p),

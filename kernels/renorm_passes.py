@@ -35,7 +35,6 @@ import triton.language as tl
 
 from triton.language.extra.cuda import libdevice
 
-from tpguard.kernels.fast_launch import launch
 from tpguard.kernels.radix_select import (
     INTERPRETED,
     bin_shift,
@@ -289,8 +288,7 @@ def _row_stats_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
 
 
 def launch_row_stats(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig, with_sample: bool) -> None:
-    launch(
-        _row_stats_kernel, (s.rows, s.n_chunks),
+    _row_stats_kernel[(s.rows, s.n_chunks)](
         probs, s.vocab, s.n_chunks, s.n_groups, s.n_samples,
         ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp,
         CHUNK=s.chunk, G=cfg.group, SG=cfg.sample_stride, WRITE_SAMPLE=with_sample,
@@ -529,16 +527,14 @@ def copy_mode(cfg: RenormConfig) -> int:
 
 
 def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig) -> None:
-    launch(
-        _bracket_kernel, (s.rows, s.n_bchunks),
+    _bracket_kernel[(s.rows, s.n_bchunks)](
         probs, s.vocab, s.n_bchunks, ws.plan, ws.mhi, ws.cnt, ws.slots,
         CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=bool(cfg.bracket_prefetch),
         COPY_MODE=copy_mode(cfg), **bins_args(ws, cfg),
         num_warps=cfg.bracket_pass_warps or cfg.pass_warps,
         **reg_cap(cfg.bracket_maxnreg, cfg.bracket_pass_warps or cfg.pass_warps),
     )
-    launch(
-        _bracket_select_kernel, (s.rows,),
+    _bracket_select_kernel[(s.rows,)](
         probs, s.vocab, s.n_bchunks, s.n_groups, ws.plan, ws.target, ws.params, ws.mhi, ws.cnt, ws.slots,
         ws.cand, ws.list_cap, ws.gmax, ws.gid,
         CH_BLOCK=s.bch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg, G=cfg.group,
@@ -585,7 +581,6 @@ def _renorm_write_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, CHUNK:
 
 
 def launch_write(probs: torch.Tensor, out: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig) -> None:
-    launch(
-        _renorm_write_kernel, (s.rows, s.n_chunks),
+    _renorm_write_kernel[(s.rows, s.n_chunks)](
         probs, out, s.vocab, ws.params, ws.flag, CHUNK=s.chunk, num_warps=cfg.pass_warps,
     )

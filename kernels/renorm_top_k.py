@@ -21,7 +21,6 @@ import torch
 import triton
 import triton.language as tl
 
-from tpguard.kernels.fast_launch import launch
 from tpguard.kernels.radix_select import (
     compact_values,
     kth_largest_any,
@@ -185,8 +184,8 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
                   SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
                   CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first))
     launch_row_stats(probs, s, ws, cfg, with_sample=full_top_p)
-    launch(_top_k_select_kernel, (rows,), *select_args, **blocks, num_warps=cfg.select_warps,
-           **reg_cap(cfg.select_maxnreg, cfg.select_warps))
+    _top_k_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
+                                  **reg_cap(cfg.select_maxnreg, cfg.select_warps))
     if full_top_p:
         launch_bracket(probs, s, ws, cfg)
     write_pass(probs, out, s, ws, cfg, fingerprint_out)

@@ -21,7 +21,6 @@ import torch
 import triton
 import triton.language as tl
 
-from tpguard.kernels.fast_launch import launch
 from tpguard.kernels.radix_select import (
     INTERPRETED,
     compact_values,
@@ -269,8 +268,8 @@ def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[Renor
                   NS_BLOCK=s.ns_block, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
                   CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first))
     launch_row_stats(probs, s, ws, cfg, with_sample=True)
-    launch(_top_p_select_kernel, (rows,), *select_args, **blocks, num_warps=cfg.select_warps,
-           **reg_cap(cfg.select_maxnreg, cfg.select_warps))
+    _top_p_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
+                                  **reg_cap(cfg.select_maxnreg, cfg.select_warps))
     launch_bracket(probs, s, ws, cfg)
     write_pass(probs, out, s, ws, cfg, fingerprint_out)
     return out

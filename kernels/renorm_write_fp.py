@@ -25,7 +25,6 @@ import triton
 import triton.language as tl
 
 from tpguard.kernels import fingerprint as fpk
-from tpguard.kernels.fast_launch import launch
 from tpguard.kernels.renorm import check_fingerprint_slot
 from tpguard.kernels.renorm_passes import launch_write, load_write_params, write_value
 
@@ -131,8 +130,7 @@ def launch_write_fp(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg, *,
     s_lo, s_hi = fpk._seed_args(row_seed)
     t_lo, t_hi = fpk._seed_args(top_seed)
     partial = torch.empty((s.n_chunks, rows, 2), dtype=torch.int64, device=device)
-    launch(
-        _renorm_write_fp_kernel, (rows, s.n_chunks),
+    _renorm_write_fp_kernel[(rows, s.n_chunks)](
         probs, out, vocab, ws.params, ws.flag, partial, rows, s_lo, s_hi,
         CHUNK=s.chunk, TAIL=min(s.chunk, TAIL_BLOCK), SHIFTS=shifts, POS_MULHI=True,
         num_warps=cfg.pass_warps,
@@ -140,8 +138,7 @@ def launch_write_fp(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg, *,
     fuse_top = rows <= fcfg.finalize_rows
     fbr = fpk._next_pow2(rows) if fuse_top else fcfg.finalize_rows
     fbc = fpk._finalize_chunks(fbr, s.n_chunks)
-    launch(
-        fpk._finalize_kernel, (-(-rows // fbr),),
+    fpk._finalize_kernel[(-(-rows // fbr),)](
         partial, rows_out, fp_out, rows, s.n_chunks, s_lo, s_hi, t_lo, t_hi,
         TOP=fuse_top, BR=fbr, BC=fbc, num_warps=fpk._warps(fbr * fbc, fcfg),
     )

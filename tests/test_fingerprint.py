@@ -172,7 +172,7 @@ KNOBS_CHECK = textwrap.dedent("""
     ref = importlib.import_module("tpguard.fingerprint")
     from tpguard.kernels import fingerprint as k
 
-    def run(knobs):
+    def run(knobs, device="cpu"):
         g = torch.Generator().manual_seed(1)
         # [4, 16] tiles, 64-word chunks: a tail only; 2 full steps + tail; 4, 4 and 0 full steps + tail
         base = k.KernelConfig(block_words=64, rows_per_tile=4, chunk_words=64, num_warps=1, finalize_rows=4)
@@ -180,13 +180,15 @@ KNOBS_CHECK = textwrap.dedent("""
         tensors = [(torch.randn(s, generator=g) * 100).to(d) for s, d in shapes]
         want_rows = [ref.fingerprint_rows_reference(t) for t in tensors]
         want_many = k.fingerprint_many_reference(tensors)
+        tensors = [t.to(device) for t in tensors]
         for kn in knobs:
             cfg = dataclasses.replace(base, **kn)
             for t, rows in zip(tensors, want_rows):
-                assert torch.equal(k.fingerprint_rows_triton(t, config=cfg), rows), (kn, t.shape)
+                assert torch.equal(k.fingerprint_rows_triton(t, config=cfg).cpu(), rows), (kn, t.shape)
             for many_long in ("table", "rows"):
                 cfg_many = dataclasses.replace(cfg, many_long=many_long)
-                assert torch.equal(k.fingerprint_many_triton(tensors, config=cfg_many), want_many), (kn, many_long)
+                got = k.fingerprint_many_triton(tensors, config=cfg_many).cpu()
+                assert torch.equal(got, want_many), (kn, many_long)
 """)
 
 
@@ -201,7 +203,13 @@ def test_load_knobs_give_the_same_bits():
         exec(KNOBS_CHECK, namespace)
         namespace["run"](LOAD_KNOBS)
         return
+    if torch.cuda.is_available():  # compiled: the same check on the GPU's code
+        namespace = {}
+        exec(KNOBS_CHECK, namespace)
+        namespace["run"](LOAD_KNOBS, "cuda")
+        return
     # the kernels were imported compiled (no TRITON_INTERPRET=1): run under the interpreter apart
+    # (on the GPU machine's Triton 3.6 the interpreter cannot cast the table's addresses: compiled above)
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     code = KNOBS_CHECK + f"\nrun({LOAD_KNOBS!r})\nprint('KNOBS OK')\n"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

@@ -309,19 +309,10 @@ def host_profile(vocab: int, iters: int) -> None:
              "top_k": lambda: renorm.top_k_renorm(probs, 40),
              "top_k_top_p": lambda: renorm.top_k_top_p_renorm(probs, 40, 0.9),
              "min_p": lambda: renorm.min_p_renorm(probs, 0.1)}
-    from tpguard.kernels import fast_launch
-    from tpguard.kernels import fingerprint as kfp
-
     for name, fn in calls.items():
-        times = {}
-        for fast in (False, True):
-            kfp.FAST_LAUNCH = fast
-            for _ in range(3):
-                fn()
-            times[fast] = time_host(fn, iters)
-        print(f"host time per eager call, 1 x {vocab}: {name} {times[True]:.1f} us with direct launches, "
-              f"{times[False]:.1f} us through Triton's launcher")
-    print(f"direct launches: {fast_launch.state()}; refusals: {kfp.FAST_LAUNCH_FAILURES or 'none'}")
+        for _ in range(3):
+            fn()
+        print(f"host time per eager call, 1 x {vocab}: {name} {time_host(fn, iters):.1f} us")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(iters):
