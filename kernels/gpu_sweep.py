@@ -39,15 +39,6 @@ VARIANTS = {  # in order of interest: the time budget cuts the list short (kerne
     "bins32": {"bracket_bins": 32},
     "bins4": {"bracket_bins": 4},
     "bcopy_scan": {"bracket_copy": 0},  # run 9's default (the copy-out through shared memory)
-    # session 3 (kernels/NOTES.md, "Session 3 variants"; interpreter-tested, compiled offline, not
-    # yet measured): bracket_select's searches with 15 probes per round; the bracket pass's copy-out
-    # by per-group ballot + popcount; the window search (352 B of stack under the cap: see NOTES)
-    "bsel_r16": {"bsel_radix": 16},
-    "bcopy_ballot": {"bracket_copy": 1},
-    "bsel_r16_bcopy": {"bsel_radix": 16, "bracket_copy": 1},
-    "bsel_r8": {"bsel_radix": 8},
-    "bsel_win4k": {"bsel_window": 4096},
-    "bsel_win4k_r16_bcopy": {"bsel_window": 4096, "bsel_radix": 16, "bracket_copy": 1},
     # run 3's kernels' resource shape: no register caps (Triton 3.6 gave the top-p select 181 and the
     # bracket pass 129 registers: 1 CTA per SM), tau list compacted before M(>= tau) is known
     "run3_regs": {"select_maxnreg": 0, "bracket_maxnreg": 0, "tau_mass_first": 0, "bracket_reg": 8192},

@@ -5,7 +5,7 @@ obtained. The GPU machine runs Triton 3.6.0: put a copy of it first on PYTHONPAT
 
     pip install --no-deps --target /tmp/tri36 triton==3.6.0
     PYTHONPATH=/tmp/tri36 python kernels/offline_sass.py fingerprint 0 10 15
-    PYTHONPATH=/tmp/tri36 python kernels/offline_sass.py bracket 0 1 2
+    PYTHONPATH=/tmp/tri36 python kernels/offline_sass.py bracket 0 2
 
 `fingerprint SHIFTS...`: `_rows_kernel` at the default tile ([8, 512] x 4 warps, maxnreg 128),
 256 x 163840 fp32, with the launch's divisibility-16 specialisation; per 32-bit word of its main
@@ -16,7 +16,7 @@ maxnreg=none``; "" the default): registers, stack, dynamic shared memory, CTAs p
 and where the loop's loads sit (LDG position and distance to first use, or cp.async LDGSTS).
 `bracket MODES...`: the renorm bracket pass (`RenormConfig.bracket_copy` = MODE) at the default
 shapes for 256 x 163840.
-`bins VARIANTS...` (sweep variant names of kernels/gpu_sweep.py, e.g. default bins16 bins16_bcopy_view):
+`bins VARIANTS...` (sweep variant names of kernels/gpu_sweep.py, e.g. default bins16 bins8):
 the bracket pass and bracket_select of each RenormConfig variant at 256 x 163840 (kernels/NOTES.md,
 "Sub-bracket bins (session 4)"), with the SASS of each loop (between a backward branch and its target).
 `topp_select`: the top-p select kernel at the default shapes for 256 x 163840 (scalar p), its loops.
@@ -184,7 +184,8 @@ def bracket(modes: list[int]) -> None:
            "cnt_ptr": "*i32", "slots_ptr": "*fp32"}
     warps = cfg.bracket_pass_warps or cfg.pass_warps
     for mode in modes:
-        const = dict(CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=False, COPY_MODE=mode)
+        const = dict(CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=False, COPY_MODE=mode, BINS=0, BIN_SUB=128,
+                     bmass_ptr=None)
         res, sass, ttgir, _ = compile_kernel(rp._bracket_kernel, sig, const, [0, 1, 3, 4, 5, 6], warps,
                                           rp.reg_cap(cfg.bracket_maxnreg, warps).get("maxnreg"), f"bracket_{mode}")
         ops = collections.Counter(opcode(t) for _, t in instructions(sass))
@@ -217,7 +218,7 @@ def bins(variants: list[str]) -> None:
         const = dict(CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=bool(cfg.bracket_prefetch),
                      COPY_MODE=cfg.bracket_copy, BINS=cfg.bracket_bins, BIN_SUB=int(os.environ.get('BIN_SUB', 128)), **({} if on else {"bmass_ptr": None}))
         aligned = [0, 1, 3, 4, 5, 6] + ([7] if on else [])
-        res, sass, _ = compile_kernel(rp._bracket_kernel, sig, const, aligned, warps,
+        res, sass, _, _ = compile_kernel(rp._bracket_kernel, sig, const, aligned, warps,
                                       rp.reg_cap(cfg.bracket_maxnreg, warps).get("maxnreg"), f"bpass_{name}")
         ins = instructions(sass)
         ops = collections.Counter(opcode(t) for _, t in ins)
@@ -230,11 +231,10 @@ def bins(variants: list[str]) -> None:
                "cand_ptr": "*fp32", "list_cap": "i32", "gmax_ptr": "*fp32", "gid_ptr": "*i32",
                **({"bmass_ptr": "*fp64"} if on else {})}
         const = dict(CH_BLOCK=s.bch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg,
-                     G=cfg.group, COPY=max(1, min(8, 8192 // s.cap)), RADIX_BITS=rp._RADIX_BITS[cfg.bsel_radix],
-                     WINDOW=cfg.bsel_window, EXACT_SPAN=rp.exact_span(cfg), BINS=cfg.bracket_bins,
+                     G=cfg.group, COPY=max(1, min(8, 8192 // s.cap)), EXACT_SPAN=rp.exact_span(cfg), BINS=cfg.bracket_bins,
                      BIN_W=rp.bins_window(cfg), BIN_STEP=int(os.environ.get('BIN_STEP', 4096)), **({} if on else {"bmass_ptr": None}))
         aligned = [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13] + ([14] if on else [])  # (n_chunks = 40)
-        res, sass, _ = compile_kernel(rp._bracket_select_kernel, sig, const, aligned, cfg.bracket_warps,
+        res, sass, _, _ = compile_kernel(rp._bracket_select_kernel, sig, const, aligned, cfg.bracket_warps,
                                       rp.reg_cap(cfg.bracket_maxnreg, cfg.bracket_warps).get("maxnreg"), f"bsel_{name}")
         ins = instructions(sass)
         ops = collections.Counter(opcode(t) for _, t in ins)
@@ -258,7 +258,7 @@ def topp_select() -> None:
                  NS_BLOCK=s.ns_block, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups, CSUB=cfg.compact_sub,
                  MASS_FIRST=bool(cfg.tau_mass_first))
     aligned = [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 16, 17]  # (n_chunks = 40)
-    res, sass, _ = compile_kernel(tp._top_p_select_kernel, sig, const, aligned, cfg.select_warps,
+    res, sass, _, _ = compile_kernel(tp._top_p_select_kernel, sig, const, aligned, cfg.select_warps,
                                   rp.reg_cap(cfg.select_maxnreg, cfg.select_warps).get("maxnreg"), "topp_select")
     ins = instructions(sass)
     print(f"top-p select ({cfg.select_warps} warps): {res}\n  {len(ins)} SASS")

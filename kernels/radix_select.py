@@ -17,11 +17,9 @@ at ``gid_ptr`` (``n`` = groups * G). With SCALED=True a value ``x`` is read as
 ``fp32(x * scale)`` when ``x >= thr`` and 0 otherwise: the output of an earlier top-k renorm,
 recomputed on the fly exactly as the write pass computes it.
 
-Optional bracket_select searches (RenormConfig bsel_radix / bsel_window; kernels/NOTES.md,
-"Session 3 variants"): ``mass_cutoff_block_wide`` (2**k - 1 probes per round) and
-``mass_cutoff_block_window`` (the rounds after the second on the window's entries only); both
-give mass_cutoff_block's cutoff and kept-mass bits. ``mass_cutoff_block_bins`` (bracket_bins):
-the rounds on one sub-bracket's entries, chosen from per-bin masses the bracket pass summed.
+``mass_cutoff_block_bins`` (RenormConfig.bracket_bins; kernels/NOTES.md, "Sub-bracket bins"):
+mass_cutoff_block's cutoff and kept-mass bits from radix-4 rounds on one sub-bracket's entries,
+chosen from per-bin masses the bracket pass summed.
 """
 
 from __future__ import annotations
@@ -148,160 +146,48 @@ def mass_cutoff_block(v, target, base_mass, first, t0):
 
 
 @triton.jit
-def _add7(a0, a1, a2, a3, a4, a5, a6, b0, b1, b2, b3, b4, b5, b6):
-    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6
-
-
-@triton.jit
-def _add15(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14,
-           b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14):
-    return (a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6, a7 + b7, a8 + b8, a9 + b9,
-            a10 + b10, a11 + b11, a12 + b12, a13 + b13, a14 + b14)
-
-
-@triton.jit
 def _above(b, x, c):
     return tl.where(b >= c, x, 0.0)
 
 
 @triton.jit
-def _step(t, m_t, c, s, d, dmax, base_mass, inner, target, INNER: tl.constexpr):
+def _step(t, m_t, c, s, d, dmax, base_mass, inner, target):
     """Probe c (digit d, block sum s) becomes the answer if it passed. Probes are taken in
-    ascending order, so the largest passing one wins (as in the radix-4 rounds). Its upper mass
-    is base_mass + s, or base_mass + (inner + s) for a window block (mass_cutoff_block_window)."""
-    if INNER:
-        m = base_mass + (inner + s)
-    else:
-        m = base_mass + s
+    ascending order, so the largest passing one wins (as in mass_cutoff_block). Its upper mass
+    is base_mass + (inner + s), inner = the mass above the searched entries (mass_cutoff_block_bins)."""
+    m = base_mass + (inner + s)
     ok = (d < dmax) & (c >= 0) & (m >= target) & (m > 0.0)
     return tl.where(ok, c, t), tl.where(ok, m, m_t)
 
 
 @triton.jit
-def _round_wide(b, x, t, m_t, step, dmax, base_mass, inner, target, BITS: tl.constexpr, INNER: tl.constexpr):
-    """One round of the wide search: probes t + d * step, d = 1 .. 2**BITS - 1 (those with
-    d < dmax), their block sums from one reduction."""
-    if BITS == 2:
-        c1 = t + step
-        c2 = c1 + step
-        c3 = c2 + step
-        s1, s2, s3 = sum3(_above(b, x, c1), _above(b, x, c2), _above(b, x, c3))
-        t, m_t = _step(t, m_t, c1, s1, 1, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c2, s2, 2, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c3, s3, 3, dmax, base_mass, inner, target, INNER)
-    elif BITS == 3:
-        c1 = t + step
-        c2 = c1 + step
-        c3 = c2 + step
-        c4 = c3 + step
-        c5 = c4 + step
-        c6 = c5 + step
-        c7 = c6 + step
-        if INTERPRETED:
-            s1 = tl.sum(_above(b, x, c1), axis=0)
-            s2 = tl.sum(_above(b, x, c2), axis=0)
-            s3 = tl.sum(_above(b, x, c3), axis=0)
-            s4 = tl.sum(_above(b, x, c4), axis=0)
-            s5 = tl.sum(_above(b, x, c5), axis=0)
-            s6 = tl.sum(_above(b, x, c6), axis=0)
-            s7 = tl.sum(_above(b, x, c7), axis=0)
-        else:
-            s1, s2, s3, s4, s5, s6, s7 = tl.reduce(
-                (_above(b, x, c1), _above(b, x, c2), _above(b, x, c3), _above(b, x, c4),
-                _above(b, x, c5), _above(b, x, c6), _above(b, x, c7)), 0, _add7)
-        t, m_t = _step(t, m_t, c1, s1, 1, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c2, s2, 2, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c3, s3, 3, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c4, s4, 4, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c5, s5, 5, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c6, s6, 6, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c7, s7, 7, dmax, base_mass, inner, target, INNER)
-    else:
-        tl.static_assert(BITS == 4)
-        c1 = t + step
-        c2 = c1 + step
-        c3 = c2 + step
-        c4 = c3 + step
-        c5 = c4 + step
-        c6 = c5 + step
-        c7 = c6 + step
-        c8 = c7 + step
-        c9 = c8 + step
-        c10 = c9 + step
-        c11 = c10 + step
-        c12 = c11 + step
-        c13 = c12 + step
-        c14 = c13 + step
-        c15 = c14 + step
-        if INTERPRETED:
-            s1 = tl.sum(_above(b, x, c1), axis=0)
-            s2 = tl.sum(_above(b, x, c2), axis=0)
-            s3 = tl.sum(_above(b, x, c3), axis=0)
-            s4 = tl.sum(_above(b, x, c4), axis=0)
-            s5 = tl.sum(_above(b, x, c5), axis=0)
-            s6 = tl.sum(_above(b, x, c6), axis=0)
-            s7 = tl.sum(_above(b, x, c7), axis=0)
-            s8 = tl.sum(_above(b, x, c8), axis=0)
-            s9 = tl.sum(_above(b, x, c9), axis=0)
-            s10 = tl.sum(_above(b, x, c10), axis=0)
-            s11 = tl.sum(_above(b, x, c11), axis=0)
-            s12 = tl.sum(_above(b, x, c12), axis=0)
-            s13 = tl.sum(_above(b, x, c13), axis=0)
-            s14 = tl.sum(_above(b, x, c14), axis=0)
-            s15 = tl.sum(_above(b, x, c15), axis=0)
-        else:
-            s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15 = tl.reduce(
-                (_above(b, x, c1), _above(b, x, c2), _above(b, x, c3), _above(b, x, c4),
-                _above(b, x, c5), _above(b, x, c6), _above(b, x, c7), _above(b, x, c8),
-                _above(b, x, c9), _above(b, x, c10), _above(b, x, c11), _above(b, x, c12),
-                _above(b, x, c13), _above(b, x, c14), _above(b, x, c15)), 0, _add15)
-        t, m_t = _step(t, m_t, c1, s1, 1, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c2, s2, 2, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c3, s3, 3, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c4, s4, 4, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c5, s5, 5, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c6, s6, 6, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c7, s7, 7, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c8, s8, 8, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c9, s9, 9, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c10, s10, 10, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c11, s11, 11, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c12, s12, 12, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c13, s13, 13, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c14, s14, 14, dmax, base_mass, inner, target, INNER)
-        t, m_t = _step(t, m_t, c15, s15, 15, dmax, base_mass, inner, target, INNER)
+def _radix4_round(b, x, t, m_t, step, dmax, base_mass, inner, target):
+    """One radix-4 round: probes t + d * step, d = 1 .. 3 (those with d < dmax), their block sums
+    from one reduction."""
+    c1 = t + step
+    c2 = c1 + step
+    c3 = c2 + step
+    s1, s2, s3 = sum3(_above(b, x, c1), _above(b, x, c2), _above(b, x, c3))
+    t, m_t = _step(t, m_t, c1, s1, 1, dmax, base_mass, inner, target)
+    t, m_t = _step(t, m_t, c2, s2, 2, dmax, base_mass, inner, target)
+    t, m_t = _step(t, m_t, c3, s3, 3, dmax, base_mass, inner, target)
     return t, m_t
 
 
 @triton.jit
-def _rounds_wide(b, v, t, m_t, nb, nlow, base_mass, inner, target, BITS: tl.constexpr, INNER: tl.constexpr):
-    """Rounds over bits nlow .. nb - 1 of the pattern (the bits above nb are the prefix in t),
-    BITS per round from the top; the top round may be narrower (digits d < dmax)."""
-    n_rounds = (nb - nlow + (BITS - 1)) // BITS
+def _radix4_rounds(b, v, t, m_t, nb, base_mass, inner, target):
+    """Rounds over bits 0 .. nb - 1 of the pattern (the bits above nb are the prefix in t),
+    2 per round from the top; the top round may be narrower (digits d < dmax)."""
+    n_rounds = (nb + 1) // 2
     for k in range(0, n_rounds):
-        shift = nlow + (n_rounds - 1 - k) * BITS
-        dmax = tl.full((), 1, tl.int32) << tl.minimum(nb - shift, BITS)
+        shift = (n_rounds - 1 - k) * 2
+        dmax = tl.full((), 1, tl.int32) << tl.minimum(nb - shift, 2)
         step = tl.full((), 1, tl.int32) << shift  # int32: probes past bit 31 wrap negative (not patterns)
         # (ptxas keeps this float64 copy of the block in registers across rounds, as it does for
         # mass_cutoff_block: one conversion per entry, not per probe)
         x = v.to(tl.float64)
-        t, m_t = _round_wide(b, x, t, m_t, step, dmax, base_mass, inner, target, BITS, INNER)
+        t, m_t = _radix4_round(b, x, t, m_t, step, dmax, base_mass, inner, target)
     return t, m_t
-
-
-@triton.jit
-def mass_cutoff_block_wide(v, target, base_mass, first, t0, BITS: tl.constexpr):
-    """mass_cutoff_block with 2**BITS - 1 probes per round (BITS = 2, 3 or 4): the same answer
-    and the same kept-mass bits, in fewer rounds (bsel_radix; kernels/NOTES.md, session 3).
-
-    The search covers exactly the radix-4 search's range (the 32 - 2 * first bits below the
-    prefix t0). Every probe's mass is the float64 sum of the same block entries through the
-    same reduction tree as in mass_cutoff_block (one field of a tuple reduction is reduced like
-    a single sum), so the predicate, a monotone function of the probe, gives the same largest
-    passing pattern and the same mass."""
-    b = v.to(tl.int32, bitcast=True)
-    m_t = base_mass + tl.sum(tl.where(b >= t0, v.to(tl.float64), 0.0), axis=0)
-    return _rounds_wide(b, v, t0, m_t, 32 - 2 * first, 0, base_mass, 0.0, target, BITS, False)
 
 
 @triton.jit
@@ -314,59 +200,6 @@ def compact_in_order(v, keep, dst_ptr, REG: tl.constexpr):
     per_row = tl.sum(in2, axis=1)
     pos = tl.reshape((tl.cumsum(per_row, axis=0) - per_row)[:, None] + tl.cumsum(in2, axis=1) - 1, (REG,))
     tl.store(dst_ptr + pos, v, mask=keep)
-
-
-@triton.jit
-def mass_cutoff_block_window(src_ptr, n, target, base_mass, first, t0, lo, hi, scratch_ptr, scratch_ok,
-                             REG: tl.constexpr, W: tl.constexpr, BITS: tl.constexpr, EXACT_SPAN: tl.constexpr):
-    """mass_cutoff_block over the n <= REG bracket entries at src_ptr (all in [lo, hi)): two
-    radix-4 rounds over the whole block, then the entries left in the window [t, t + 2**wb)
-    that can still hold the cutoff (usually a few hundred) are compacted, in order, to
-    scratch_ptr (W entries) and the remaining rounds (BITS per round) run on W entries instead
-    of the whole block (bsel_window; kernels/NOTES.md, session 3).
-
-    Same answer and bits as mass_cutoff_block: every entry is a multiple of ulp(lo), so when
-    the block's total stays below 2**53 ulp(lo) (hi / lo < 2**EXACT_SPAN, checked; else the
-    rounds go on over the whole block, reloaded) every float64 partial sum is exact and any
-    summation order gives the same block sums; a probe's sum in the window is inner + (window
-    entries >= probe), inner = the exact mass of the block entries above the window."""
-    ri = tl.arange(0, REG)
-    v = tl.maximum(tl.load(src_ptr + ri, mask=ri < n, other=0.0), 0.0)
-    b = v.to(tl.int32, bitcast=True)
-    m_t = base_mass + tl.sum(tl.where(b >= t0, v.to(tl.float64), 0.0), axis=0)
-    nb = 32 - 2 * first
-    wb = tl.maximum(nb - 4, 0)  # bits left after the two whole-block rounds
-    t, m_t = _rounds_wide(b, v, t0, m_t, nb, wb, base_mass, 0.0, target, 2, False)
-    if wb > 0:
-        # the block reloaded (volatile: not merged with the first load, not hoisted above the
-        # rounds), at addresses computed after the rounds (t >> 31 is 0: t is a pattern, >= 0)
-        # so neither the rounds' float64 copy of the block nor its 64-bit addresses live on
-        ri2 = ri + (t >> 31)
-        v = tl.maximum(tl.load(src_ptr + ri2, mask=ri2 < n, other=0.0, volatile=True), 0.0)
-        b = v.to(tl.int32, bitcast=True)
-        rel = b - t  # (no overflow: both non-negative)
-        inwin = (b >= t) & ((rel >> wb) == 0) & (b > 0)
-        n_win = tl.sum(inwin.to(tl.int32), axis=0)
-        e_lo = tl.maximum(lo >> 23, 1)  # biased exponents; subnormals share exponent 1's ulp
-        e_hi = tl.maximum((hi - 1) >> 23, 1)
-        if scratch_ok & (n_win <= W) & (e_hi - e_lo <= EXACT_SPAN):
-            inner = tl.sum(tl.where((b >= t) & ((rel >> wb) != 0), v.to(tl.float64), 0.0), axis=0)
-            # in-order positions from a two-level prefix sum (rows of 32 entries: a 1-D scan over
-            # the whole block costs ~2.5k instructions per thread and spills under the cap); the
-            # code of compact_in_order, kept inline: called, the IR comes out in another order and
-            # ptxas allocates registers differently (this variant's SASS stays byte-identical)
-            in2 = tl.reshape(inwin.to(tl.int32), (REG // 32, 32))
-            per_row = tl.sum(in2, axis=1)
-            pos = tl.reshape((tl.cumsum(per_row, axis=0) - per_row)[:, None] + tl.cumsum(in2, axis=1) - 1, (REG,))
-            tl.store(scratch_ptr + pos, v, mask=inwin)
-            tl.debug_barrier()
-            wi = tl.arange(0, W)
-            w = tl.load(scratch_ptr + wi, mask=wi < n_win, other=0.0)
-            t, m_t = _rounds_wide(w.to(tl.int32, bitcast=True), w, t, m_t, wb, 0, base_mass, inner, target,
-                                  BITS, True)
-        else:
-            t, m_t = _rounds_wide(b, v, t, m_t, wb, 0, base_mass, 0.0, target, 2, False)
-    return t, m_t
 
 
 @triton.jit
@@ -383,7 +216,7 @@ def bin_shift(lo, hi, B: tl.constexpr):
 
 @triton.jit
 def mass_cutoff_block_bins(src_ptr, n, target, base_mass, bin_mass, lo, shift, scratch_ptr,
-                           STEP: tl.constexpr, W: tl.constexpr, BITS: tl.constexpr, B: tl.constexpr):
+                           STEP: tl.constexpr, W: tl.constexpr, B: tl.constexpr):
     """(t, m, ok): mass_cutoff_block's answer and kept-mass bits over the n <= REG bracket entries
     at src_ptr (all in [lo, hi)), searched among one sub-bracket's entries only (bracket_bins;
     kernels/NOTES.md, "Sub-bracket bins"). bin_mass: the exact float64 mass of the entries in
@@ -421,8 +254,7 @@ def mass_cutoff_block_bins(src_ptr, n, target, base_mass, bin_mass, lo, shift, s
         w = tl.load(scratch_ptr + wi, mask=wi < n_w, other=0.0)
         # rounds over the bin's offsets [0, 2**shift) from t (patterns past the bin's entries add
         # nothing to inner, fail like the bin above; past bit 31 they wrap negative: not patterns)
-        t, m_t = _rounds_wide(w.to(tl.int32, bitcast=True), w, t, m_t, shift, 0, base_mass, inner, target,
-                              BITS, True)
+        t, m_t = _radix4_rounds(w.to(tl.int32, bitcast=True), w, t, m_t, shift, base_mass, inner, target)
     return t, m_t, ok
 
 
@@ -541,35 +373,6 @@ def mass_cutoff_any(src_ptr, gid_ptr, n, vocab, target, base_mass, thr_bits, sca
     else:
         t, m = mass_cutoff_bits(src_ptr, gid_ptr, n, vocab, target, base_mass, thr_bits, scale, first, t0,
                                 GATHER, SCALED, G, SUB)
-    return t, m
-
-
-@triton.jit
-def mass_cutoff_any_wide(src_ptr, gid_ptr, n, vocab, target, base_mass, thr_bits, scale, first, t0,
-                         GATHER: tl.constexpr, SCALED: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr,
-                         REG: tl.constexpr, BITS: tl.constexpr):
-    """mass_cutoff_any with mass_cutoff_block_wide for the register block (same answer and bits)."""
-    if n <= REG:
-        v = load_values(src_ptr, gid_ptr, tl.arange(0, REG), n, vocab, thr_bits, scale, GATHER, SCALED, G)
-        t, m = mass_cutoff_block_wide(v, target, base_mass, first, t0, BITS)
-    else:
-        t, m = mass_cutoff_bits(src_ptr, gid_ptr, n, vocab, target, base_mass, thr_bits, scale, first, t0,
-                                GATHER, SCALED, G, SUB)
-    return t, m
-
-
-@triton.jit
-def mass_cutoff_any_window(src_ptr, n, target, base_mass, first, t0, lo, hi, scratch_ptr, scratch_ok,
-                           SUB: tl.constexpr, REG: tl.constexpr, W: tl.constexpr, BITS: tl.constexpr,
-                           EXACT_SPAN: tl.constexpr):
-    """mass_cutoff_any over a contiguous list of bracket entries, with mass_cutoff_block_window
-    for the register block (same answer and bits)."""
-    if n <= REG:
-        t, m = mass_cutoff_block_window(src_ptr, n, target, base_mass, first, t0, lo, hi, scratch_ptr, scratch_ok,
-                                        REG, W, BITS, EXACT_SPAN)
-    else:
-        t, m = mass_cutoff_bits(src_ptr, src_ptr, n, n, target, base_mass, 0, 1.0, first, t0,
-                                False, False, 1, SUB)
     return t, m
 
 

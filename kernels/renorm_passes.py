@@ -33,15 +33,11 @@ import torch
 import triton
 import triton.language as tl
 
-from triton.language.extra.cuda import libdevice
 
 from tpguard.kernels.radix_select import (
-    INTERPRETED,
     bin_shift,
     list_groups_block,
     mass_cutoff_any,
-    mass_cutoff_any_wide,
-    mass_cutoff_any_window,
     mass_cutoff_bits,
     mass_cutoff_block_bins,
     reciprocal_f32,
@@ -90,13 +86,12 @@ class RenormConfig:
     # at 128 both fit 2 CTAs per SM, with 0-32 bytes of stack (sm_90a, cuobjdump).
     select_maxnreg: int = 128
     bracket_maxnreg: int = 128
-    # --- session-3 options (kernels/NOTES.md, "Session 3 variants"); 0 = the default code ---
-    bsel_radix: int = 0  # bracket_select's register searches: 2**k - 1 probes per round (4, 8, 16); 0 = radix 4
+    # --- session-3 option (kernels/NOTES.md, "bracket_copy=2"; bsel_radix, bsel_window and bracket_copy=1
+    # were removed in session 4 after run 9: slower, see "Session 3 variants") ---
     # bracket pass copy-out: 2 (run 9's winner: bracket pass 100 -> 75 us, top-p flat 386 -> 364) = one scan over
     # the chunk, stored from a view in the load's own lane/warp layout (no shared-memory shuffle); used where
     # that view fits (4 <= group <= 128, bracket chunk >= 128), else 0 = prefix over groups + scan inside each
     bracket_copy: int = 2
-    bsel_window: int = 0  # bracket_select: after 2 rounds, search the window's entries (<= this many) compacted
     # --- session-4 option (kernels/NOTES.md, "Sub-bracket bins (session 4)"); 0 = the default code ---
     bracket_bins: int = 0  # B: the bracket pass sums its entries' mass per 1/B of [lo, hi) (by bit pattern);
     # bracket_select searches only the sub-bracket holding the cutoff (a power of two, 2..64)
@@ -147,14 +142,8 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
     """Block shapes for a batch (cached: the host path of a call stays a few microseconds)."""
     if cfg.sample_stride % cfg.group or cfg.chunk % cfg.sample_stride:
         raise ValueError("RenormConfig: sample_stride must be a multiple of group, chunk of sample_stride")
-    if cfg.bsel_radix not in (0, 4, 8, 16):
-        raise ValueError("RenormConfig: bsel_radix must be 0, 4, 8 or 16")
-    if cfg.bsel_window and (cfg.bsel_window & (cfg.bsel_window - 1) or cfg.bsel_window < 16
-                            or cfg.bracket_reg & (cfg.bracket_reg - 1) or cfg.bracket_reg < 32):
-        raise ValueError("RenormConfig: bsel_window must be 0 or a power of two >= 16 (and bracket_reg one >= 32)")
-    if cfg.bracket_copy not in (0, 1, 2) or (cfg.bracket_copy == 1 and cfg.group > 32):
-        raise ValueError("RenormConfig: bracket_copy must be 0, 1 or 2 (1 needs group <= 32: one int32 ballot per "
-                         "group)")
+    if cfg.bracket_copy not in (0, 2):
+        raise ValueError("RenormConfig: bracket_copy must be 0 or 2")
     if cfg.bracket_bins and (cfg.bracket_bins & (cfg.bracket_bins - 1) or not 2 <= cfg.bracket_bins <= 64):
         raise ValueError("RenormConfig: bracket_bins must be 0 or a power of two in 2..64")
     chunk = cfg.chunk  # fixed (not shrunk for short rows): fewer kernel variants to compile
@@ -299,19 +288,6 @@ def launch_row_stats(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormC
 # --- pass 3: the bracket (FULL rows only) ----------------------------------------------------
 
 @triton.jit
-def popcount32(x):
-    """Set bits of each int32 (the hardware POPC; the interpreter has no libdevice: SWAR there)."""
-    if INTERPRETED:
-        x = x - ((x >> 1) & 0x55555555)  # (masks clear what the arithmetic shift fills in)
-        x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
-        x = (x + (x >> 4)) & 0x0F0F0F0F
-        x = (x * 0x01010101) >> 24
-    else:
-        x = libdevice.popc(x)
-    return x
-
-
-@triton.jit
 def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slots_ptr,
                     CHUNK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr, PREFETCH: tl.constexpr,
                     COPY_MODE: tl.constexpr, bmass_ptr=None, BINS: tl.constexpr = 0, BIN_SUB: tl.constexpr = 128):
@@ -349,7 +325,7 @@ def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slot
                 keep_v = tl.reshape(tl.permute(tl.reshape(inside & (pos < CAP), view), (3, 0, 1, 2)), (CHUNK,))
                 x_v = tl.reshape(tl.permute(tl.reshape(x, view), (3, 0, 1, 2)), (CHUNK,))
                 tl.store(slots_ptr + (row * n_chunks + chunk) * CAP + pos_v, x_v, mask=keep_v)
-        elif COPY_MODE == 0:
+        else:
             inside_i = inside.to(tl.int32)
             per_group = tl.sum(inside_i, axis=1)
             n_in = tl.sum(per_group, axis=0)
@@ -357,18 +333,6 @@ def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slot
                 # in order: a prefix sum over groups, then a short one inside each group
                 start = tl.cumsum(per_group, axis=0) - per_group
                 pos = start[:, None] + tl.cumsum(inside_i, axis=1) - 1
-                tl.store(slots_ptr + (row * n_chunks + chunk) * CAP + pos, x, mask=inside & (pos < CAP))
-        else:
-            # the same positions without the scan inside groups: a 32-bit ballot per group (G <= 32;
-            # distinct bits, so the int32 sum is their OR, bit 31 included), its popcount is the
-            # group's count, and an entry's rank in its group the popcount of the bits below it
-            lane = tl.full((G,), 1, tl.int32) << tl.arange(0, G)
-            ballot = tl.sum(tl.where(inside, lane[None, :], 0), axis=1)
-            per_group = popcount32(ballot)
-            n_in = tl.sum(per_group, axis=0)
-            if n_in > 0:
-                start = tl.cumsum(per_group, axis=0) - per_group
-                pos = start[:, None] + popcount32(ballot[:, None] & (lane[None, :] - 1))
                 tl.store(slots_ptr + (row * n_chunks + chunk) * CAP + pos, x, mask=inside & (pos < CAP))
         if BINS > 0:
             # the copied entries' mass per sub-bracket (bracket_select's bins), read back from the
@@ -390,20 +354,11 @@ def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slot
 
 
 @triton.jit
-def _search_bracket_list(cand_row, n, target, m_hi, first, t0, lo, hi, list_cap, G: tl.constexpr,
-                         SUB: tl.constexpr, REG: tl.constexpr, RADIX_BITS: tl.constexpr, WINDOW: tl.constexpr,
-                         EXACT_SPAN: tl.constexpr):
+def _search_bracket_list(cand_row, n, target, m_hi, first, t0, G: tl.constexpr, SUB: tl.constexpr,
+                         REG: tl.constexpr):
     """bracket_select's search among the n bracket entries listed at cand_row (the default path)."""
-    if WINDOW > 0:  # (the scratch follows the list's first REG entries)
-        t, kept = mass_cutoff_any_window(cand_row, n, target, m_hi, first, t0, lo, hi, cand_row + REG,
-                                         REG + WINDOW <= list_cap, SUB, REG, WINDOW,
-                                         max(RADIX_BITS, 2), EXACT_SPAN)
-    elif RADIX_BITS == 0:
-        t, kept = mass_cutoff_any(cand_row, cand_row, n, n, target, m_hi, 0, 1.0, first, t0,
-                                  False, False, G, SUB, REG)
-    else:
-        t, kept = mass_cutoff_any_wide(cand_row, cand_row, n, n, target, m_hi, 0, 1.0, first, t0,
-                                       False, False, G, SUB, REG, RADIX_BITS)
+    t, kept = mass_cutoff_any(cand_row, cand_row, n, n, target, m_hi, 0, 1.0, first, t0,
+                              False, False, G, SUB, REG)
     return t, kept
 
 
@@ -412,7 +367,7 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
                            mhi_ptr, cnt_ptr, slots_ptr, cand_ptr, list_cap, gmax_ptr, gid_ptr,
                            CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, CAP: tl.constexpr,
                            SUB: tl.constexpr, REG: tl.constexpr, G: tl.constexpr, COPY: tl.constexpr,
-                           RADIX_BITS: tl.constexpr, WINDOW: tl.constexpr, EXACT_SPAN: tl.constexpr,
+                           EXACT_SPAN: tl.constexpr,
                            bmass_ptr=None, BINS: tl.constexpr = 0, BIN_W: tl.constexpr = 0,
                            BIN_STEP: tl.constexpr = 4096):
     row = tl.program_id(0).to(tl.int64)
@@ -467,13 +422,11 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
                         t, kept, found = mass_cutoff_block_bins(cand_row, n, target, m_hi, bin_mass, lo,
                                                                 bin_shift(lo, hi, BINS),
                                                                 cand_row + tl.multiple_of(scratch_at, 16),
-                                                                max(32, min(REG, BIN_STEP)), BIN_W, max(RADIX_BITS, 2), BINS)
+                                                                max(32, min(REG, BIN_STEP)), BIN_W, BINS)
                     if found == 0:  # (no usable bins, or a bin over BIN_W entries)
-                        t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, lo, hi, list_cap,
-                                                       G, SUB, REG, RADIX_BITS, WINDOW, EXACT_SPAN)
+                        t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, G, SUB, REG)
                 else:
-                    t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, lo, hi, list_cap,
-                                                   G, SUB, REG, RADIX_BITS, WINDOW, EXACT_SPAN)
+                    t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, G, SUB, REG)
             elif m_hi >= target:
                 # the sample bracket was too low: the cutoff is >= hi, so every entry that counts
                 # lies in a group whose max is >= hi
@@ -484,21 +437,14 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
                 n_sel = list_groups_block(gid_row, gb, gidx, hi)
                 tl.debug_barrier()
                 first, t0 = search_start(hi, tl.max(gb, axis=0))
-                if RADIX_BITS == 0:
-                    t, kept = mass_cutoff_any(src, gid_row, n_sel * G, vocab, target, 0.0, 0, 1.0, first, t0,
-                                              True, False, G, SUB, REG)
-                else:
-                    t, kept = mass_cutoff_any_wide(src, gid_row, n_sel * G, vocab, target, 0.0, 0, 1.0, first,
-                                                   t0, True, False, G, SUB, REG, RADIX_BITS)
+                t, kept = mass_cutoff_any(src, gid_row, n_sel * G, vocab, target, 0.0, 0, 1.0, first, t0,
+                                          True, False, G, SUB, REG)
             else:
                 # too high, or a huge tie overflowed the bracket: search the whole row
                 t, kept = mass_cutoff_bits(src, src, vocab, vocab, target, 0.0, 0, 1.0, 0, 0,
                                            False, False, G, SUB)
         tl.store(params_ptr + row * 4 + 2, t.to(tl.float32, bitcast=True))
         tl.store(params_ptr + row * 4 + 3, reciprocal_f32(kept))
-
-
-_RADIX_BITS = {0: 0, 4: 2, 8: 3, 16: 4}  # bsel_radix -> bits per round of the wide search (0: default code)
 
 
 def exact_span(cfg: RenormConfig) -> int:
@@ -538,8 +484,7 @@ def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormCon
         probs, s.vocab, s.n_bchunks, s.n_groups, ws.plan, ws.target, ws.params, ws.mhi, ws.cnt, ws.slots,
         ws.cand, ws.list_cap, ws.gmax, ws.gid,
         CH_BLOCK=s.bch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg, G=cfg.group,
-        COPY=max(1, min(8, 8192 // s.cap)), RADIX_BITS=_RADIX_BITS[cfg.bsel_radix],
-        WINDOW=cfg.bsel_window, EXACT_SPAN=exact_span(cfg), num_warps=cfg.bracket_warps,
+        COPY=max(1, min(8, 8192 // s.cap)), EXACT_SPAN=exact_span(cfg), num_warps=cfg.bracket_warps,
         **bins_args(ws, cfg, BIN_W=bins_window(cfg)),
         **reg_cap(cfg.bracket_maxnreg, cfg.bracket_warps),
     )

@@ -202,7 +202,7 @@ def test_top_p_default_shapes_above_tau_groups():
     assert_matches(top_p_renorm_triton(x, 0.9), ref.top_p_renorm_reference(x, 0.9))
 
 
-# --- session-3 options (kernels/NOTES.md): bsel_radix, bracket_copy -------------------------
+# --- bracket_select's register searches; session-3 option (kernels/NOTES.md): bracket_copy -----
 # Default block shapes (chunk 4096, groups of 32, 16384 bracket entries in registers) at vocab
 # 40000: two flat rows and a peaky row at p = 0.9999 take the bracket passes (FULL) and the
 # register search among the bracket entries. The other register search of bracket_select (the
@@ -234,10 +234,9 @@ def _s3_run(batch: str, changes: tuple = ()):
     return x, p, out, seen[0]
 
 
-def test_bsel_radix_same_cutoff_and_bits():
-    # a wider search (2**k - 1 probes per round) computes every probe's mass like the radix-4
-    # search: the same cutoff, kept mass and output bits, on both register-search paths
-    for batch, radices in (("default", (16,)), ("gather", (16, 8, 4))):
+def test_bracket_select_register_searches():
+    # both register-search paths of bracket_select are taken and match the reference
+    for batch in ("default", "gather"):
         x, p, base, ws = _s3_run(batch)
         assert_matches(base, ref.top_p_renorm_reference(x, p))
         rows = x.shape[0]
@@ -248,40 +247,6 @@ def test_bsel_radix_same_cutoff_and_bits():
         else:  # the bracket is too low: search the groups whose max is >= hi, in registers
             n_gather = (ws.gmax.view(rows, -1).view(torch.int32) >= ws.plan[:, 2:3]).sum(1) * GATHER_BLOCK.group
             assert (m_hi >= ws.target).all() and (n_gather <= GATHER_BLOCK.bracket_reg).all()
-        for radix in radices:
-            _, _, out, ws_r = _s3_run(batch, (("bsel_radix", radix),))
-            assert torch.equal(ws_r.params.view(torch.int32), ws.params.view(torch.int32)), radix
-            assert torch.equal(out.view(torch.int32), base.view(torch.int32)), radix
-
-
-def _search_start(lo: int, hi: int) -> int:
-    """radix_select.search_start's first round, in Python."""
-    diff, first, found = lo ^ (hi - 1), 0, (lo ^ (hi - 1)) < 0
-    for r in range(16):
-        found = found or ((diff >> (30 - 2 * r)) & 3) != 0
-        first += 0 if found else 1
-    return min(first, 15)
-
-
-def test_bsel_window_same_cutoff_and_bits():
-    # bsel_window: after two rounds over the whole block, the rounds run on the window's entries
-    # compacted to the scratch after the list (list_cap >= bracket_reg + window): the same
-    # cutoff and bits when the window fits (with 4 and 16 probes per round) and when it does not
-    x, p, base, ws = _s3_run("default")
-    rows, reg = x.shape[0], DEFAULT_CONFIG.bracket_reg
-    for window, radix in ((2048, 0), (2048, 16), (16, 0)):
-        _, _, out, ws_w = _s3_run("default", (("bsel_window", window), ("bsel_radix", radix), ("list_cap", 32768)))
-        assert torch.equal(ws_w.params.view(torch.int32), ws.params.view(torch.int32)), (window, radix)
-        assert torch.equal(out.view(torch.int32), base.view(torch.int32)), (window, radix)
-        for r in range(rows):  # the window path ran: the scratch holds the window's entries, in order
-            lo, hi = int(ws.plan[r, 1]), int(ws.plan[r, 2])
-            wb = 32 - 2 * _search_start(lo, hi) - 4
-            t1 = (int(ws.params.view(rows, 4)[r, 2:3].view(torch.int32)) >> wb) << wb
-            n = int(ws.cnt.view(rows, -1)[r].sum())
-            cand = ws.cand.view(rows, -1)[r, :n].view(torch.int32)
-            win = cand[(cand >= t1) & (cand < t1 + (1 << wb))]
-            scratch = ws_w.cand.view(rows, -1)[r, reg : reg + len(win)].view(torch.int32)
-            assert 100 < len(win) <= 2048 and (window < len(win) or torch.equal(scratch, win)), (r, window)
 
 
 def _bracket_copy_out(x, lo, hi, cap, mode, cfg=DEFAULT_CONFIG):
@@ -301,39 +266,32 @@ def _bracket_copy_out(x, lo, hi, cap, mode, cfg=DEFAULT_CONFIG):
 
 
 def test_bracket_copy_same_slots():
-    # the bracket pass alone: the ballot copy-out (1) and the chunk-wide scan stored from a view
-    # in the load's layout (2) write the same slots, counts and masses for the sample brackets
-    # of a real call, a bracket holding every entry (full groups, lane 31 included) and a narrow
-    # one, also with small CAPs (an overflowing chunk stops at CAP); mode 2's view also with
-    # groups of 8 and 4 (other lane splits) and the smallest chunk it takes (128)
+    # the bracket pass alone: the chunk-wide scan stored from a view in the load's layout (2)
+    # writes the same slots, counts and masses as the group prefix + in-group scan (0) for the
+    # sample brackets of a real call, a bracket holding every entry (full groups, lane 31
+    # included) and a narrow one, also with small CAPs (an overflowing chunk stops at CAP); also
+    # with groups of 8 and 4 (other lane splits) and the smallest chunk it takes (128)
     x, p, base, ws = _s3_run("default")
     lo, hi = ws.plan[:, 1].clone(), ws.plan[:, 2].clone()
     every = (torch.ones_like(lo), torch.full_like(hi, 0x7F800000))
     narrow = (lo, torch.minimum(hi, lo + (1 << 16)))
-    both = (1, 2)
-    cases = [(x, (lo, hi), 1024, DEFAULT_CONFIG, both), (x, (lo, hi), 64, DEFAULT_CONFIG, both),
-             (x, every, 4096, DEFAULT_CONFIG, both), (x, every, 100, DEFAULT_CONFIG, both),
-             (x, narrow, 1024, DEFAULT_CONFIG, both),
-             (x, (lo, hi), 256, DEFAULT_CONFIG.replace(group=8, sample_stride=32), (2,)),
-             (x[:, :2048].contiguous(), (lo, hi), 16, DEFAULT_CONFIG.replace(group=4, chunk=128, sample_stride=32), (2,))]
-    for xs, (b_lo, b_hi), cap, cfg, modes in cases:
+    cases = [(x, (lo, hi), 1024, DEFAULT_CONFIG), (x, (lo, hi), 64, DEFAULT_CONFIG),
+             (x, every, 4096, DEFAULT_CONFIG), (x, every, 100, DEFAULT_CONFIG),
+             (x, narrow, 1024, DEFAULT_CONFIG),
+             (x, (lo, hi), 256, DEFAULT_CONFIG.replace(group=8, sample_stride=32)),
+             (x[:, :2048].contiguous(), (lo, hi), 16, DEFAULT_CONFIG.replace(group=4, chunk=128, sample_stride=32))]
+    for xs, (b_lo, b_hi), cap, cfg in cases:
         want = _bracket_copy_out(xs, b_lo, b_hi, cap, 0, cfg)
         assert (want[1] > 0).any()
-        for mode in modes:
-            got = _bracket_copy_out(xs, b_lo, b_hi, cap, mode, cfg)
-            for name, w, g in zip(("mhi", "cnt", "slots"), want, got):
-                assert torch.equal(w, g), (name, cap, cfg.group, mode)
-    # a whole call with both options: the same workspace counts and output bits
-    _, _, out, ws_c = _s3_run("default", (("bracket_copy", 1), ("bsel_radix", 16)))
-    assert torch.equal(ws_c.cnt, ws.cnt) and torch.equal(ws_c.mhi, ws.mhi)
-    assert torch.equal(out.view(torch.int32), base.view(torch.int32))
+        got = _bracket_copy_out(xs, b_lo, b_hi, cap, 2, cfg)
+        for name, w, g in zip(("mhi", "cnt", "slots"), want, got):
+            assert torch.equal(w, g), (name, cap, cfg.group)
+    # a whole call: the same workspace counts, slots and output bits
     _, _, out, ws_c = _s3_run("default", (("bracket_copy", 0),))  # the default is 2 (run 9)
     assert torch.equal(ws_c.cnt, ws.cnt) and torch.equal(ws_c.mhi, ws.mhi)
     written = torch.arange(ws.cap, device=DEVICE)[None, :] < ws.cnt.clamp(max=ws.cap)[:, None]  # (empty workspace)
     assert torch.equal(ws_c.slots.view(-1, ws.cap)[written], ws.slots.view(-1, ws.cap)[written])
     assert torch.equal(out.view(torch.int32), base.view(torch.int32))
-    with pytest.raises(ValueError, match="bracket_copy"):
-        top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bracket_copy=1, group=64, sample_stride=64))
     # where mode 2's store view does not fit (a bracket chunk below 128), mode 0 runs: same output
     from tpguard.kernels.renorm_passes import copy_mode
 
@@ -341,12 +299,9 @@ def test_bracket_copy_same_slots():
     assert copy_mode(small) == 0 and copy_mode(DEFAULT_CONFIG) == 2
     assert torch.equal(top_p_renorm_triton(x[:1], 0.9, config=small).view(torch.int32),
                        top_p_renorm_triton(x[:1], 0.9, config=small.replace(bracket_copy=0)).view(torch.int32))
-    with pytest.raises(ValueError, match="bracket_copy"):
-        top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bracket_copy=3))
-    with pytest.raises(ValueError, match="bsel_radix"):
-        top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bsel_radix=32))
-    with pytest.raises(ValueError, match="bsel_window"):
-        top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bsel_window=1000))
+    for bad in (1, 3):  # (1: the ballot copy-out, removed in session 4)
+        with pytest.raises(ValueError, match="bracket_copy"):
+            top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bracket_copy=bad))
 
 
 # --- session-4 option (kernels/NOTES.md, "Sub-bracket bins (session 4)"): bracket_bins ---------
@@ -359,14 +314,14 @@ def _bin_shift(lo: int, hi: int, bins: int) -> int:
 def test_bracket_bins_same_cutoff_and_bits():
     # the bracket pass sums its entries' mass per sub-bracket; bracket_select picks the bin holding
     # the cutoff from those exact masses and searches only its entries: the same params and output
-    # bits as the default on the real FULL rows (2 flat, 1 peaky at p = 0.9999), with 4 and 16
-    # probes per round and with the view copy-out; the bins hold exactly the list's masses, and
+    # bits as the default on the real FULL rows (2 flat, 1 peaky at p = 0.9999), with 16 and 64
+    # bins; the bins hold exactly the list's masses, and
     # the scratch after the list holds the cutoff's bin, in list order
     x, p, base, ws = _s3_run("default")
     rows, n_chunks = x.shape[0], ws.cnt.numel() // x.shape[0]
     assert (ws.plan[:, 0] == 2).all() and (ws.cnt.view(rows, -1) <= ws.cap).all()
-    for bins, changes in ((16, ()), (64, (("bsel_radix", 16), ("bracket_copy", 2)))):
-        _, _, out, wb = _s3_run("default", (("bracket_bins", bins),) + changes)
+    for bins in (16, 64):
+        _, _, out, wb = _s3_run("default", (("bracket_bins", bins),))
         assert torch.equal(wb.params.view(torch.int32), ws.params.view(torch.int32)), bins
         assert torch.equal(out.view(torch.int32), base.view(torch.int32)), bins
         bin_mass = wb.bmass.view(rows, n_chunks, bins).sum(1)
@@ -416,7 +371,7 @@ def _bins_vs_block(src, n, lo, hi, bmass, scratch, out, REG: tl.constexpr, B: tl
     ri = tl.arange(0, REG)
     t1, m1 = mass_cutoff_block(tl.load(src + ri, mask=ri < n, other=0.0), target, base, first, t0)
     t2, m2, ok = mass_cutoff_block_bins(src, n, target, base, tl.load(bmass + tl.arange(0, B)), lo,
-                                        bin_shift(lo, hi, B), scratch, 64, REG, 2, B)
+                                        bin_shift(lo, hi, B), scratch, 64, REG, B)
     tl.store(out, t1.to(tl.float64))
     tl.store(out + 1, m1)
     tl.store(out + 2, t2.to(tl.float64))
