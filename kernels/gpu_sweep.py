@@ -32,6 +32,10 @@ from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
 
 VARIANTS = {  # in order of interest: the time budget cuts the list short (kernels/NOTES.md, run 4)
     "default": {},  # bracket_copy=2 since run 9
+    # session 4 (kernels/NOTES.md, "Top-p select rounds (session 4)"): top-p select's sample-bracket
+    # rounds reduce once for lo and hi while they agree (same bits)
+    "tps_shared": {"tps_shared": 1},
+    "tps_shared_bins16": {"tps_shared": 1, "bracket_bins": 16},
     # session 4 (kernels/NOTES.md, "Sub-bracket bins (session 4)"): the bracket pass sums its entries'
     # mass per 1/B of [lo, hi); bracket_select searches only the sub-bracket holding the cutoff
     "bins16": {"bracket_bins": 16},

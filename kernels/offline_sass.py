@@ -19,7 +19,9 @@ shapes for 256 x 163840.
 `bins VARIANTS...` (sweep variant names of kernels/gpu_sweep.py, e.g. default bins16 bins8):
 the bracket pass and bracket_select of each RenormConfig variant at 256 x 163840 (kernels/NOTES.md,
 "Sub-bracket bins (session 4)"), with the SASS of each loop (between a backward branch and its target).
-`topp_select`: the top-p select kernel at the default shapes for 256 x 163840 (scalar p), its loops.
+`topp_select [VARIANTS...]`: the top-p select kernel of each sweep variant (default: "default") at 256 x 163840
+(scalar p): registers, stack, SASS counts, its loops (kernels/NOTES.md, "Top-p select rounds (session 4)");
+with TPS_DUMP=DIR the SASS and ttgir are written there.
 """
 
 from __future__ import annotations
@@ -244,26 +246,36 @@ def bins(variants: list[str]) -> None:
             print(f"  loop {lo:#x}-{hi:#x}: {sum(c.values())} SASS ({', '.join(f'{k} {v}' for k, v in c.most_common(6))})")
 
 
-def topp_select() -> None:
+def topp_select(variants: list[str]) -> None:
     from tpguard.kernels import renorm_passes as rp
     from tpguard.kernels import renorm_top_p as tp
+    from tpguard.kernels.gpu_sweep import VARIANTS
 
-    cfg = rp.RenormConfig()
-    s = rp.shapes_for(256, 163840, cfg)
-    sig = {"probs_ptr": "*fp32", "vocab": "i32", "n_chunks": "i32", "n_groups": "i32", "n_samples": "i32",
-           "chunk_sum_ptr": "*fp64", "chunk_bad_ptr": "*i32", "gmax_ptr": "*fp32", "gsamp_ptr": "*fp32",
-           "gid_ptr": "*i32", "cand_ptr": "*fp32", "list_cap": "i32", "p_ptr": "*fp32", "p_val": "fp32",
-           "params_ptr": "*fp32", "flag_ptr": "*i32", "plan_ptr": "*i32", "target_ptr": "*fp64", "Z": "fp32"}
-    const = dict(HAS_P_ARR=False, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
-                 NS_BLOCK=s.ns_block, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups, CSUB=cfg.compact_sub,
-                 MASS_FIRST=bool(cfg.tau_mass_first))
-    aligned = [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 16, 17]  # (n_chunks = 40)
-    res, sass, _, _ = compile_kernel(tp._top_p_select_kernel, sig, const, aligned, cfg.select_warps,
-                                  rp.reg_cap(cfg.select_maxnreg, cfg.select_warps).get("maxnreg"), "topp_select")
-    ins = instructions(sass)
-    print(f"top-p select ({cfg.select_warps} warps): {res}\n  {len(ins)} SASS")
-    for lo, hi, c in loops(ins):
-        print(f"  loop {lo:#x}-{hi:#x}: {sum(c.values())} SASS ({', '.join(f'{k} {v}' for k, v in c.most_common(6))})")
+    for name in variants:
+        cfg = rp.RenormConfig().replace(**VARIANTS[name])
+        s = rp.shapes_for(256, 163840, cfg)
+        sig = {"probs_ptr": "*fp32", "vocab": "i32", "n_chunks": "i32", "n_groups": "i32", "n_samples": "i32",
+               "chunk_sum_ptr": "*fp64", "chunk_bad_ptr": "*i32", "gmax_ptr": "*fp32", "gsamp_ptr": "*fp32",
+               "gid_ptr": "*i32", "cand_ptr": "*fp32", "list_cap": "i32", "p_ptr": "*fp32", "p_val": "fp32",
+               "params_ptr": "*fp32", "flag_ptr": "*i32", "plan_ptr": "*i32", "target_ptr": "*fp64", "Z": "fp32"}
+        const = dict(HAS_P_ARR=False, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
+                     NS_BLOCK=s.ns_block, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
+                     CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), **tp.select_constexprs(cfg, s))
+        aligned = [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 16, 17]  # (n_chunks = 40)
+        res, sass, ttgir, _ = compile_kernel(tp._top_p_select_kernel, sig, const, aligned, cfg.select_warps,
+                                             rp.reg_cap(cfg.select_maxnreg, cfg.select_warps).get("maxnreg"),
+                                             f"topp_select_{name}")
+        if os.environ.get("TPS_DUMP"):
+            with open(os.path.join(os.environ["TPS_DUMP"], f"topp_select_{name}.sass"), "w") as f:
+                f.write(sass)
+            with open(os.path.join(os.environ["TPS_DUMP"], f"topp_select_{name}.ttgir"), "w") as f:
+                f.write(ttgir)
+        ins = instructions(sass)
+        ops = collections.Counter(opcode(t) for _, t in ins)
+        print(f"{name}: top-p select ({cfg.select_warps} warps): {res}\n  {len(ins)} SASS, BAR {ops['BAR']}, "
+              f"SHFL {ops['SHFL']}, FADD {ops['FADD']}")
+        for lo, hi, c in loops(ins):
+            print(f"  loop {lo:#x}-{hi:#x}: {sum(c.values())} SASS ({', '.join(f'{k} {v}' for k, v in c.most_common(6))})")
 
 
 if __name__ == "__main__":
@@ -276,9 +288,9 @@ if __name__ == "__main__":
     elif what == "bracket":
         bracket(values or [0])
     elif what == "topp_select":
-        topp_select()
+        topp_select(sys.argv[2:] or ["default"])
     elif what == "bins":
         bins(sys.argv[2:] or ["default", "bins16"])
     else:
         sys.exit("usage: python kernels/offline_sass.py fingerprint SHIFTS... | knobs [NAME=VALUE,...]... "
-                 "| bracket MODES... | bins VARIANTS... | topp_select")
+                 "| bracket MODES... | bins VARIANTS... | topp_select [VARIANTS...]")

@@ -95,6 +95,8 @@ class RenormConfig:
     # --- session-4 option (kernels/NOTES.md, "Sub-bracket bins (session 4)"); 0 = the default code ---
     bracket_bins: int = 0  # B: the bracket pass sums its entries' mass per 1/B of [lo, hi) (by bit pattern);
     # bracket_select searches only the sub-bracket holding the cutoff (a power of two, 2..64)
+    # --- session-4 option (kernels/NOTES.md, "Top-p select rounds (session 4)"); 0 = the default code ---
+    tps_shared: int = 0  # top-p select: while the bracket's lo and hi searches agree, one 6-sum reduction per round
 
     def replace(self, **changes) -> "RenormConfig":
         return dataclasses.replace(self, **changes)

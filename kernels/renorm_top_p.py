@@ -118,8 +118,47 @@ def _bracket_round(t_lo, t_hi, shift, sv, tau, target, q_low, inv_a, var_scale, 
 
 
 @triton.jit
+def _add6(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5
+
+
+@triton.jit
+def _bracket_round_shared(t, shift, sv, tau, target, q_low, inv_a, var_scale, floor, Z, m_tau, m_low):
+    """_bracket_round while both ends are still at the same pattern t: their probes coincide, so
+    the round's 6 distinct sums (3 probes x (mass, squared mass)) are reduced once and both ends
+    pick their digit from the same estimates. Every value is the one _bracket_round computes (the
+    same reduction of the same operands), so the bits of lo and hi are unchanged."""
+    step = tl.full((), 1, tl.int32) << shift
+    c1 = t + step
+    c2 = c1 + step
+    c3 = c2 + step
+    sb = sv.to(tl.int32, bitcast=True)
+    sq = sv * sv
+    if INTERPRETED:
+        a1, q1 = tl.sum(tl.where(sb >= c1, sv, 0.0), axis=0), tl.sum(tl.where(sb >= c1, sq, 0.0), axis=0)
+        a2, q2 = tl.sum(tl.where(sb >= c2, sv, 0.0), axis=0), tl.sum(tl.where(sb >= c2, sq, 0.0), axis=0)
+        a3, q3 = tl.sum(tl.where(sb >= c3, sv, 0.0), axis=0), tl.sum(tl.where(sb >= c3, sq, 0.0), axis=0)
+    else:
+        a1, q1, a2, q2, a3, q3 = tl.reduce(
+            (tl.where(sb >= c1, sv, 0.0), tl.where(sb >= c1, sq, 0.0),
+             tl.where(sb >= c2, sv, 0.0), tl.where(sb >= c2, sq, 0.0),
+             tl.where(sb >= c3, sv, 0.0), tl.where(sb >= c3, sq, 0.0)), 0, _add6)
+    e1, d1 = _estimate(a1, q1, q_low, inv_a, var_scale, floor, Z, m_tau, m_low)
+    e2, d2 = _estimate(a2, q2, q_low, inv_a, var_scale, floor, Z, m_tau, m_low)
+    e3, d3 = _estimate(a3, q3, q_low, inv_a, var_scale, floor, Z, m_tau, m_low)
+    in1 = (c1 >= 0) & (c1 < tau)
+    in2 = (c2 >= 0) & (c2 < tau)
+    in3 = (c3 >= 0) & (c3 < tau)
+    t_lo = _pick_digit(t, c1, c2, c3, in1 & (e1 - d1 >= target), in2 & (e2 - d2 >= target),
+                       in3 & (e3 - d3 >= target))
+    t_hi = _pick_digit(t, c1, c2, c3, in1 & (e1 + d1 >= target), in2 & (e2 + d2 >= target),
+                       in3 & (e3 + d3 >= target))
+    return t_lo, t_hi
+
+
+@triton.jit
 def sample_bracket(samp_row_ptr, n_samples, tau, m_tau, m_low, target, Z, W: tl.constexpr,
-                   NS_BLOCK: tl.constexpr, ROUNDS: tl.constexpr):
+                   NS_BLOCK: tl.constexpr, ROUNDS: tl.constexpr, SHARED: tl.constexpr = False):
     """(lo, hi): a bracket for a cutoff below tau, from the sampled entries < tau.
 
     The mass in [c, tau) is estimated as m_low * (sampled mass in [c, tau)) / (sampled mass
@@ -128,6 +167,7 @@ def sample_bracket(samp_row_ptr, n_samples, tau, m_tau, m_low, target, Z, W: tl.
     the target, hi the first pattern above the largest c whose estimate plus Z deviations does;
     both to 2 * ROUNDS bits (rounded outwards). A miss only costs time: the bracket is verified.
     The estimate is statistical, so float32 is plenty (and deterministic).
+    SHARED (RenormConfig.tps_shared): the rounds where lo and hi still agree reduce once for both.
     """
     i = tl.arange(0, NS_BLOCK)
     s = tl.maximum(tl.load(samp_row_ptr + i, mask=i < n_samples, other=0.0, cache_modifier=".cg"), 0.0)
@@ -140,9 +180,20 @@ def sample_bracket(samp_row_ptr, n_samples, tau, m_tau, m_low, target, Z, W: tl.
     floor = 1e-4 * m_low32
     t_lo = tl.full((), 0, tl.int32)
     t_hi = tl.full((), 0, tl.int32)
-    for r in range(ROUNDS):
-        t_lo, t_hi = _bracket_round(t_lo, t_hi, 30 - 2 * r, sv, tau, target, q_low, inv_a, var_scale,
-                                    floor, Z, m_tau, m_low)
+    if SHARED:  # two loops, not a branch per round: one round body live at a time (no stack under the cap)
+        r = tl.full((), 0, tl.int32)
+        while (r < ROUNDS) & (t_lo == t_hi):
+            t_lo, t_hi = _bracket_round_shared(t_lo, 30 - 2 * r, sv, tau, target, q_low, inv_a, var_scale,
+                                               floor, Z, m_tau, m_low)
+            r += 1
+        while r < ROUNDS:
+            t_lo, t_hi = _bracket_round(t_lo, t_hi, 30 - 2 * r, sv, tau, target, q_low, inv_a, var_scale,
+                                        floor, Z, m_tau, m_low)
+            r += 1
+    else:
+        for r in range(ROUNDS):
+            t_lo, t_hi = _bracket_round(t_lo, t_hi, 30 - 2 * r, sv, tau, target, q_low, inv_a, var_scale,
+                                        floor, Z, m_tau, m_low)
     lo = tl.where(a_low > 0.0, tl.maximum(t_lo, 1), 1)
     hi = tl.where(a_low > 0.0, tl.minimum(t_hi + (1 << (32 - 2 * ROUNDS)), tau), tau)
     lo = tl.minimum(lo, hi)
@@ -152,7 +203,8 @@ def sample_bracket(samp_row_ptr, n_samples, tau, m_tau, m_low, target, Z, W: tl.
 @triton.jit
 def top_p_plan(src, gid_row, list_row, list_cap, gb, gidx, max_bits, samp_row, n_samples, vocab, total, p,
                G: tl.constexpr, SG: tl.constexpr, NS_BLOCK: tl.constexpr, SUB: tl.constexpr,
-               REG: tl.constexpr, TAU_GROUPS: tl.constexpr, Z, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
+               REG: tl.constexpr, TAU_GROUPS: tl.constexpr, Z, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr,
+               TPS_SHARED: tl.constexpr = False):
     """(status, thr bits, kept mass, lo, hi, target) for top-p on one row (see module doc).
     gb: the row's group maxima (bits) in registers."""
     target = p.to(tl.float64) * total
@@ -193,9 +245,15 @@ def top_p_plan(src, gid_row, list_row, list_cap, gb, gidx, max_bits, samp_row, n
                                              True, False, G, SUB)
         else:
             lo, hi = sample_bracket(samp_row, n_samples, tau, m_tau, total - m_tau, target, Z,
-                                    SG, NS_BLOCK, 8)
+                                    SG, NS_BLOCK, 8, TPS_SHARED)
             status = tl.full((), 2, tl.int32)
     return status, thr, kept, lo, hi, target
+
+
+def select_constexprs(cfg: RenormConfig, s) -> dict:
+    """The select kernel's constexprs for the session-4 round options (kernels/NOTES.md,
+    "Top-p select rounds (session 4)")."""
+    return dict(TPS_SHARED=bool(cfg.tps_shared))
 
 
 @triton.jit
@@ -205,7 +263,7 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                          HAS_P_ARR: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
                          CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, NS_BLOCK: tl.constexpr,
                          SUB: tl.constexpr, REG: tl.constexpr, TAU_GROUPS: tl.constexpr,
-                         CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
+                         CSUB: tl.constexpr, MASS_FIRST: tl.constexpr, TPS_SHARED: tl.constexpr = False):
     """The per-row top-p plan (module doc): writes the row's plan, target and params."""
     row = tl.program_id(0).to(tl.int64)
     ch = tl.arange(0, CH_BLOCK)
@@ -229,7 +287,7 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
         status, thr, kept, lo, hi, target = top_p_plan(
             probs_ptr + row * vocab, gid_ptr + row * n_groups, cand_ptr + row * list_cap, list_cap,
             gb, gidx, tl.max(gb, axis=0), gsamp_ptr + row * n_samples, n_samples, vocab, total, p,
-            G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST)
+            G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST, TPS_SHARED)
     full = status >= 2
     tl.store(flag_ptr + row, (n_bad > 0).to(tl.int32))
     tl.store(plan_ptr + row * 4, status)
@@ -266,7 +324,7 @@ def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[Renor
                    p_arr, p_val, ws.params, ws.flag, ws.plan, ws.target, float(cfg.z))
     blocks = dict(HAS_P_ARR=has_arr, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
                   NS_BLOCK=s.ns_block, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
-                  CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first))
+                  CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), **select_constexprs(cfg, s))
     launch_row_stats(probs, s, ws, cfg, with_sample=True)
     _top_p_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
                                   **reg_cap(cfg.select_maxnreg, cfg.select_warps))

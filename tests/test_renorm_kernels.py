@@ -574,3 +574,44 @@ def test_api_without_validation_clamps_like_the_reference():
     k = torch.tensor([-3, 0, 1000, 10], device=DEVICE)
     assert_matches(top_p_renorm(x, p, backend="triton", validate=False), ref.top_p_renorm_reference(x, p))
     assert_matches(top_k_renorm(x, k, backend="triton", validate=False), ref.top_k_renorm_reference(x, k))
+
+
+def _top_p_plan_run(x, p, cfg):
+    """(plan, target, params, out) of one top-p call: the select kernel's whole per-row output."""
+    import tpguard.kernels.renorm_passes as passes
+    import tpguard.kernels.renorm_top_p as tp_mod
+
+    seen = []
+
+    def capture(*args, **kwargs):
+        seen.append(passes.workspace_for(*args, **kwargs))
+        return seen[-1]
+
+    with mock.patch.object(tp_mod, "workspace_for", capture):
+        out = top_p_renorm_triton(x, p, config=cfg)
+    ws = seen[0]
+    return ws.plan.view(-1, 4).clone(), ws.target.clone(), ws.params.clone(), out
+
+
+TPS_OPTIONS = ({"tps_shared": 1},)
+
+
+@pytest.mark.parametrize("vocab, cfg", [(40000, "default"), (700, "small")])
+def test_top_p_select_rounds_same_plan_and_bits(vocab, cfg):
+    # kernels/NOTES.md, "Top-p select rounds (session 4)": the select kernel's sample-bracket
+    # rounds with the session-4 options give today's plan (status, lo, hi), target, params (cutoff,
+    # 1/kept) and output bits, on flat (FULL: bracket) and peaky (DONE: gather) rows, per-row and
+    # scalar p
+    base_cfg = CONFIGS[cfg]
+    x = torch.cat([make_rows(4, vocab, "flat", 41), make_rows(4, vocab, "peaky", 42)])
+    p = torch.tensor([0.5, 0.9, 0.95, 0.9999] * 2, device=DEVICE)
+    for top_p in (p, 0.9):
+        want = _top_p_plan_run(x, top_p, base_cfg)
+        if top_p is p:
+            assert (want[0][:4, 0] == 2).all() and (want[0][4:, 0] == 1).any()  # both plan kinds ran
+        for changes in TPS_OPTIONS:
+            got = _top_p_plan_run(x, top_p, base_cfg.replace(**changes))
+            assert torch.equal(got[0][:, :3], want[0][:, :3]), changes  # (column 3: not the select's)
+            assert torch.equal(got[1].view(torch.int64), want[1].view(torch.int64)), changes
+            assert torch.equal(got[2].view(torch.int32), want[2].view(torch.int32)), changes
+            assert torch.equal(got[3].view(torch.int32), want[3].view(torch.int32)), changes
