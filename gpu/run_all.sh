@@ -16,6 +16,9 @@
 #   call9        (next; session 3's plan, supersedes call8) GPU 0: the guard on 1 GPU (in-graph costs,
 #                the fused slot), the fingerprint sweep (shift masks); GPU 1: the renorm variant sweep
 #                (bsel_radix, bracket_copy) and the kernel tests; then call8's NCCL part
+#   call10       session 4: the guard (zero-copy, heal kernels), fingerprint knobs, renorm host profile and
+#                bins sweep, every GPU kernel test, NCCL guard + graph check, cross-GPU renorm bytes
+#   call11       session 4's final validation: sweep, table, 1,000-call audit, all GPU tests, NCCL, cross-GPU
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
@@ -80,7 +83,7 @@ PY
   TPGUARD_RENORM_CONFIG="$best" timeout ${K_BENCH:-150} python3 -m tpguard.bench.kernels --graphs --impls tpguard,flashinfer,flashinfer-det,torch --json $d/bench.json > $d/bench.log 2>&1
   say "kernels bench rc=$?"
   [ -n "${K_NO_AUDIT:-}" ] && return
-  timeout ${K_AUDIT:-60} python3 -m tpguard.audit --calls ${AUDIT_CALLS:-200} --device cuda --rows 256 --vocab 163840 > $d/audit.log 2>&1
+  TPGUARD_RENORM_CONFIG="$best" timeout ${K_AUDIT:-60} python3 -m tpguard.audit --calls ${AUDIT_CALLS:-200} --device cuda --rows 256 --vocab 163840 > $d/audit.log 2>&1
   say "kernels audit rc=$?"
 }
 
@@ -222,7 +225,8 @@ case "$PHASES" in
     # ~580 s on nvidia-h200-x2 (run with TAR_AT=575): max(290, 320) s, then ~220 s over NCCL
     ( export G_TIMEOUT=110 FP_NO_PYTEST=1 FP_BENCH_ARGS=--sweep FP_BENCH_TIMEOUT=120; on_gpu 0 guard1; on_gpu 0 fingerprint ) & P1=$!
     ( export FP_PYTEST=70 FP_NO_BENCH=1 K_PYTEST=80 K_NO_AUDIT=1 K_NO_BENCH=1 K_SWEEP=170 K_SWEEP_BUDGET=140
-      export K_SWEEP_ARGS="--breakdown default,bcopy_view --variants default,bcopy_view,bcopy_view_win4k,bsel_win4k,bcopy_ballot,bsel_r8,bsel_r16,bsel_r16_bcopy,bsel_win4k_r16_bcopy"
+      # (run 9's variants were removed after it; git show 6168847:kernels/gpu_sweep.py has them)
+      export K_SWEEP_ARGS="--breakdown default --variants default,bcopy_scan"
       on_gpu $G2 fingerprint; on_gpu $G2 kernels ) & P2=$!
     wait $P1 $P2
     [ "$NGPU" -gt 1 ] && G2_TIMEOUT=130 nccl_guard
@@ -240,6 +244,19 @@ case "$PHASES" in
       on_gpu $G2 kernels ) & P2=$!
     wait $P1 $P2
     [ "$NGPU" -gt 1 ] && { G2_TIMEOUT=130 nccl_guard; cross_gpu; }
+    ;;
+  call11)
+    # session 4's final validation, ~460 s on nvidia-h200-x2 (TAR_AT=585): GPU 0 the renorm sweep (the
+    # default vs tps_shared), the table and the 1,000-call audit with the sweep's best, the fingerprint/graph
+    # GPU tests; GPU 1 every GPU kernel test and the fingerprint bench; then NCCL (guard, graph check) and
+    # the cross-GPU check
+    ( export K_NO_PYTEST=1 K_SWEEP=60 K_SWEEP_BUDGET=45 K_BENCH=150 AUDIT_CALLS=1000 K_AUDIT=160
+      export K_SWEEP_ARGS="--breakdown default,tps_shared --variants default,tps_shared,bins0"
+      on_gpu 0 kernels; FP_NO_BENCH=1 FP_PYTEST=200 on_gpu 0 fingerprint ) & P1=$!
+    ( export TPGUARD_RENORM_GPU_TESTS=all K_PYTEST=300 K_ONLY_PYTEST=1
+      on_gpu $G2 kernels; FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=60 on_gpu $G2 fingerprint ) & P2=$!
+    wait $P1 $P2
+    [ "$NGPU" -gt 1 ] && { G2_TIMEOUT=100 nccl_guard; cross_gpu; }
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done

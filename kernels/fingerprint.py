@@ -120,7 +120,9 @@ class KernelConfig:
     # 57.4 us for 256 x 163840 fp32 vs 59.9 at shifts=1; maxnreg=128: the full set 104 vs 108 us).
     block_words: int = 4096  # words per program per loop step (a [rows_per_tile, BN] tile)
     rows_per_tile: int = 8  # long rows: rows hashed side by side, sharing per-column work
-    chunk_words: int = 4096  # columns of a row per program; longer rows are split into chunks
+    # columns of a row per program; longer rows are split into chunks. 8192: runs 9 and 10 (55.6 / 55.4 us
+    # for 256 x 163840 fp32 vs 56.3 / 56.4 at 4096; the full guard set 101.9 vs 104.2 us in run 9)
+    chunk_words: int = 8192
     num_warps: int = 4  # for full tiles; smaller tiles use fewer
     finalize_rows: int = 1024  # rows per finalize program; also the limit for a fused top hash
     # Which of the 6 fmix32 shifts per word run as IMAD.HI on the FMA pipe instead of SHF on the

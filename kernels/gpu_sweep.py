@@ -31,16 +31,14 @@ from tpguard.kernels import reference as ref
 from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
 
 VARIANTS = {  # in order of interest: the time budget cuts the list short (kernels/NOTES.md, run 4)
-    "default": {},  # bracket_copy=2 since run 9
-    # session 4 (kernels/NOTES.md, "Top-p select rounds (session 4)"): top-p select's sample-bracket
-    # rounds reduce once for lo and hi while they agree (same bits)
+    "default": {},  # bracket_copy=2 since run 9, bracket_bins=8 since run 10
+    # session 4 (kernels/NOTES.md, "Top-p select rounds (session 4)"): while the bracket's lo and hi
+    # searches agree, one 6-sum reduction per round instead of 12
     "tps_shared": {"tps_shared": 1},
-    "tps_shared_bins16": {"tps_shared": 1, "bracket_bins": 16},
     # session 4 (kernels/NOTES.md, "Sub-bracket bins (session 4)"): the bracket pass sums its entries'
     # mass per 1/B of [lo, hi); bracket_select searches only the sub-bracket holding the cutoff
+    "bins0": {"bracket_bins": 0},  # run 10's default (before the bins)
     "bins16": {"bracket_bins": 16},
-    "bins8": {"bracket_bins": 8},
-    "bins32": {"bracket_bins": 32},
     "bins4": {"bracket_bins": 4},
     "bcopy_scan": {"bracket_copy": 0},  # run 9's default (the copy-out through shared memory)
     # run 3's kernels' resource shape: no register caps (Triton 3.6 gave the top-p select 181 and the

@@ -92,9 +92,11 @@ class RenormConfig:
     # the chunk, stored from a view in the load's own lane/warp layout (no shared-memory shuffle); used where
     # that view fits (4 <= group <= 128, bracket chunk >= 128), else 0 = prefix over groups + scan inside each
     bracket_copy: int = 2
-    # --- session-4 option (kernels/NOTES.md, "Sub-bracket bins (session 4)"); 0 = the default code ---
-    bracket_bins: int = 0  # B: the bracket pass sums its entries' mass per 1/B of [lo, hi) (by bit pattern);
-    # bracket_select searches only the sub-bracket holding the cutoff (a power of two, 2..64)
+    # --- session-4 option (kernels/NOTES.md, "Sub-bracket bins (session 4)"); 0 = run 9's code ---
+    # B: the bracket pass sums its entries' mass per 1/B of [lo, hi) (by bit pattern); bracket_select searches
+    # only the sub-bracket holding the cutoff (a power of two, 2..64). Run 10: bracket_select 85 -> 50 us, the
+    # bracket pass 75 -> 95 us, top-p flat 363 -> 349 us at B = 8 (16: 351, 4: 355, 32: 365)
+    bracket_bins: int = 8
     # --- session-4 option (kernels/NOTES.md, "Top-p select rounds (session 4)"); 0 = the default code ---
     tps_shared: int = 0  # top-p select: while the bracket's lo and hi searches agree, one 6-sum reduction per round
 
