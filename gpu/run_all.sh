@@ -19,6 +19,7 @@
 #   call10       session 4: the guard (zero-copy, heal kernels), fingerprint knobs, renorm host profile and
 #                bins sweep, every GPU kernel test, NCCL guard + graph check, cross-GPU renorm bytes
 #   call11       session 4's final validation: sweep, table, 1,000-call audit, all GPU tests, NCCL, cross-GPU
+#   call12       session 4's last: the table alone, then every GPU kernel test next to the fingerprint/graph tests
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
@@ -59,8 +60,10 @@ G2=$(( NGPU > 1 ? 1 : 0 ))  # the second GPU when there is one
 # --- phases ---------------------------------------------------------------------------------------
 kernels() {  # issue 3: renorm kernels on the GPU: tests, variant sweep, the table, audit
   local d=/tmp/res/kernels; mkdir -p $d
-  [ -z "${K_NO_PYTEST:-}" ] && timeout ${K_PYTEST:-100} python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests/test_renorm_kernels.py tests/test_renorm_reference.py tests/test_renorm_write_fp.py > $d/pytest.log 2>&1
-  [ -z "${K_NO_PYTEST:-}" ] && say "kernels pytest rc=$? $(tail -1 $d/pytest.log)"
+  if [ -z "${K_NO_PYTEST:-}" ]; then  # (rc read right after pytest: a test in between would reset $?)
+    timeout ${K_PYTEST:-100} python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests/test_renorm_kernels.py tests/test_renorm_reference.py tests/test_renorm_write_fp.py > $d/pytest.log 2>&1
+    local rc=$?; say "kernels pytest rc=$rc $(tail -1 $d/pytest.log)"
+  fi
   [ -n "${K_ONLY_PYTEST:-}" ] && return
   [ -z "${K_NO_SWEEP:-}" ] && { timeout ${K_SWEEP:-80} python3 kernels/gpu_sweep.py --budget ${K_SWEEP_BUDGET:-50} ${K_SWEEP_ARGS:-} --json $d/sweep.json > $d/sweep.log 2>&1
     say "kernels sweep rc=$?"; }
@@ -257,6 +260,14 @@ case "$PHASES" in
       on_gpu $G2 kernels; FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=60 on_gpu $G2 fingerprint ) & P2=$!
     wait $P1 $P2
     [ "$NGPU" -gt 1 ] && { G2_TIMEOUT=100 nccl_guard; cross_gpu; }
+    ;;
+  call12)
+    # session 4's last call (~330 s, TAR_AT=470): the table with the final defaults on a quiet machine, then
+    # every GPU kernel test (GPU 0) next to the fingerprint/graph GPU tests (GPU 1)
+    ( export K_NO_PYTEST=1 K_NO_SWEEP=1 K_NO_AUDIT=1 K_BENCH=120; on_gpu 0 kernels )
+    ( export TPGUARD_RENORM_GPU_TESTS=all K_PYTEST=330 K_ONLY_PYTEST=1; on_gpu 0 kernels ) & P1=$!
+    ( export FP_NO_BENCH=1 FP_PYTEST=330; on_gpu $G2 fingerprint ) & P2=$!
+    wait $P1 $P2
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done

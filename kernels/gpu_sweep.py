@@ -31,10 +31,10 @@ from tpguard.kernels import reference as ref
 from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
 
 VARIANTS = {  # in order of interest: the time budget cuts the list short (kernels/NOTES.md, run 4)
-    "default": {},  # bracket_copy=2 since run 9, bracket_bins=8 since run 10
+    "default": {},  # bracket_copy=2 since run 9, bracket_bins=8 since run 10, tps_shared=1 since run 11
     # session 4 (kernels/NOTES.md, "Top-p select rounds (session 4)"): while the bracket's lo and hi
     # searches agree, one 6-sum reduction per round instead of 12
-    "tps_shared": {"tps_shared": 1},
+    "tps0": {"tps_shared": 0},  # run 11's default (the two bracket searches apart)
     # session 4 (kernels/NOTES.md, "Sub-bracket bins (session 4)"): the bracket pass sums its entries'
     # mass per 1/B of [lo, hi); bracket_select searches only the sub-bracket holding the cutoff
     "bins0": {"bracket_bins": 0},  # run 10's default (before the bins)

@@ -97,8 +97,10 @@ class RenormConfig:
     # only the sub-bracket holding the cutoff (a power of two, 2..64). Run 10: bracket_select 85 -> 50 us, the
     # bracket pass 75 -> 95 us, top-p flat 363 -> 349 us at B = 8 (16: 351, 4: 355, 32: 365)
     bracket_bins: int = 8
-    # --- session-4 option (kernels/NOTES.md, "Top-p select rounds (session 4)"); 0 = the default code ---
-    tps_shared: int = 0  # top-p select: while the bracket's lo and hi searches agree, one 6-sum reduction per round
+    # --- session-4 option (kernels/NOTES.md, "Top-p select rounds (session 4)") ---
+    # top-p select: while the bracket's lo and hi searches agree, one 6-sum reduction per round instead of 12
+    # (same bits). Run 11: the select pass 55.0 -> 46.7 us, top-p flat 347 -> 339 us; 0 = the two searches apart
+    tps_shared: int = 1
 
     def replace(self, **changes) -> "RenormConfig":
         return dataclasses.replace(self, **changes)
