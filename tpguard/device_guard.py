@@ -370,9 +370,9 @@ class DeviceStepGuard(StepGuard):
             g["vec"][0:1].add_(1)
 
     def device_check(self) -> None:
-        """Capturable: fingerprints (+ step counter), all-gather, compare, copy into the pinned
-        slot. One rank, decisions set: 3 graph nodes (fingerprints, compare, copy); fused heal
-        adds 2 (the payload pack before the all-gather, rank 0's unpack after it)."""
+        """Capturable: fingerprints (+ step counter), all-gather, compare into the pinned slot
+        (zero-copy; else compare, then a copy). One rank, decisions set: 2 graph nodes (3 with the
+        copy); fused heal adds 2 (the payload pack before the all-gather, rank 0's unpack after)."""
         from tpguard.kernels.guard_compare import compare_gathered
 
         g = self._graph
