@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                  "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
 
     if not args.heal_only:
-        _sections_1_2(args, ap, t, out, world)
+        _guard_costs(args, ap, t, out, world)
 
     # 3. Fused heal vs per-site broadcasts (2 ranks).
     if world > 1:
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _sections_1_2(args, ap, t: dict, out: dict, world: int) -> None:
+def _guard_costs(args, ap, t: dict, out: dict, world: int) -> None:
     """Sections 1 (graph-replayed device work) and 2 (eager steps, host time)."""
     from tpguard.device_guard import DeviceStepGuard
 
