@@ -92,7 +92,7 @@ PY
 
 fingerprint() {  # fingerprint kernels: CUDA tests and throughput
   local d=/tmp/res/fingerprint; mkdir -p $d
-  [ -z "${FP_NO_PYTEST:-}" ] && { timeout ${FP_PYTEST:-60} python3 -m pytest -q -p no:cacheprovider -s tests/test_gpu_guard_graphs.py tests/test_fingerprint.py > $d/pytest.log 2>&1
+  [ -z "${FP_NO_PYTEST:-}" ] && { timeout ${FP_PYTEST:-60} python3 -m pytest -q -p no:cacheprovider -s tests/test_gpu_guard_graphs.py tests/test_heal_copy.py tests/test_fingerprint.py > $d/pytest.log 2>&1
     say "fingerprint+graph pytest rc=$? $(tail -1 $d/pytest.log)"; }
   [ -n "${FP_NO_BENCH:-}" ] && return
   timeout ${FP_BENCH_TIMEOUT:-80} python3 -m tpguard.bench.fingerprint ${FP_BENCH_ARGS:-} > $d/bench.log 2>&1

@@ -56,8 +56,9 @@ MAX_BLOCK = 1 << 20  # register blocks searched by kth_largest_block (20-bit cou
 class RenormConfig:
     """Block shapes. Results depend only on these and the vocabulary size, never on the batch.
 
-    Defaults: the fastest correct variant of the H200 sweep (docs/benchmarks.md, run 3), plus the
-    run-4 register caps and bracket_reg (kernels/NOTES.md: compiled offline, not yet measured)."""
+    Defaults: the fastest correct variants of the H200 sweeps (docs/benchmarks.md and kernels/NOTES.md:
+    runs 3 and 5 for the shapes and register caps, runs 9-11 for bracket_copy, bracket_bins and
+    tps_shared); every option gives the same output bits."""
 
     # run 5's sweep (chunk4k_w4): every streaming pass at 4 warps x 4096 entries, top-p flat
     # 386 vs 396 us at 8 warps x 8192, the other ops equal
@@ -152,6 +153,10 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
         raise ValueError("RenormConfig: bracket_copy must be 0 or 2")
     if cfg.bracket_bins and (cfg.bracket_bins & (cfg.bracket_bins - 1) or not 2 <= cfg.bracket_bins <= 64):
         raise ValueError("RenormConfig: bracket_bins must be 0 or a power of two in 2..64")
+    for name in ("reg", "bracket_reg"):  # register blocks (tl.arange); exact_span assumes it too
+        v = getattr(cfg, name)
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"RenormConfig: {name} must be a power of two, got {v}")
     chunk = cfg.chunk  # fixed (not shrunk for short rows): fewer kernel variants to compile
     b_chunk = cfg.bracket_chunk or chunk
     if b_chunk & (b_chunk - 1) or b_chunk < max(64, cfg.group):

@@ -13,6 +13,9 @@ import torch
 from tpguard.kernels import heal_copy as hc
 
 SENTINEL = -0x5A5A5A5A5A5A5A5B
+# compiled on a GPU machine (TRITON_INTERPRET=0): the kernel's case is CUDA tensors, and from the
+# second call on the same addresses the cached direct launch runs (checked below)
+DEVICE = "cuda" if torch.cuda.is_available() and not hc.INTERPRET else "cpu"
 
 
 def _tensor(dtype: torch.dtype, n: int, g: torch.Generator) -> torch.Tensor:
@@ -40,37 +43,43 @@ def _layout(case, slack: int, seed: int):
         offset += cap
         if spec is not None:
             dtype, n = spec
-            tensors[name] = _tensor(dtype, n, g).view(-1, 1) if n > 1 else _tensor(dtype, n, g)
+            t = _tensor(dtype, n, g).view(-1, 1) if n > 1 else _tensor(dtype, n, g)
+            tensors[name] = t.to(DEVICE)
     return layout, tensors, offset
 
 
 @pytest.mark.parametrize("case,slack", CASES)
 def test_pack_and_unpack_match_the_torch_copies(case, slack):
     layout, tensors, length = _layout(case, slack, seed=slack)
-    assert hc.kernel_applies(torch.empty(length, dtype=torch.int64),
+    assert hc.kernel_applies(torch.empty(length, dtype=torch.int64, device=DEVICE),
                              [(t, 0) for t in tensors.values()]) == bool(tensors)
-    vec = torch.full((length,), SENTINEL, dtype=torch.int64)
-    want = vec.clone()
-    hc.heal_pack(vec, layout, tensors)
+    want = torch.full((length,), SENTINEL, dtype=torch.int64, device=DEVICE)
     hc.heal_pack_torch(want, layout, tensors)
-    assert torch.equal(vec, want)  # payload words identical, nothing else touched
+    for _ in range(3):  # on a GPU: Triton's launch, then the direct launch set up and checked, then used
+        vec = torch.full((length,), SENTINEL, dtype=torch.int64, device=DEVICE)
+        hc.heal_pack(vec, layout, tensors)
+        assert torch.equal(vec, want)  # payload words identical, nothing else touched
 
     g = torch.Generator().manual_seed(slack + 7)
-    gathered = torch.randint(-2**63, 2**63 - 1, (3, length), generator=g)
+    gathered = torch.randint(-2**63, 2**63 - 1, (3, length), generator=g).to(DEVICE)
     gathered[0] = vec
     gathered[0, 0] = 99  # row 0 = rank 0's vector; later rows must not be read
     mine = {n: t.clone() for n, t in tensors.items()}
     ref = {n: t.clone() for n, t in tensors.items()}
-    hc.heal_unpack(gathered, layout, mine)
-    hc.heal_unpack_torch(gathered, layout, ref)
-    for n in tensors:
-        assert torch.equal(mine[n], ref[n]) and torch.equal(mine[n], tensors[n])  # round trip
+    for _ in range(3):
+        hc.heal_unpack(gathered, layout, mine)
+        hc.heal_unpack_torch(gathered, layout, ref)
+        for n in tensors:
+            assert torch.equal(mine[n], ref[n]) and torch.equal(mine[n], tensors[n])  # round trip
 
-    rank0 = torch.randint(-2**63, 2**63 - 1, (length,), generator=g)  # out-of-range words truncate
-    hc.heal_unpack(rank0, layout, mine)
-    hc.heal_unpack_torch(rank0, layout, ref)
-    assert all(torch.equal(mine[n], ref[n]) for n in tensors)
+    rank0 = torch.randint(-2**63, 2**63 - 1, (length,), generator=g).to(DEVICE)  # out-of-range words truncate
+    for _ in range(3):
+        hc.heal_unpack(rank0, layout, mine)
+        hc.heal_unpack_torch(rank0, layout, ref)
+        assert all(torch.equal(mine[n], ref[n]) for n in tensors)
     assert not hc._kernel_failed  # the kernel ran, not the fallback
+    if DEVICE == "cuda" and tensors:  # the direct launches were set up and passed their check
+        assert any(launch.ready for launch in hc._LAUNCHES.values()), hc._LAUNCHES
 
 
 def test_capacity_overflow_error_is_unchanged():

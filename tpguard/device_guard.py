@@ -349,6 +349,14 @@ class DeviceStepGuard(StepGuard):
             g["zero_copy"] = zero_copy_works(self.dev)
         self._graph = g
         self._graph_fingerprints()  # compiles kernels and caches the plan before capture
+        if self.heal_layout:
+            # compile the heal copy kernels before capture too: pack this rank's decisions, then
+            # unpack them from the same vector (each tensor gets back the values it holds)
+            from tpguard.kernels.heal_copy import heal_pack, heal_unpack
+
+            now = dict(zip(names, g["tensors"]))
+            heal_pack(vec, self.heal_layout, now)
+            heal_unpack(vec.view(1, -1), self.heal_layout, now)
 
     def fingerprint_slot(self, name: str) -> torch.Tensor:
         """The 1-element int64 slot of `name`'s fingerprint in the captured vector (after
