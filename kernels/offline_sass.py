@@ -206,6 +206,15 @@ def loops(ins: list[tuple[int, str]]) -> list[tuple[int, int, collections.Counte
     return sorted(out, key=lambda x: x[1] - x[0])
 
 
+def report(title: str, res, sass: str, adds: str) -> None:
+    """Resources, SASS size, barrier / shuffle / `adds` counts and every loop body of a kernel."""
+    ins = instructions(sass)
+    ops = collections.Counter(opcode(t) for _, t in ins)
+    print(f"{title}: {res}\n  {len(ins)} SASS, BAR {ops['BAR']}, SHFL {ops['SHFL']}, {adds} {ops[adds]}")
+    for lo, hi, c in loops(ins):
+        print(f"  loop {lo:#x}-{hi:#x}: {sum(c.values())} SASS ({', '.join(f'{k} {v}' for k, v in c.most_common(6))})")
+
+
 def bins(variants: list[str]) -> None:
     from tpguard.kernels import renorm_passes as rp
     from tpguard.kernels.gpu_sweep import VARIANTS
@@ -222,12 +231,7 @@ def bins(variants: list[str]) -> None:
         aligned = [0, 1, 3, 4, 5, 6] + ([7] if on else [])
         res, sass, _, _ = compile_kernel(rp._bracket_kernel, sig, const, aligned, warps,
                                       rp.reg_cap(cfg.bracket_maxnreg, warps).get("maxnreg"), f"bpass_{name}")
-        ins = instructions(sass)
-        ops = collections.Counter(opcode(t) for _, t in ins)
-        print(f"{name}: bracket pass ({warps} warps): {res}\n  {len(ins)} SASS, BAR {ops['BAR']}, SHFL {ops['SHFL']}, "
-              f"DADD {ops['DADD']}")
-        for lo, hi, c in loops(ins):
-            print(f"  loop {lo:#x}-{hi:#x}: {sum(c.values())} SASS ({', '.join(f'{k} {v}' for k, v in c.most_common(6))})")
+        report(f"{name}: bracket pass ({warps} warps)", res, sass, "DADD")
         sig = {"probs_ptr": "*fp32", "vocab": "i32", "n_chunks": "i32", "n_groups": "i32", "plan_ptr": "*i32",
                "target_ptr": "*fp64", "params_ptr": "*fp32", "mhi_ptr": "*fp64", "cnt_ptr": "*i32", "slots_ptr": "*fp32",
                "cand_ptr": "*fp32", "list_cap": "i32", "gmax_ptr": "*fp32", "gid_ptr": "*i32",
@@ -238,12 +242,7 @@ def bins(variants: list[str]) -> None:
         aligned = [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13] + ([14] if on else [])  # (n_chunks = 40)
         res, sass, _, _ = compile_kernel(rp._bracket_select_kernel, sig, const, aligned, cfg.bracket_warps,
                                       rp.reg_cap(cfg.bracket_maxnreg, cfg.bracket_warps).get("maxnreg"), f"bsel_{name}")
-        ins = instructions(sass)
-        ops = collections.Counter(opcode(t) for _, t in ins)
-        print(f"{name}: bracket_select ({cfg.bracket_warps} warps): {res}\n  {len(ins)} SASS, BAR {ops['BAR']}, "
-              f"SHFL {ops['SHFL']}, DADD {ops['DADD']}")
-        for lo, hi, c in loops(ins):
-            print(f"  loop {lo:#x}-{hi:#x}: {sum(c.values())} SASS ({', '.join(f'{k} {v}' for k, v in c.most_common(6))})")
+        report(f"{name}: bracket_select ({cfg.bracket_warps} warps)", res, sass, "DADD")
 
 
 def topp_select(variants: list[str]) -> None:
@@ -270,12 +269,7 @@ def topp_select(variants: list[str]) -> None:
                 f.write(sass)
             with open(os.path.join(os.environ["TPS_DUMP"], f"topp_select_{name}.ttgir"), "w") as f:
                 f.write(ttgir)
-        ins = instructions(sass)
-        ops = collections.Counter(opcode(t) for _, t in ins)
-        print(f"{name}: top-p select ({cfg.select_warps} warps): {res}\n  {len(ins)} SASS, BAR {ops['BAR']}, "
-              f"SHFL {ops['SHFL']}, FADD {ops['FADD']}")
-        for lo, hi, c in loops(ins):
-            print(f"  loop {lo:#x}-{hi:#x}: {sum(c.values())} SASS ({', '.join(f'{k} {v}' for k, v in c.most_common(6))})")
+        report(f"{name}: top-p select ({cfg.select_warps} warps)", res, sass, "FADD")
 
 
 if __name__ == "__main__":
