@@ -152,17 +152,35 @@ def _is_int(x: Any) -> bool:
 def _validate(rec: Record) -> None:
     if rec.type in ("step", "divergence") and not _is_int(rec.step):
         raise TraceError(f"{rec.type} record with a non-integer step {rec.step!r}")
-    if rec.type in ("header", "step"):
-        if not isinstance(rec.ranks, list) or not all(_is_int(r) for r in rec.ranks):
-            raise TraceError(f"{rec.type} record with bad ranks {rec.ranks!r}")
+    if rec.type == "header":
+        _validate_header(rec)
     if rec.type == "step":
+        if not isinstance(rec.ranks, list) or not all(_is_int(r) for r in rec.ranks):
+            raise TraceError(f"step record with bad ranks {rec.ranks!r}")
         if not isinstance(rec.fp, dict):
             raise TraceError("step record whose fp is not an object")
         for q, v in rec.fp.items():
             if isinstance(v, list) and len(v) != len(rec.ranks):
                 raise TraceError(f"step {rec.step}: fp[{q!r}] has {len(v)} values for {len(rec.ranks)} ranks")
-    if rec.type == "header" and (not _is_int(rec.world_size) or rec.world_size < 1):
-        raise TraceError(f"header with bad world_size {rec.world_size!r}")
+
+
+def _validate_header(h: Header) -> None:
+    """Types of the header fields readers rely on (a null `quantities`, optional in the spec,
+    becomes the canonical order)."""
+    if not isinstance(h.run_id, str) or not h.run_id:
+        raise TraceError(f"header with bad run_id {h.run_id!r} (a non-empty string)")
+    if not _is_int(h.world_size) or h.world_size < 1:
+        raise TraceError(f"header with bad world_size {h.world_size!r} (an integer >= 1)")
+    if not isinstance(h.ranks, list) or not h.ranks or not all(_is_int(r) for r in h.ranks):
+        raise TraceError(f"header with bad ranks {h.ranks!r} (a non-empty list of integers)")
+    if len(set(h.ranks)) != len(h.ranks):
+        raise TraceError(f"header lists a rank twice: {h.ranks}")
+    if h.quantities is None:
+        h.quantities = list(CANONICAL_ORDER)
+    if not isinstance(h.quantities, list) or not all(isinstance(q, str) for q in h.quantities):
+        raise TraceError(f"header with bad quantities {h.quantities!r} (a list of names)")
+    if not isinstance(h.algo, str):
+        raise TraceError(f"header with bad algo {h.algo!r} (a string)")
 
 
 def expand_fp(value: FpValue, ranks: list[int]) -> dict[int, str | None]:
