@@ -154,6 +154,8 @@ def _validate(rec: Record) -> None:
         raise TraceError(f"{rec.type} record with a non-integer step {rec.step!r}")
     if rec.type == "header":
         _validate_header(rec)
+    if rec.type in ("divergence", "event") and not _side_fields_ok(rec):
+        raise TraceError(f"{rec.type} record with fields of the wrong type")
     if rec.type == "step":
         if not isinstance(rec.ranks, list) or not all(_is_int(r) for r in rec.ranks):
             raise TraceError(f"step record with bad ranks {rec.ranks!r}")
@@ -162,6 +164,17 @@ def _validate(rec: Record) -> None:
         for q, v in rec.fp.items():
             if isinstance(v, list) and len(v) != len(rec.ranks):
                 raise TraceError(f"step {rec.step}: fp[{q!r}] has {len(v)} values for {len(rec.ranks)} ranks")
+
+
+def _side_fields_ok(rec: Union[DivergenceRecord, EventRecord]) -> bool:
+    """Field types the readers (the diagnose report) rely on, for divergence and event records."""
+    if rec.type == "divergence":
+        return (isinstance(rec.site, str) and isinstance(rec.quantity, str) and isinstance(rec.action, str)
+                and isinstance(rec.values, dict) and isinstance(rec.culprit_ranks, list)
+                and isinstance(rec.majority_ranks, list) and isinstance(rec.differing, list)
+                and (rec.rows is None or (isinstance(rec.rows, list) and all(_is_int(r) for r in rec.rows))))
+    return (isinstance(rec.kind, str) and (rec.step is None or _is_int(rec.step))
+            and isinstance(rec.message, str))
 
 
 def _validate_header(h: Header) -> None:

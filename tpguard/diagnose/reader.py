@@ -136,7 +136,6 @@ class FileCursor:
             if self.in_run and obj.get("run_id", self.ts.run_id) == self.ts.run_id:
                 try:
                     rec = from_json(obj)
-                    _check_side_record(rec)
                 except TraceError as e:
                     self.ts.warn(f"{where}: {e}; record ignored")
                     return
@@ -187,20 +186,6 @@ class FileCursor:
             if any(x is not None and type(x) is not str for x in v):
                 raise TraceError(f"{where}: fp[{q!r}] holds a value that is not a fingerprint string")
         return step, site, ranks, fp
-
-
-def _check_side_record(rec) -> None:
-    """Field types the report relies on, for divergence and event records."""
-    if rec.type == "divergence":
-        ok = (isinstance(rec.site, str) and isinstance(rec.quantity, str) and isinstance(rec.action, str)
-              and isinstance(rec.values, dict) and isinstance(rec.culprit_ranks, list)
-              and isinstance(rec.majority_ranks, list) and isinstance(rec.differing, list)
-              and (rec.rows is None or (isinstance(rec.rows, list) and all(type(r) is int for r in rec.rows))))
-    else:
-        ok = (isinstance(rec.kind, str) and (rec.step is None or type(rec.step) is int)
-              and isinstance(rec.message, str))
-    if not ok:
-        raise TraceError(f"{rec.type} record with fields of the wrong type")
 
 
 class EmptyTrace(TraceError):
