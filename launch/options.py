@@ -9,8 +9,8 @@ before any process starts. Nothing here imports torch: rejecting bad arguments i
 from __future__ import annotations
 
 import argparse
+import glob
 import math
-import os
 import re
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -177,29 +177,18 @@ def check_paths(o: HarnessOptions, reused_run_id: bool = True) -> None:
     """Checks on the file system (run before any rank starts): --trace DIR can be written, an
     explicit --run-id would not reuse a trace already there (`reused_run_id`: only where no rank
     has started, else it races with rank 0's own file), --summary-json FILE can be written."""
-    from tpguard.config import trace_dir_problem
+    from tpguard.config import output_file_problem, trace_dir_problem
 
     if o.trace:
         problem = trace_dir_problem(o.trace)
         if problem:
             raise OptionsError(f"--trace: {problem}")
-        if reused_run_id and o.run_id and any(Path(o.trace).glob(f"{glob_escape(o.run_id)}.*jsonl*")):
+        if reused_run_id and o.run_id and any(Path(o.trace).glob(f"{glob.escape(o.run_id)}.*jsonl*")):
             raise OptionsError(f"--trace {o.trace} already holds a trace of run {o.run_id!r}: "
                                "choose another --run-id or directory")
-    if o.summary_json:
-        p = Path(o.summary_json)
-        parent = p.parent if str(p.parent) else Path(".")
-        if p.is_dir():
-            raise OptionsError(f"--summary-json {o.summary_json}: is a directory")
-        if not parent.is_dir() or not os.access(parent, os.W_OK):
-            raise OptionsError(f"--summary-json {o.summary_json}: directory {parent} does not exist "
-                               "or is not writable")
-
-
-def glob_escape(text: str) -> str:
-    import glob
-
-    return glob.escape(text)
+    problem = output_file_problem(o.summary_json) if o.summary_json else None
+    if problem:
+        raise OptionsError(f"--summary-json {o.summary_json}: {problem}")
 
 
 def validate(o: HarnessOptions, world_size: int | None = None) -> None:

@@ -6,6 +6,7 @@ import math
 import os
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tpguard.quantities import CANONICAL_ORDER, DECISIONS_MODE
 
@@ -137,6 +138,19 @@ def trace_dir_problem(path: str | os.PathLike) -> str | None:
         return f"trace directory {path} cannot be created ({e.strerror})"
     if not os.access(path, os.W_OK | os.X_OK):
         return f"trace directory {path} is not writable"
+    return None
+
+
+def output_file_problem(path: str | os.PathLike) -> str | None:
+    """Why a file cannot be written at `path` (checked before the work that produces it), or None."""
+    p = Path(path)
+    if p.is_dir():
+        return "is a directory"
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        return f"directory {parent} does not exist"
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        return "not writable"
     return None
 
 

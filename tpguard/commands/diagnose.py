@@ -3,33 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 from tpguard.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_OK, TPGuardError
 
 
-def html_target_problem(html_path: str) -> str | None:
-    """Why `--html FILE` cannot be written (checked before the traces are read), or None."""
-    p = Path(html_path)
-    if p.is_dir():
-        return f"--html {html_path}: is a directory"
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        return f"--html {html_path}: directory {parent} does not exist"
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        return f"--html {html_path}: not writable"
-    return None
-
-
 def run_diagnose(paths: list[str], as_json: bool = False, run: str | None = None,
                  html_path: str | None = None) -> int:
     from tpguard.diagnose import diagnose, render_text
 
-    problem = html_target_problem(html_path) if html_path else None
-    if problem:
-        print(f"tpguard diagnose: {problem}", file=sys.stderr)
+    from tpguard.config import output_file_problem
+
+    problem = output_file_problem(html_path) if html_path else None
+    if problem:  # checked before the traces are read
+        print(f"tpguard diagnose: --html {html_path}: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         diag = diagnose(paths, run=run)
