@@ -155,16 +155,11 @@ class DeviceStepGuard(StepGuard):
                 vec.index_copy_(0, idx, fps)
         for slot_i, fp in ready:  # one 8-byte device copy each, behind the header's
             vec[slot_i:slot_i + 1].copy_(fp.reshape(1))
-        self._stage_heal_payload(vec, self._tensors)
-        return vec
-
-    def _stage_heal_payload(self, vec: torch.Tensor, tensors: dict) -> None:
-        """With fused heal: this rank's decisions into the vector (rank 0's travel to everyone);
-        one launch for all of them (kernels/heal_copy.py)."""
-        if self.heal_layout:
+        if self.heal_layout:  # this rank's decisions into the vector: rank 0's travel to everyone
             from tpguard.kernels.heal_copy import heal_pack
 
-            heal_pack(vec, self.heal_layout, tensors)
+            heal_pack(vec, self.heal_layout, self._tensors)
+        return vec
 
     def _fingerprints(self, names: list[str], tensors: list) -> torch.Tensor:
         """int64 [len(names)] on the comm device: one `fingerprint_many` batch per device (the
@@ -205,8 +200,10 @@ class DeviceStepGuard(StepGuard):
 
                 if not wait_with_deadline(work, self.timeout_s):
                     self._on_timeout(step)
-        if self.heal_layout:
-            self._apply_rank0_decisions(gathered.view(w, n))
+        if self.heal_layout:  # rank 0's decisions (row 0) into this rank's tensors
+            from tpguard.kernels.heal_copy import heal_unpack
+
+            heal_unpack(gathered.view(w, n), self.heal_layout, self._tensors)
         compare_gathered(gathered.view(w, n), q, out=result[w * n:])
         if self.dev.type == "cuda":
             host = slot["host"]
@@ -216,12 +213,6 @@ class DeviceStepGuard(StepGuard):
             self._pending.append((step, host, event, time.monotonic()))
         else:
             self._pending.append((step, result.clone(), None, time.monotonic()))
-
-    def _apply_rank0_decisions(self, gathered: torch.Tensor) -> None:
-        """Rank 0's payload (row 0 of `gathered`) into this rank's tensors: one launch."""
-        from tpguard.kernels.heal_copy import heal_unpack
-
-        heal_unpack(gathered, self.heal_layout, self._tensors)
 
     # --- the host half -------------------------------------------------------------------------
 
@@ -285,7 +276,7 @@ class DeviceStepGuard(StepGuard):
 
     def heal(self, gathered=None) -> list[str]:
         """Nothing to send: rank 0's decisions already travelled in the step's all-gather and were
-        copied on the device (`_apply_rank0_decisions`)."""
+        copied on the device (`heal_unpack` in `_enqueue`)."""
         return [name for name, _, _ in self.heal_layout]
 
     # --- CUDA graphs ---------------------------------------------------------------------------
@@ -335,6 +326,7 @@ class DeviceStepGuard(StepGuard):
         g = {
             "names": names,
             "tensors": [tensors[n] for n in names],
+            "by_name": {n: tensors[n] for n in names},
             "slots": [_HDR + self.index[n] for n in names],
             "vec": vec,
             "result": result,
@@ -354,9 +346,8 @@ class DeviceStepGuard(StepGuard):
             # unpack them from the same vector (each tensor gets back the values it holds)
             from tpguard.kernels.heal_copy import heal_pack, heal_unpack
 
-            now = dict(zip(names, g["tensors"]))
-            heal_pack(vec, self.heal_layout, now)
-            heal_unpack(vec.view(1, -1), self.heal_layout, now)
+            heal_pack(vec, self.heal_layout, g["by_name"])
+            heal_unpack(vec.view(1, -1), self.heal_layout, g["by_name"])
 
     def fingerprint_slot(self, name: str) -> torch.Tensor:
         """The 1-element int64 slot of `name`'s fingerprint in the captured vector (after
@@ -387,14 +378,15 @@ class DeviceStepGuard(StepGuard):
         w, n, q = self.info.world_size, self.length, len(self.quantities)
         vec = g["vec"]
         self._graph_fingerprints()
-        tensors = dict(zip(g["names"], g["tensors"]))
-        self._stage_heal_payload(vec, tensors)
+        if self.heal_layout:
+            from tpguard.kernels.heal_copy import heal_pack, heal_unpack
+
+            heal_pack(vec, self.heal_layout, g["by_name"])
         gathered = g["result"][: w * n]
         if w > 1:
             all_gather_flat(gathered, vec, group=self.info.group)
         if self.heal_layout:
-            self._tensors = tensors
-            self._apply_rank0_decisions(gathered.view(w, n))
+            heal_unpack(gathered.view(w, n), self.heal_layout, g["by_name"])
         if g["zero_copy"]:  # the header, fingerprints, numels and flags: all _process reads
             from tpguard.kernels.guard_compare import compare_gathered_to_host
 

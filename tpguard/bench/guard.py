@@ -203,37 +203,26 @@ def _guard_costs(args, ap, t: dict, out: dict, world: int) -> None:
     # one graph (per check), and the stand-in verify step captured alone vs with the guard.
     out["graph_step_off_us"] = time_graph(lambda: stand_in_verify(t), args.iters, strict=False)
     for mode, names in (("full", CANONICAL_ORDER), ("decisions", DECISIONS_MODE)):
-        guard = DeviceStepGuard(site=f"bench.in_graph.{mode}", quantities=CANONICAL_ORDER, run_id="bench",
-                                watchdog=False)
-        guard.prepare_graph({n: t[n] for n in names}, zero_copy=False)
-        out[f"graph_{mode}_x8_us"] = time_graph(guard.device_check, args.iters, per_replay=8, strict=False)
+        for zero_copy in (False, True):  # the comparison's result copied, or written to the host directly
+            sfx = "_zero_copy" if zero_copy else ""
+            guard = DeviceStepGuard(site=f"bench.in_graph.{mode}{sfx}", quantities=CANONICAL_ORDER,
+                                    run_id="bench", watchdog=False)
+            guard.prepare_graph({n: t[n] for n in names}, zero_copy=zero_copy)
+            if zero_copy:
+                out[f"zero_copy_{mode}_used"] = guard._graph["zero_copy"]
+                out[f"graph_{mode}_zero_copy_us"] = time_graph(guard.device_check, args.iters, strict=False)
+            out[f"graph_{mode}{sfx}_x8_us"] = time_graph(guard.device_check, args.iters, per_replay=8,
+                                                        strict=False)
 
-        def step_and_guard(guard=guard):
-            stand_in_verify(t)
-            guard.device_check()
+            def step_and_guard(guard=guard):
+                stand_in_verify(t)
+                guard.device_check()
 
-        on = time_graph(step_and_guard, args.iters, strict=False)
-        out[f"graph_step_{mode}_us"] = on
-        if on is not None and out["graph_step_off_us"] is not None:
-            out[f"graph_step_{mode}_added_us"] = on - out["graph_step_off_us"]
-        guard.close()
-        # zero-copy result: the comparison writes into pinned host memory, no copy node after it
-        guard = DeviceStepGuard(site=f"bench.zero_copy.{mode}", quantities=CANONICAL_ORDER, run_id="bench",
-                                watchdog=False)
-        guard.prepare_graph({n: t[n] for n in names}, zero_copy=True)
-        out[f"zero_copy_{mode}_used"] = guard._graph["zero_copy"]
-        out[f"graph_{mode}_zero_copy_us"] = time_graph(guard.device_check, args.iters, strict=False)
-        out[f"graph_{mode}_zero_copy_x8_us"] = time_graph(guard.device_check, args.iters, per_replay=8,
-                                                          strict=False)
-
-        def step_and_zero_copy_guard(guard=guard):
-            stand_in_verify(t)
-            guard.device_check()
-
-        on = time_graph(step_and_zero_copy_guard, args.iters, strict=False)
-        if on is not None and out["graph_step_off_us"] is not None:
-            out[f"graph_step_{mode}_zero_copy_added_us"] = on - out["graph_step_off_us"]
-        guard.close()
+            on = time_graph(step_and_guard, args.iters, strict=False)
+            out[f"graph_step_{mode}{sfx}_us"] = on
+            if on is not None and out["graph_step_off_us"] is not None:
+                out[f"graph_step_{mode}{sfx}_added_us"] = on - out["graph_step_off_us"]
+            guard.close()
     # The whole fused path in one graph: tpguard's top-p renorm writing target_probs'
     # fingerprint into the guard's vector slot (prepare_graph(precomputed=...)), then the
     # guard; against the same renorm without it plus the plain full guard. The difference is
