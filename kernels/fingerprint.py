@@ -31,9 +31,8 @@ Design (one read pass over the data, no host sync):
 * Long rows are hashed ``rows_per_tile`` side by side: a thread holds the same columns of
   several rows, so the per-column position work (``_pos_mix``) is shared by those rows.
 * Loads of the column loop: the next step's words are loaded before the current ones are
-  hashed (default); ``KernelConfig.prefetch`` / ``num_stages`` / ``load_cache`` / ``load_evict``
-  try deeper register prefetch, Triton's cp.async pipeline and cache hints
-  (kernels/NOTES-fingerprint.md, session 4).
+  hashed (deeper register prefetch, Triton's cp.async pipeline and cache hints measured no
+  better on an H200: kernels/NOTES-fingerprint.md, section 6).
 * Per-row groups of words are summed through ``tl.reshape`` WITHOUT ``can_reorder``: a reordering
   reshape let the sm_90 compiler mix rows of multi-row tiles (GPU run 1: wrong row fingerprints
   of [3, 5] tensors and of the guard's decisions set); the interpreter never reorders.
@@ -108,8 +107,6 @@ if INTERPRET and triton is not None and _triton_version() < (3, 8):
 # KernelConfig.shifts bits: the shifts of h's fmix32 (">>16": two per word, ">>13": one) and of g's.
 SHIFT_H16, SHIFT_H13, SHIFT_G16, SHIFT_G13 = 1, 2, 4, 8
 SHIFT_ALL = 15
-LOAD_CACHE = ("", ".ca", ".cg")  # KernelConfig.load_cache: tl.load cache_modifier
-LOAD_EVICT = ("", "evict_first", "evict_last")  # KernelConfig.load_evict: tl.load eviction_policy
 
 
 @dataclass(frozen=True)
@@ -135,16 +132,6 @@ class KernelConfig:
     # configs where the table kernel needs more registers: 163 vs 127 at [8, 1024] x 8 warps)
     many_long: str = "table"
     maxnreg: int | None = 128  # register cap for the long-row lane launches (None: compiler's)
-    # Load pipelining of the lane kernels' column loop (kernels/NOTES-fingerprint.md, session 4;
-    # the defaults compile to the code of runs 1-9, byte for byte): steps loaded ahead into
-    # registers (0, 1 or 2); Triton's software pipeliner on that loop (0: off; S: tl.range
-    # num_stages=S, with prefetch=0 cp.async into S-1 shared-memory buffers on sm_80+); the words
-    # loads' cache modifier ("", ".ca", ".cg": L2 only) and eviction policy ("", "evict_first",
-    # "evict_last"; not with ".cg").
-    prefetch: int = 1
-    num_stages: int = 0
-    load_cache: str = ""
-    load_evict: str = ""
 
     def __post_init__(self):
         if self.many_long not in ("table", "rows"):
@@ -155,16 +142,6 @@ class KernelConfig:
                 raise ValueError(f"KernelConfig.{name} must be a power of two, got {value}")
         if not 0 <= self.shifts <= SHIFT_ALL:
             raise ValueError(f"KernelConfig.shifts must be a bitmask in [0, {SHIFT_ALL}], got {self.shifts}")
-        if self.prefetch not in (0, 1, 2):
-            raise ValueError(f"KernelConfig.prefetch must be 0, 1 or 2, got {self.prefetch}")
-        if not 0 <= self.num_stages <= 8:
-            raise ValueError(f"KernelConfig.num_stages must be in [0, 8], got {self.num_stages}")
-        if self.load_cache not in LOAD_CACHE:
-            raise ValueError(f"KernelConfig.load_cache must be one of {LOAD_CACHE}, got {self.load_cache!r}")
-        if self.load_evict not in LOAD_EVICT:
-            raise ValueError(f"KernelConfig.load_evict must be one of {LOAD_EVICT}, got {self.load_evict!r}")
-        if self.load_cache == ".cg" and self.load_evict:  # ptxas: ".evict_first cannot be combined with .cg"
-            raise ValueError("KernelConfig.load_cache='.cg' cannot be combined with a load_evict policy")
         if self.rows_per_tile > self.block_words:
             raise ValueError("KernelConfig.rows_per_tile must not exceed block_words")
 
@@ -288,86 +265,29 @@ if triton is not None:
         return x
 
     @triton.jit
-    def _load_words(ptrs, mask, CACHE: tl.constexpr, EVICT: tl.constexpr):
-        """A tile's words, zero where masked off. CACHE / EVICT: `KernelConfig.load_cache` /
-        `load_evict` ("" both: a plain load, today's code)."""
-        return tl.load(ptrs, mask=mask, other=0, cache_modifier=CACHE, eviction_policy=EVICT)
-
-    @triton.jit
-    def _hash_step(w, pos, s_hi, acc1, acc2, EB: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
-                   V: tl.constexpr, SHIFTS: tl.constexpr):
-        """One full [BR, BN] step: the tile's words hashed into the lane accumulators."""
-        h, g = _word_hashes(_as_words(w, EB), _pos_mix(pos), s_hi, SHIFTS)
-        acc1 += _group_sum(h, BR, BN, V)
-        acc2 += _group_sum(g, BR, BN, V)
-        return acc1, acc2
-
-    @triton.jit
     def _tile_lane_sums(ptrs, pos, s_hi, n_full, tail, EB: tl.constexpr, BR: tl.constexpr,
-                        BN: tl.constexpr, SHIFTS: tl.constexpr, PREFETCH: tl.constexpr,
-                        STAGES: tl.constexpr, CACHE: tl.constexpr, EVICT: tl.constexpr):
+                        BN: tl.constexpr, SHIFTS: tl.constexpr):
         """Per-row lane sums (L1, L2) of a [BR, BN] tile walked along its columns: ``n_full``
         unmasked steps of BN words, then ``tail`` (< BN) masked words.
 
-        PREFETCH (`KernelConfig.prefetch`): steps loaded ahead into registers. 1 (default): the
-        next step's words are loaded before the current ones are hashed (manual double
-        buffering); 2: two steps ahead; 0: none (each step loads its own words: for STAGES).
-        STAGES (`KernelConfig.num_stages`): 0 a plain loop; S >= 1 ``tl.range(num_stages=S)``,
-        Triton's software pipeliner on the column loop. The order of the words summed never
-        matters (integer sums), so every combination gives the same bits.
+        The next step's words are loaded before the current ones are hashed (manual double
+        buffering), so a warp keeps a load in flight while it computes.
         """
         POS_STEP: tl.constexpr = (BN * _C2) & _M32
         V: tl.constexpr = 4 if BN >= 4 else BN
         acc1 = tl.zeros([BR, BN // V], dtype=tl.uint64)
         acc2 = tl.zeros([BR, BN // V], dtype=tl.uint64)
-        if PREFETCH == 1 and STAGES == 0:  # runs 1-9's code, written out: the same compiled kernel
-            nxt = tl.load(ptrs, mask=n_full > 0, other=0, cache_modifier=CACHE, eviction_policy=EVICT)
-            for k in range(n_full):
-                w = nxt
-                nxt = tl.load(ptrs + (k + 1) * BN, mask=k + 1 < n_full, other=0, cache_modifier=CACHE,
-                              eviction_policy=EVICT)
-                h, g = _word_hashes(_as_words(w, EB), _pos_mix(pos), s_hi, SHIFTS)
-                acc1 += _group_sum(h, BR, BN, V)
-                acc2 += _group_sum(g, BR, BN, V)
-                pos += POS_STEP
-        elif PREFETCH == 1:  # and STAGES > 0
-            nxt = _load_words(ptrs, n_full > 0, CACHE, EVICT)
-            for k in tl.range(n_full, num_stages=STAGES):
-                w = nxt
-                nxt = _load_words(ptrs + (k + 1) * BN, k + 1 < n_full, CACHE, EVICT)
-                acc1, acc2 = _hash_step(w, pos, s_hi, acc1, acc2, EB, BR, BN, V, SHIFTS)
-                pos += POS_STEP
-        elif PREFETCH == 2:
-            nxt = _load_words(ptrs, n_full > 0, CACHE, EVICT)
-            nxt2 = _load_words(ptrs + BN, n_full > 1, CACHE, EVICT)
-            if STAGES == 0:
-                for k in range(n_full):
-                    w = nxt
-                    nxt = nxt2
-                    nxt2 = _load_words(ptrs + (k + 2) * BN, k + 2 < n_full, CACHE, EVICT)
-                    acc1, acc2 = _hash_step(w, pos, s_hi, acc1, acc2, EB, BR, BN, V, SHIFTS)
-                    pos += POS_STEP
-            else:
-                for k in tl.range(n_full, num_stages=STAGES):
-                    w = nxt
-                    nxt = nxt2
-                    nxt2 = _load_words(ptrs + (k + 2) * BN, k + 2 < n_full, CACHE, EVICT)
-                    acc1, acc2 = _hash_step(w, pos, s_hi, acc1, acc2, EB, BR, BN, V, SHIFTS)
-                    pos += POS_STEP
-        else:
-            if STAGES == 0:
-                for k in range(n_full):
-                    w = tl.load(ptrs + k * BN, cache_modifier=CACHE, eviction_policy=EVICT)
-                    acc1, acc2 = _hash_step(w, pos, s_hi, acc1, acc2, EB, BR, BN, V, SHIFTS)
-                    pos += POS_STEP
-            else:
-                for k in tl.range(n_full, num_stages=STAGES):
-                    w = tl.load(ptrs + k * BN, cache_modifier=CACHE, eviction_policy=EVICT)
-                    acc1, acc2 = _hash_step(w, pos, s_hi, acc1, acc2, EB, BR, BN, V, SHIFTS)
-                    pos += POS_STEP
+        nxt = tl.load(ptrs, mask=n_full > 0, other=0)
+        for k in range(n_full):
+            w = nxt
+            nxt = tl.load(ptrs + (k + 1) * BN, mask=k + 1 < n_full, other=0)
+            h, g = _word_hashes(_as_words(w, EB), _pos_mix(pos), s_hi, SHIFTS)
+            acc1 += _group_sum(h, BR, BN, V)
+            acc2 += _group_sum(g, BR, BN, V)
+            pos += POS_STEP
         if tail > 0:
             cmask = tl.arange(0, BN)[None, :] < tail
-            w = tl.load(ptrs + n_full * BN, mask=cmask, other=0, cache_modifier=CACHE, eviction_policy=EVICT)
+            w = tl.load(ptrs + n_full * BN, mask=cmask, other=0)
             h, g = _word_hashes(_as_words(w, EB), _pos_mix(pos), s_hi, SHIFTS)
             acc1 += _group_sum(tl.where(cmask, h, 0), BR, BN, V)
             acc2 += _group_sum(tl.where(cmask, g, 0), BR, BN, V)
@@ -408,8 +328,7 @@ if triton is not None:
                      n_rows, n_words, row_stride,
                      s_lo, s_hi, t_lo, t_hi,
                      MODE: tl.constexpr, EB: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
-                     CHUNK_TILES: tl.constexpr, SHIFTS: tl.constexpr, PREFETCH: tl.constexpr,
-                     STAGES: tl.constexpr, CACHE: tl.constexpr, EVICT: tl.constexpr):
+                     CHUNK_TILES: tl.constexpr, SHIFTS: tl.constexpr):
         """MODE 0: partial lane sums [chunks, rows, 2]; 1: row fingerprints; 2: row fingerprints
         and the top hash (a single program holds all rows)."""
         rb = tl.program_id(0)
@@ -420,8 +339,7 @@ if triton is not None:
         cols = col0 + tl.arange(0, BN)
         ptrs = words_ptr + rows_ld.to(tl.int64)[:, None] * row_stride + cols[None, :]
         pos = (cols.to(tl.uint32) * _C2 + s_lo)[None, :]
-        l1, l2 = _tile_lane_sums(ptrs, pos, s_hi, width // BN, width % BN, EB, BR, BN, SHIFTS,
-                                 PREFETCH, STAGES, CACHE, EVICT)
+        l1, l2 = _tile_lane_sums(ptrs, pos, s_hi, width // BN, width % BN, EB, BR, BN, SHIFTS)
         if MODE == 0:
             _store_partials(partial_ptr, c, n_rows, rows, row_ok, l1, l2)
         else:
@@ -488,8 +406,7 @@ if triton is not None:
     @triton.jit
     def _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
                            EB: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
-                           ALIGNED: tl.constexpr, SHIFTS: tl.constexpr, PREFETCH: tl.constexpr,
-                           STAGES: tl.constexpr, CACHE: tl.constexpr, EVICT: tl.constexpr):
+                           ALIGNED: tl.constexpr, SHIFTS: tl.constexpr):
         """`_tile_lane_sums` for a segment known by its address (fingerprint_many)."""
         base = _segment_base(addr, EB)
         cols = col0 + tl.arange(0, BN)
@@ -497,15 +414,12 @@ if triton is not None:
         if ALIGNED:  # host-checked: address and row stride are multiples of 16 bytes
             ptrs = tl.multiple_of(ptrs, [1, 16])
         pos = (cols.to(tl.uint32) * _C2 + s_lo)[None, :]
-        return _tile_lane_sums(ptrs, pos, s_hi, width // BN, width % BN, EB, BR, BN, SHIFTS,
-                               PREFETCH, STAGES, CACHE, EVICT)
+        return _tile_lane_sums(ptrs, pos, s_hi, width // BN, width % BN, EB, BR, BN, SHIFTS)
 
     @triton.jit
     def _many_lanes_kernel(table_ptr, partial_ptr, rec0, n_recs,
                            BR: tl.constexpr, BN: tl.constexpr, CHUNK_TILES: tl.constexpr,
-                           ALIGNED: tl.constexpr, EB: tl.constexpr, SHIFTS: tl.constexpr,
-                           PREFETCH: tl.constexpr, STAGES: tl.constexpr, CACHE: tl.constexpr,
-                           EVICT: tl.constexpr):
+                           ALIGNED: tl.constexpr, EB: tl.constexpr, SHIFTS: tl.constexpr):
         """One work item (segment, row block, chunk) per program, over the records
         rec0 .. rec0 + n_recs - 1 of the table (sorted by first item); writes partial lane sums.
         EB: bytes per word of every segment of the launch, or 0: each record says (short rows)."""
@@ -526,16 +440,16 @@ if triton is not None:
         rows, row_ok, rows_ld, col0, width = _tile_origin(rb, c, n_rows, n_words, BR, BN, CHUNK_TILES)
         if EB != 0:  # one word size for the whole launch: one copy of the loop, fewer registers
             l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
-                                        EB, BR, BN, ALIGNED, SHIFTS, PREFETCH, STAGES, CACHE, EVICT)
+                                        EB, BR, BN, ALIGNED, SHIFTS)
         elif eb == 4:
             l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
-                                        4, BR, BN, ALIGNED, SHIFTS, PREFETCH, STAGES, CACHE, EVICT)
+                                        4, BR, BN, ALIGNED, SHIFTS)
         elif eb == 2:
             l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
-                                        2, BR, BN, ALIGNED, SHIFTS, PREFETCH, STAGES, CACHE, EVICT)
+                                        2, BR, BN, ALIGNED, SHIFTS)
         else:
             l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
-                                        1, BR, BN, ALIGNED, SHIFTS, PREFETCH, STAGES, CACHE, EVICT)
+                                        1, BR, BN, ALIGNED, SHIFTS)
         _store_partials(partial_ptr + part, c, n_rows, rows, row_ok, l1, l2)
 
     @triton.jit
@@ -566,9 +480,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["s_lo", "s_hi"])
     def _seg_lanes_kernel(addr, partial_ptr, part, n_rows, n_words, row_stride, s_lo, s_hi,
                           EB: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
-                          CHUNK_TILES: tl.constexpr, ALIGNED: tl.constexpr, SHIFTS: tl.constexpr,
-                          PREFETCH: tl.constexpr, STAGES: tl.constexpr, CACHE: tl.constexpr,
-                          EVICT: tl.constexpr):
+                          CHUNK_TILES: tl.constexpr, ALIGNED: tl.constexpr, SHIFTS: tl.constexpr):
         """fingerprint_many, ``KernelConfig.many_long = "rows"``: one launch per long segment, grid
         (row blocks, chunks) as `_rows_kernel` (no table search, no record loads held across the
         loop: the single-tensor path's registers); partial lane sums at offset `part`."""
@@ -578,7 +490,7 @@ if triton is not None:
         s_hi = s_hi.to(tl.uint32)
         rows, row_ok, rows_ld, col0, width = _tile_origin(rb, c, n_rows, n_words, BR, BN, CHUNK_TILES)
         l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
-                                    EB, BR, BN, ALIGNED, SHIFTS, PREFETCH, STAGES, CACHE, EVICT)
+                                    EB, BR, BN, ALIGNED, SHIFTS)
         _store_partials(partial_ptr + part, c, n_rows, rows, row_ok, l1, l2)
 
     @triton.jit
@@ -775,7 +687,7 @@ def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
     top = torch.empty(1, dtype=torch.int64, device=device) if want_top else None
     top_arg = top if want_top else rows_out
     meta = dict(EB=w.eb, BR=br, BN=bn, CHUNK_TILES=chunk_tiles, SHIFTS=cfg.shifts,
-                num_warps=_warps(br * bn, cfg), **_load_opts(cfg), **_reg_opts(cfg))
+                num_warps=_warps(br * bn, cfg), **_reg_opts(cfg))
     if chunks == 1 and (row_blocks == 1 or not want_top or w.rows > cfg.finalize_rows):
         mode = 2 if (want_top and row_blocks == 1) else 1
         _rows_kernel[(row_blocks, 1)](w.data, rows_out, rows_out, top_arg, w.rows, w.n_words,
@@ -1115,7 +1027,7 @@ class ManyPlan:
                 part += chunks * w.rows * 2
                 item += -(-w.rows // br) * chunks
             meta = dict(BR=br, BN=bn, CHUNK_TILES=chunk_tiles, ALIGNED=aligned, EB=eb,
-                        SHIFTS=cfg.shifts, num_warps=_warps(br * bn, cfg), **_load_opts(cfg))
+                        SHIFTS=cfg.shifts, num_warps=_warps(br * bn, cfg))
             if eb:
                 meta.update(_reg_opts(cfg))
             lane_specs.append(("table", (item,), rec0, len(segs), meta))
@@ -1126,7 +1038,7 @@ class ManyPlan:
                                  "raise KernelConfig.chunk_words")
             records.append(_record(i, t, w, part, chunks, 0, self.out_index[i]))
             meta = dict(EB=w.eb, BR=br, BN=bn, CHUNK_TILES=chunk_tiles, ALIGNED=aligned,
-                        SHIFTS=cfg.shifts, num_warps=_warps(br * bn, cfg), **_load_opts(cfg),
+                        SHIFTS=cfg.shifts, num_warps=_warps(br * bn, cfg),
                         **_reg_opts(cfg))
             s_lo, s_hi = _seed_args(ref.row_seed(t.dtype, tuple(t.shape)))
             lane_specs.append(("seg", (-(-w.rows // br), chunks),
@@ -1237,13 +1149,6 @@ class ManyPlan:
             else:
                 self._launch_all(out, fast=self._fast == "on")
         return out
-
-
-def _load_opts(cfg: KernelConfig) -> dict:
-    """The lane kernels' load-pipelining constexprs (KernelConfig.prefetch, num_stages,
-    load_cache, load_evict)."""
-    return dict(PREFETCH=cfg.prefetch, STAGES=cfg.num_stages, CACHE=cfg.load_cache,
-                EVICT=cfg.load_evict)
 
 
 def _reg_opts(cfg: KernelConfig) -> dict:

@@ -11,9 +11,8 @@ obtained. The GPU machine runs Triton 3.6.0: put a copy of it first on PYTHONPAT
 256 x 163840 fp32, with the launch's divisibility-16 specialisation; per 32-bit word of its main
 loop: instructions on the integer ALU pipe (SHF, LOP3, IADD3) and on the FMA pipe (IMAD, VIADD).
 `knobs [NAME=VALUE,...]...`: the same kernel for 256 x 163840 fp32 at the default KernelConfig with
-each override (e.g. ``prefetch=0,num_stages=3`` ``load_evict=evict_first`` ``block_words=2048,
-maxnreg=none``; "" the default): registers, stack, dynamic shared memory, CTAs per SM, loop size,
-and where the loop's loads sit (LDG position and distance to first use, or cp.async LDGSTS).
+each override (e.g. ``shifts=5``, ``block_words=2048,maxnreg=none``; "" the default): registers, stack, dynamic shared memory, CTAs per SM, loop size,
+and where the loop's loads sit (LDG position and distance to first use).
 `bracket MODES...`: the renorm bracket pass (`RenormConfig.bracket_copy` = MODE) at the default
 shapes for 256 x 163840.
 `bins VARIANTS...` (sweep variant names of kernels/gpu_sweep.py, e.g. default bins16 bins8):
@@ -94,7 +93,6 @@ def fingerprint(shifts: list[int]) -> None:
     words_per_thread = 8 * 512 // (4 * 32)
     for mask in shifts:
         const = dict(MODE=0, EB=4, BR=8, BN=512, CHUNK_TILES=8, SHIFTS=mask)
-        const.update(k._load_opts(k.DEFAULT_CONFIG))
         res, sass, _, _ = compile_kernel(k._rows_kernel, sig, const, [0, 1, 2, 3, 5, 6], 4, 128, f"rows_s{mask}")
         loop = collections.Counter(opcode(t) for t in main_loop(instructions(sass)))
         per = {op: n / words_per_thread for op, n in loop.items()}
@@ -133,11 +131,9 @@ def _first_use(loop: list[str], i: int, regs: set[int]) -> int:
 
 def fingerprint_knobs(overrides: list[str]) -> None:
     """`_rows_kernel` for 256 x 163840 fp32 at the default KernelConfig with each `name=value,...`
-    override (the load-pipelining knobs of NOTES-fingerprint.md session 4): registers, stack,
-    dynamic shared memory, CTAs per SM, loop instructions per word, and where the loop's loads
-    sit: LDG (into registers) positions in the loop and the distance in instructions to their
-    first use (next iteration's hashing), or LDGSTS (cp.async into shared memory, Triton's
-    pipeliner) with the LDS / barriers that consume them."""
+    override: registers, stack, dynamic shared memory, CTAs per SM, loop instructions per word, and
+    where the loop's loads sit: LDG positions in the loop and the distance in instructions to their
+    first use (next iteration's hashing)."""
     from tpguard.config import replace_from_text
     from tpguard.kernels import fingerprint as k
 
@@ -148,9 +144,8 @@ def fingerprint_knobs(overrides: list[str]) -> None:
         cfg = replace_from_text(k.DEFAULT_CONFIG, text, "offline_sass knobs")
         br, bn, chunk_tiles, _ = k._tile(256, 163840, cfg)
         warps = k._warps(br * bn, cfg)
-        const = dict(MODE=0, EB=4, BR=br, BN=bn, CHUNK_TILES=chunk_tiles, SHIFTS=cfg.shifts,
-                     **k._load_opts(cfg))
-        res, sass, ttgir, shared = compile_kernel(k._rows_kernel, sig, const, [0, 1, 2, 3, 5, 6], warps,
+        const = dict(MODE=0, EB=4, BR=br, BN=bn, CHUNK_TILES=chunk_tiles, SHIFTS=cfg.shifts)
+        res, sass, _, shared = compile_kernel(k._rows_kernel, sig, const, [0, 1, 2, 3, 5, 6], warps,
                                                   cfg.maxnreg, "knobs")
         regs = int(re.search(r"REG:(\d+)", res).group(1))
         stack = int(re.search(r"STACK:(\d+)", res).group(1))
@@ -159,22 +154,15 @@ def fingerprint_knobs(overrides: list[str]) -> None:
         ctas = min(by_regs, by_smem, 32, 64 // warps)
         loop = main_loop(instructions(sass))
         wpt = br * bn // (warps * 32)
-        ops = collections.Counter(opcode(t) for t in loop)
         print(f"knobs {text or '(default)'}: tile [{br}, {bn}] x {warps} warps, {wpt} words/thread, "
               f"maxnreg {cfg.maxnreg}\n  REG {regs} STACK {stack} dynamic shared {shared} B -> "
-              f"{ctas} CTAs/SM ({ctas * warps} warps); loop {len(loop)} SASS = {len(loop) / wpt:.2f} per word; "
-              f"ttgir async_copy {ttgir.count('ttg.async_copy_global_to_local')}")
+              f"{ctas} CTAs/SM ({ctas * warps} warps); loop {len(loop)} SASS = {len(loop) / wpt:.2f} per word")
         ldg = [(i, t) for i, t in enumerate(loop) if opcode(t) == "LDG"]
         if ldg:
             dist = [_first_use(loop, i, _dest_regs(t)) for i, t in ldg]
             print(f"  LDG in loop {len(ldg)} ({sorted({t.split()[0] for _, t in ldg})}) at "
                   f"{', '.join(f'{100 * i // len(loop)}%' for i, _ in ldg)} of the loop; issue -> first use "
                   f"{min(dist)}-{max(dist)} instructions (mean {sum(dist) / len(dist):.0f})")
-        if ops["LDGSTS"]:
-            pos = [100 * i // len(loop) for i, t in enumerate(loop) if opcode(t) == "LDGSTS"]
-            print(f"  LDGSTS in loop {ops['LDGSTS']} at {pos[0]}-{pos[-1]}% of the loop, for the step {cfg.num_stages - 1} "
-                  f"ahead; LDS {ops['LDS']}, BAR {ops['BAR']}, DEPBAR {ops['DEPBAR']}, "
-                  f"LDGDEPBAR {ops['LDGDEPBAR']}")
 
 
 def bracket(modes: list[int]) -> None:

@@ -142,34 +142,14 @@ def bench_many(iters: int, do_check: bool) -> list[str]:
 
 
 # KernelConfig overrides ("name=value,..." on KernelConfig(), tpguard.config.replace_from_text);
-# first: the default, the reference of the run. Session 4 (kernels/NOTES-fingerprint.md): the
-# load-pipelining knobs first, most promising first (offline sm_90a, Triton 3.6: registers,
-# dynamic shared memory, CTAs per SM in the comments); run 9's shift masks (all slower than
-# shifts=0) are gone.
+# first: the default, the reference of the run. Runs 9 and 10 (docs/benchmarks.md): the shift
+# masks and the load-pipelining knobs (since removed) were no faster than these.
 SWEEP_CONFIGS = [
-    "",  # 128 regs, 4 CTAs/SM; next step's LDGs issued at 63-73% of the loop (run 9: 56.3 us)
-    # cp.async (LDGSTS) pipelines of Triton's pipeliner: words staged in shared memory S-1 steps ahead
-    "prefetch=0,num_stages=3",  # 95 regs, 32 KB, 5 CTAs/SM, 2 steps ahead; 1280 programs = 1.94 waves
-    "prefetch=0,num_stages=3,chunk_words=8192",  # same, 16 steps per program (prologue paid half as often), 0.97 waves
-    "prefetch=0,num_stages=4",  # 95 regs, 48 KB, 4 CTAs/SM, 3 steps ahead
-    "prefetch=0,num_stages=4,chunk_words=8192",
-    "prefetch=0,num_stages=3,block_words=2048,maxnreg=none",  # [8, 256]: 48 regs, 16 KB, 10 CTAs/SM, 0.97 waves
-    "prefetch=0,num_stages=4,block_words=2048,maxnreg=none",  # 48 regs, 24 KB, 9 CTAs/SM, 1.08 waves
-    "prefetch=0,num_stages=3,num_warps=8,maxnreg=none",  # [8, 512] x 8 warps: 48 regs, 32 KB, 5 CTAs/SM
-    "prefetch=0,num_stages=3,block_words=8192,num_warps=8",  # 95 regs, 64 KB, 2 CTAs/SM
-    # register prefetch depth
-    "prefetch=2,block_words=2048,maxnreg=none",  # 69 regs, 7 CTAs/SM, LDGs 233-350 instructions ahead
-    "prefetch=2,maxnreg=none",  # 161 regs, 3 CTAs/SM, LDGs 548-749 ahead (at maxnreg 128: spills)
-    "prefetch=2,block_words=2048,maxnreg=96",  # 88 regs, 5 CTAs/SM
-    "prefetch=0,num_stages=2",  # 109 regs, 16 KB, 4 CTAs/SM; copies issued at the end of the step before
-    "prefetch=0",  # no prefetch: 96 regs, 5 CTAs/SM, loads at the loop top (28-63 ahead)
-    # cache hints (same schedule as the default for .cg; evict_* push two LDGs to 92-95%)
-    "load_cache=.cg",
-    "load_cache=.cg,chunk_words=8192",
-    "load_evict=evict_first",
-    # run 9's leaders
-    "chunk_words=8192",  # run 9's best: 55.6 us
+    "",  # 128 regs, 4 CTAs/SM (run 12: 55.2 us)
+    "chunk_words=4096",  # the default before run 10 (56.3-56.4 us)
+    "shifts=5", "shifts=10",
     "maxnreg=none", "block_words=2048,maxnreg=none", "rows_per_tile=4",
+    "block_words=8192,num_warps=8", "block_words=2048,rows_per_tile=1,chunk_words=16384,num_warps=8",
 ]
 # fingerprint_many's long rows (the guard's full set: 2 x 168 MB): on top of each base config
 MANY_VARIANTS = [dict(many_long="table"), dict(many_long="table", maxnreg=128),
