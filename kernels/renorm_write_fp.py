@@ -30,12 +30,12 @@ from tpguard.kernels.renorm_passes import launch_write, load_write_params, write
 
 ref = fpk.ref
 TAIL_BLOCK = 1024  # columns per step of a row's last, partial chunk
-# fmix32 shifts as IMAD.HI (a bitmask, see fingerprint.KernelConfig.shifts). All of them here,
-# where the standalone kernel's default is none: the write's float compares and selects already
-# load the integer ALU pipe (sm_90 SASS per word, full chunk, 8 warps: the four ">>16" ones (5)
-# ALU ~20.5 / FMA ~13.8 instructions, all (15) ALU ~18.6 / FMA ~15.7). A `fp_config` passed to
-# the launcher overrides it.
-WRITE_SHIFTS = fpk.SHIFT_ALL
+# fmix32 shifts as IMAD.HI (a bitmask, see fingerprint.KernelConfig.shifts): the four ">>16" ones
+# here, where the standalone kernel's default is none (the write's float compares and selects
+# already load the integer ALU pipe). Measured on the H200 (`bench guard --fused-probs`, runs 9
+# and 10): the write pass +8.8 / +8.7 us with 5, +8.8 / +8.9 with 10, +10.8 / +11.2 with all (15).
+# A `fp_config` passed to the launcher overrides it.
+WRITE_SHIFTS = fpk.SHIFT_H16 | fpk.SHIFT_G16
 
 
 @triton.jit
