@@ -409,6 +409,8 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
                 tl.store(cand_row + start[:, None] + idx[None, :], v, mask=inside)
                 n += tl.sum(cnt_c, axis=0)
             tl.debug_barrier()
+            # (the default mass and search are written in both branches of BINS: one runtime flag
+            # for both would make Triton compile the bins code, and its names, without bins too)
             if BINS > 0:
                 # the bins are exact (hence equal to any other summation) when the bracket is narrow
                 # and holds <= REG entries; the bin's entries (< n) are compacted after the list
