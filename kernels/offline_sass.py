@@ -247,7 +247,7 @@ def topp_select(variants: list[str]) -> None:
                "params_ptr": "*fp32", "flag_ptr": "*i32", "plan_ptr": "*i32", "target_ptr": "*fp64", "Z": "fp32"}
         const = dict(HAS_P_ARR=False, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
                      NS_BLOCK=s.ns_block, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
-                     CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), **tp.select_constexprs(cfg))
+                     CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), TPS_SHARED=bool(cfg.tps_shared))
         aligned = [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 16, 17]  # (n_chunks = 40)
         res, sass, ttgir, _ = compile_kernel(tp._top_p_select_kernel, sig, const, aligned, cfg.select_warps,
                                              rp.reg_cap(cfg.select_maxnreg, cfg.select_warps).get("maxnreg"),

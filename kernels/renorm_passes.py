@@ -100,7 +100,8 @@ class RenormConfig:
     bracket_bins: int = 8
     # --- session-4 option (kernels/NOTES.md, "Top-p select rounds (session 4)") ---
     # top-p select: while the bracket's lo and hi searches agree, one 6-sum reduction per round instead of 12
-    # (same bits). Run 11: the select pass 55.0 -> 46.7 us, top-p flat 347 -> 339 us; 0 = the two searches apart
+    # (same bits). Run 11: the select pass 55.0 -> 46.7 us, top-p flat 347 -> 339 us; 0 = the two searches apart.
+    # (top-k + top-p with k >= vocab, plain top-p inside the top-k select kernel, keeps them apart: not measured there)
     tps_shared: int = 1
 
     def replace(self, **changes) -> "RenormConfig":

@@ -250,13 +250,6 @@ def top_p_plan(src, gid_row, list_row, list_cap, gb, gidx, max_bits, samp_row, n
     return status, thr, kept, lo, hi, target
 
 
-def select_constexprs(cfg: RenormConfig) -> dict:
-    """The select kernel's constexprs for the session-4 round options (kernels/NOTES.md,
-    "Top-p select rounds (session 4)"). top-k + top-p with k >= vocab (plain top-p inside the
-    top-k select kernel) keeps the unshared rounds: the same bits, measured only here."""
-    return dict(TPS_SHARED=bool(cfg.tps_shared))
-
-
 @triton.jit
 def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                          chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
@@ -325,7 +318,7 @@ def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[Renor
                    p_arr, p_val, ws.params, ws.flag, ws.plan, ws.target, float(cfg.z))
     blocks = dict(HAS_P_ARR=has_arr, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
                   NS_BLOCK=s.ns_block, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
-                  CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), **select_constexprs(cfg))
+                  CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), TPS_SHARED=bool(cfg.tps_shared))
     launch_row_stats(probs, s, ws, cfg, with_sample=True)
     _top_p_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
                                   **reg_cap(cfg.select_maxnreg, cfg.select_warps))
