@@ -20,6 +20,8 @@
 #                bins sweep, every GPU kernel test, NCCL guard + graph check, cross-GPU renorm bytes
 #   call11       session 4's final validation: sweep, table, 1,000-call audit, all GPU tests, NCCL, cross-GPU
 #   call12       session 4's last: the table alone, then every GPU kernel test next to the fingerprint/graph tests
+#   call13       session 5: fingerprint tpguard.fp/2: compiled tests, bench, guard on 1 GPU and over NCCL
+#   call14       session 5: the fp/2 fingerprint sweep (tiles and waves), the compiled fingerprint tests
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
@@ -268,6 +270,21 @@ case "$PHASES" in
     ( export TPGUARD_RENORM_GPU_TESTS=all K_PYTEST=330 K_ONLY_PYTEST=1; on_gpu 0 kernels ) & P1=$!
     ( export FP_NO_BENCH=1 FP_PYTEST=330; on_gpu $G2 fingerprint ) & P2=$!
     wait $P1 $P2
+    ;;
+  call13)
+    # session 5, fingerprint tpguard.fp/2 (~560 s on nvidia-h200-x2, TAR_AT=585): GPU 0 the compiled
+    # fingerprint/graph/heal tests, then the fingerprint bench; GPU 1 the guard on one GPU and the fused
+    # write pass; then the guard over NCCL and the graph check
+    ( export FP_PYTEST=200 FP_BENCH_TIMEOUT=90; on_gpu 0 fingerprint ) & P1=$!
+    ( export G_TIMEOUT=90; on_gpu $G2 guard1 ) & P2=$!
+    wait $P1 $P2
+    [ "$NGPU" -gt 1 ] && G2_TIMEOUT=110 nccl_guard
+    ;;
+  call14)
+    # session 5 (~330 s on nvidia-h200): the fingerprint sweep for fp/2 (tiles, waves), then the compiled
+    # fingerprint tests (the GPU check with today's KernelConfig fields)
+    ( export FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=200 FP_BENCH_ARGS="--shapes main --sweep --sweep-budget 120"
+      fingerprint; FP_NO_BENCH=1 FP_PYTEST=150 fingerprint )
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done

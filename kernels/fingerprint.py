@@ -104,9 +104,9 @@ if INTERPRET and triton is not None and _triton_version() < (3, 8):
     _interpreter_index_fix()
 
 
-# KernelConfig.shifts bits: the shifts of h's fmix32 (">>16": two per word, ">>13": one) and of g's.
-SHIFT_H16, SHIFT_H13, SHIFT_G16, SHIFT_G13 = 1, 2, 4, 8
-SHIFT_ALL = 15
+# KernelConfig.shifts bits: the shifts of h's fmix32 (">>16": two per word, ">>13": one).
+SHIFT_H16, SHIFT_H13 = 1, 2
+SHIFT_ALL = 3
 
 
 @dataclass(frozen=True)
@@ -122,9 +122,9 @@ class KernelConfig:
     chunk_words: int = 8192
     num_warps: int = 4  # for full tiles; smaller tiles use fewer
     finalize_rows: int = 1024  # rows per finalize program; also the limit for a fused top hash
-    # Which of the 6 fmix32 shifts per word run as IMAD.HI on the FMA pipe instead of SHF on the
-    # integer ALU pipe, which this kernel saturates (a bitmask of SHIFT_*: 0 none; 5 the four
-    # ">>16" ones, run 5's "shifts=1"; 15 all, "shifts=2"). kernels/NOTES-fingerprint.md, section 5.
+    # Which of the 3 fmix32 shifts per word run as IMAD.HI on the FMA pipe instead of SHF on the
+    # integer ALU pipe (a bitmask of SHIFT_*: 0 none, 1 the two ">>16", 3 all).
+    # kernels/NOTES-fingerprint.md, sections 5 and 7.
     shifts: int = 0
     # fingerprint_many, long rows: "table" one launch per word-size class through the segment
     # table (GPU run 3 at these defaults: 119.5 us for 2 x 168 MB = 2 x the single-tensor time);
@@ -146,7 +146,12 @@ class KernelConfig:
             raise ValueError("KernelConfig.rows_per_tile must not exceed block_words")
 
 
-DEFAULT_CONFIG = KernelConfig()
+DEFAULT_CONFIG = KernelConfig()  # fingerprint_many (the guard's sets)
+# One tensor (fingerprint / fingerprint_rows): fp/2's sweep (run 14, H200, 256 x 163840 fp32 graph) 50.3 us
+# vs 56.0 at the defaults: 16 words per thread uncapped take 64 registers, so 8 CTAs per SM hold the 640
+# programs of [8 rows, 8192 words] in one wave (the defaults: 528 slots, 1.2 waves). fingerprint_many's
+# full set (2 x 168 MB, twice the programs) gained nothing from it there (97.0 vs 93.4 us).
+SINGLE_TENSOR_CONFIG = KernelConfig(block_words=2048, maxnreg=None)
 SHORT_ROW_WORDS = 64  # fingerprint_many: rows of up to this many words share tiles
 
 
@@ -202,11 +207,6 @@ if triton is not None:
         return x
 
     @triton.jit
-    def _fmix32(x, MULHI16: tl.constexpr, MULHI13: tl.constexpr):
-        x ^= _shr(x, 16, MULHI16)
-        return _fmix32_rest(x, MULHI16, MULHI13)
-
-    @triton.jit
     def _pos_mix(pos):
         """P = pos ^ (pos >> 16), with pos = j * C2 + s_lo: per column, shared by all rows of a tile.
         Shifts distribute over xor, so fmix32(t ^ pos) = fmix32_rest(t ^ (t >> 16) ^ P): one 3-input
@@ -223,14 +223,16 @@ if triton is not None:
         return x
 
     @triton.jit
-    def _word_hashes(w, pmix, s_hi, SHIFTS: tl.constexpr):
-        """h_j and g_j of the definition, for uint32 words w and pmix = _pos_mix(j * C2 + s_lo).
-        SHIFTS: which shifts run as IMAD.HI (`KernelConfig.shifts`, a bitmask of SHIFT_H16 = 1,
-        SHIFT_H13 = 2, SHIFT_G16 = 4, SHIFT_G13 = 8; literals here: the interpreter passes ints)."""
+    def _word_hashes(w, pmix, SHIFTS: tl.constexpr):
+        """The two lane terms of the definition, for uint32 words w and pmix = _pos_mix(j * C2 +
+        s_lo): h_j (uint32) and h_j ** 2 (uint64: one IMAD.WIDE on the FMA pipe, where fp/1's second
+        fmix32 cost ~6 integer-ALU instructions per word). SHIFTS: which of h's shifts run as
+        IMAD.HI (`KernelConfig.shifts`, a bitmask of SHIFT_H16 = 1, SHIFT_H13 = 2; literals here:
+        the interpreter passes ints)."""
         t = w * _C1
         h = _fmix32_rest(t ^ _shr(t, 16, (SHIFTS & 1) != 0) ^ pmix, (SHIFTS & 1) != 0, (SHIFTS & 2) != 0)
-        g = _fmix32(h + s_hi, (SHIFTS & 4) != 0, (SHIFTS & 8) != 0)
-        return h, g
+        h64 = h.to(tl.uint64)
+        return h, h64 * h64
 
     @triton.jit
     def _as_words(x, EB: tl.constexpr):
@@ -265,7 +267,7 @@ if triton is not None:
         return x
 
     @triton.jit
-    def _tile_lane_sums(ptrs, pos, s_hi, n_full, tail, EB: tl.constexpr, BR: tl.constexpr,
+    def _tile_lane_sums(ptrs, pos, n_full, tail, EB: tl.constexpr, BR: tl.constexpr,
                         BN: tl.constexpr, SHIFTS: tl.constexpr):
         """Per-row lane sums (L1, L2) of a [BR, BN] tile walked along its columns: ``n_full``
         unmasked steps of BN words, then ``tail`` (< BN) masked words.
@@ -281,26 +283,26 @@ if triton is not None:
         for k in range(n_full):
             w = nxt
             nxt = tl.load(ptrs + (k + 1) * BN, mask=k + 1 < n_full, other=0)
-            h, g = _word_hashes(_as_words(w, EB), _pos_mix(pos), s_hi, SHIFTS)
+            h, g = _word_hashes(_as_words(w, EB), _pos_mix(pos), SHIFTS)
             acc1 += _group_sum(h, BR, BN, V)
             acc2 += _group_sum(g, BR, BN, V)
             pos += POS_STEP
         if tail > 0:
             cmask = tl.arange(0, BN)[None, :] < tail
             w = tl.load(ptrs + n_full * BN, mask=cmask, other=0)
-            h, g = _word_hashes(_as_words(w, EB), _pos_mix(pos), s_hi, SHIFTS)
+            h, g = _word_hashes(_as_words(w, EB), _pos_mix(pos), SHIFTS)
             acc1 += _group_sum(tl.where(cmask, h, 0), BR, BN, V)
             acc2 += _group_sum(tl.where(cmask, g, 0), BR, BN, V)
         return tl.sum(acc1, axis=1), tl.sum(acc2, axis=1)
 
     @triton.jit
-    def _top_lane_sums(fp, rows, row_ok, t_lo, t_hi):
+    def _top_lane_sums(fp, rows, row_ok, t_lo):
         """Lane sums of the top hash over row fingerprints fp (word 2r: low half, 2r+1: high)."""
         lo = (fp & _M32).to(tl.uint32)
         hi = (fp >> 32).to(tl.uint32)
         pos_lo = (2 * rows).to(tl.uint32) * _C2 + t_lo
-        h_lo, g_lo = _word_hashes(lo, _pos_mix(pos_lo), t_hi, 0)
-        h_hi, g_hi = _word_hashes(hi, _pos_mix(pos_lo + _C2), t_hi, 0)
+        h_lo, g_lo = _word_hashes(lo, _pos_mix(pos_lo), 0)
+        h_hi, g_hi = _word_hashes(hi, _pos_mix(pos_lo + _C2), 0)
         l1 = tl.where(row_ok, h_lo.to(tl.uint64) + h_hi.to(tl.uint64), 0)
         l2 = tl.where(row_ok, g_lo.to(tl.uint64) + g_hi.to(tl.uint64), 0)
         return tl.sum(l1, axis=0), tl.sum(l2, axis=0)
@@ -339,7 +341,7 @@ if triton is not None:
         cols = col0 + tl.arange(0, BN)
         ptrs = words_ptr + rows_ld.to(tl.int64)[:, None] * row_stride + cols[None, :]
         pos = (cols.to(tl.uint32) * _C2 + s_lo)[None, :]
-        l1, l2 = _tile_lane_sums(ptrs, pos, s_hi, width // BN, width % BN, EB, BR, BN, SHIFTS)
+        l1, l2 = _tile_lane_sums(ptrs, pos, width // BN, width % BN, EB, BR, BN, SHIFTS)
         if MODE == 0:
             _store_partials(partial_ptr, c, n_rows, rows, row_ok, l1, l2)
         else:
@@ -348,7 +350,7 @@ if triton is not None:
             if MODE == 2:
                 t_lo = t_lo.to(tl.uint32)
                 t_hi = t_hi.to(tl.uint32)
-                t1, t2 = _top_lane_sums(fp, rows, row_ok, t_lo, t_hi)
+                t1, t2 = _top_lane_sums(fp, rows, row_ok, t_lo)
                 top = _row_fp(t1, t2, _seed64(t_lo, t_hi))
                 tl.store(top_ptr, top.to(tl.int64, bitcast=True))
 
@@ -382,7 +384,7 @@ if triton is not None:
         if TOP:
             t_lo = t_lo.to(tl.uint32)
             t_hi = t_hi.to(tl.uint32)
-            t1, t2 = _top_lane_sums(fp, rows, row_ok, t_lo, t_hi)
+            t1, t2 = _top_lane_sums(fp, rows, row_ok, t_lo)
             tl.store(top_ptr, _row_fp(t1, t2, _seed64(t_lo, t_hi)).to(tl.int64, bitcast=True))
 
     @triton.jit
@@ -404,7 +406,7 @@ if triton is not None:
         return base
 
     @triton.jit
-    def _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
+    def _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
                            EB: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
                            ALIGNED: tl.constexpr, SHIFTS: tl.constexpr):
         """`_tile_lane_sums` for a segment known by its address (fingerprint_many)."""
@@ -414,7 +416,7 @@ if triton is not None:
         if ALIGNED:  # host-checked: address and row stride are multiples of 16 bytes
             ptrs = tl.multiple_of(ptrs, [1, 16])
         pos = (cols.to(tl.uint32) * _C2 + s_lo)[None, :]
-        return _tile_lane_sums(ptrs, pos, s_hi, width // BN, width % BN, EB, BR, BN, SHIFTS)
+        return _tile_lane_sums(ptrs, pos, width // BN, width % BN, EB, BR, BN, SHIFTS)
 
     @triton.jit
     def _many_lanes_kernel(table_ptr, partial_ptr, rec0, n_recs,
@@ -436,19 +438,18 @@ if triton is not None:
         rb = local // n_chunks
         c = local % n_chunks
         s_lo = (seed & _M32).to(tl.uint32)
-        s_hi = (seed >> 32).to(tl.uint32)
         rows, row_ok, rows_ld, col0, width = _tile_origin(rb, c, n_rows, n_words, BR, BN, CHUNK_TILES)
         if EB != 0:  # one word size for the whole launch: one copy of the loop, fewer registers
-            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
+            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
                                         EB, BR, BN, ALIGNED, SHIFTS)
         elif eb == 4:
-            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
+            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
                                         4, BR, BN, ALIGNED, SHIFTS)
         elif eb == 2:
-            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
+            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
                                         2, BR, BN, ALIGNED, SHIFTS)
         else:
-            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
+            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
                                         1, BR, BN, ALIGNED, SHIFTS)
         _store_partials(partial_ptr + part, c, n_rows, rows, row_ok, l1, l2)
 
@@ -462,7 +463,6 @@ if triton is not None:
         part = tl.load(meta + _F_PART)
         n_chunks = tl.load(meta + _F_CHUNKS).to(tl.int32)
         t_lo = (top_seed & _M32).to(tl.uint32)
-        t_hi = (top_seed >> 32).to(tl.uint32)
         t1 = tl.zeros([], dtype=tl.uint64)
         t2 = tl.zeros([], dtype=tl.uint64)
         for r0 in range(0, n_rows, BR):
@@ -470,15 +470,15 @@ if triton is not None:
             row_ok = rows < n_rows
             l1, l2 = _partial_sums(partial_ptr + part, rows, row_ok, n_rows, n_chunks, BR, BC)
             fp = _row_fp(l1, l2, seed)
-            a, b = _top_lane_sums(fp, rows, row_ok, t_lo, t_hi)
+            a, b = _top_lane_sums(fp, rows, row_ok, t_lo)
             t1 += a
             t2 += b
         top = _row_fp(t1, t2, top_seed)
         tl.store(out_ptr + tl.load(meta + _F_OUT), top.to(tl.int64, bitcast=True))
 
 
-    @triton.jit(do_not_specialize=["s_lo", "s_hi"])
-    def _seg_lanes_kernel(addr, partial_ptr, part, n_rows, n_words, row_stride, s_lo, s_hi,
+    @triton.jit(do_not_specialize=["s_lo"])
+    def _seg_lanes_kernel(addr, partial_ptr, part, n_rows, n_words, row_stride, s_lo,
                           EB: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
                           CHUNK_TILES: tl.constexpr, ALIGNED: tl.constexpr, SHIFTS: tl.constexpr):
         """fingerprint_many, ``KernelConfig.many_long = "rows"``: one launch per long segment, grid
@@ -487,9 +487,8 @@ if triton is not None:
         rb = tl.program_id(0)
         c = tl.program_id(1)
         s_lo = s_lo.to(tl.uint32)
-        s_hi = s_hi.to(tl.uint32)
         rows, row_ok, rows_ld, col0, width = _tile_origin(rb, c, n_rows, n_words, BR, BN, CHUNK_TILES)
-        l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo, s_hi,
+        l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
                                     EB, BR, BN, ALIGNED, SHIFTS)
         _store_partials(partial_ptr + part, c, n_rows, rows, row_ok, l1, l2)
 
@@ -507,9 +506,7 @@ if triton is not None:
         top_seed = tl.load(meta + _F_TOP).to(tl.uint64, bitcast=True)
         out_index = tl.load(meta + _F_OUT)
         s_lo = (seed & _M32).to(tl.uint32)
-        s_hi = (seed >> 32).to(tl.uint32)
         t_lo = (top_seed & _M32).to(tl.uint32)
-        t_hi = (top_seed >> 32).to(tl.uint32)
         cols = tl.arange(0, BN)
         col_ok = cols < n_words
         pmix = _pos_mix(cols.to(tl.uint32) * _C2 + s_lo)[None, :]
@@ -526,11 +523,11 @@ if triton is not None:
                 w = _small_words(addr, offs, m, 2)
             else:
                 w = _small_words(addr, offs, m, 1)
-            h, g = _word_hashes(w, pmix, s_hi, 0)
+            h, g = _word_hashes(w, pmix, 0)
             l1 = tl.sum(tl.where(m, h, 0).to(tl.uint64), axis=1)
             l2 = tl.sum(tl.where(m, g, 0).to(tl.uint64), axis=1)
             fp = _row_fp(l1, l2, seed)
-            a, b = _top_lane_sums(fp, rows, row_ok, t_lo, t_hi)
+            a, b = _top_lane_sums(fp, rows, row_ok, t_lo)
             t1 += a
             t2 += b
         top = _row_fp(t1, t2, top_seed)
@@ -722,7 +719,7 @@ def fingerprint_rows_triton(t: torch.Tensor, *, config: KernelConfig | None = No
     """int64 [rows] (uint64 bits) on t's device, equal to `fingerprint_rows_reference(t)`.
     1 launch (rows of <= chunk_words words) or 2."""
     t = _check_tensor(t, "fingerprint_rows")
-    cfg = config or DEFAULT_CONFIG
+    cfg = config or SINGLE_TENSOR_CONFIG
     w = _words(t)
     with _device_guard(t.device):
         rows_out, _ = _hash_words(w, ref.row_seed(t.dtype, tuple(t.shape)), None, cfg)
@@ -733,7 +730,7 @@ def fingerprint_triton(t: torch.Tensor, *, config: KernelConfig | None = None) -
     """0-d int64 (uint64 bits) on t's device, equal to the reference `fingerprint(t)`.
     1 launch (small tensors), 2 (rows up to finalize_rows), at most 4 (more rows)."""
     t = _check_tensor(t, "fingerprint")
-    cfg = config or DEFAULT_CONFIG
+    cfg = config or SINGLE_TENSOR_CONFIG
     w = _words(t)
     top_seed = ref.top_seed(t.dtype, tuple(t.shape))
     if w.rows == 0:  # no data: a constant of dtype and shape (one fill, no sync)
@@ -1040,9 +1037,9 @@ class ManyPlan:
             meta = dict(EB=w.eb, BR=br, BN=bn, CHUNK_TILES=chunk_tiles, ALIGNED=aligned,
                         SHIFTS=cfg.shifts, num_warps=_warps(br * bn, cfg),
                         **_reg_opts(cfg))
-            s_lo, s_hi = _seed_args(ref.row_seed(t.dtype, tuple(t.shape)))
+            s_lo, _ = _seed_args(ref.row_seed(t.dtype, tuple(t.shape)))
             lane_specs.append(("seg", (-(-w.rows // br), chunks),
-                               (w.data.data_ptr(), part, w.rows, w.n_words, w.row_stride, s_lo, s_hi),
+                               (w.data.data_ptr(), part, w.rows, w.n_words, w.row_stride, s_lo),
                                meta))
             part += chunks * w.rows * 2
         self.n_lane_records = len(records)

@@ -30,17 +30,17 @@ from tpguard.kernels.renorm_passes import launch_write, load_write_params, write
 
 ref = fpk.ref
 TAIL_BLOCK = 1024  # columns per step of a row's last, partial chunk
-# fmix32 shifts as IMAD.HI (a bitmask, see fingerprint.KernelConfig.shifts): the four ">>16" ones
+# fmix32 shifts as IMAD.HI (a bitmask, see fingerprint.KernelConfig.shifts): the two ">>16" ones
 # here, where the standalone kernel's default is none (the write's float compares and selects
-# already load the integer ALU pipe). Measured on the H200 (`bench guard --fused-probs`, runs 9
-# and 10): the write pass +8.8 / +8.7 us with 5, +8.8 / +8.9 with 10, +10.8 / +11.2 with all (15).
-# A `fp_config` passed to the launcher overrides it.
-WRITE_SHIFTS = fpk.SHIFT_H16 | fpk.SHIFT_G16
+# already load the integer ALU pipe). Chosen with fp/1 (runs 9 and 10, `bench guard --fused-probs`:
+# h's and g's ">>16" +8.8 / +8.7 us over the plain write, all six +10.8 / +11.2); fp/2 has only h's
+# three shifts. A `fp_config` passed to the launcher overrides it.
+WRITE_SHIFTS = fpk.SHIFT_H16
 
 
 @triton.jit
 def _write_block_lanes(probs_ptr, out_ptr, row, offs, vocab, thr1, r1, thr2, r2, fill, live,
-                       s_lo, s_hi, MASKED: tl.constexpr, SHIFTS: tl.constexpr,
+                       s_lo, MASKED: tl.constexpr, SHIFTS: tl.constexpr,
                        POS_MULHI: tl.constexpr):
     """A block of columns of one row: the write of `_renorm_write_kernel` (the same
     `write_value`) and the lane sums (L1, L2) of the fp32 words stored. MASKED: a block that
@@ -58,7 +58,7 @@ def _write_block_lanes(probs_ptr, out_ptr, row, offs, vocab, thr1, r1, thr2, r2,
     # word position = column; P = pos ^ (pos >> 16), the shift as IMAD.HI (FMA pipe, not ALU)
     pos = offs.to(tl.uint32) * fpk._C2 + s_lo
     pmix = pos ^ fpk._shr(pos, 16, POS_MULHI)
-    h, g = fpk._word_hashes(out.to(tl.uint32, bitcast=True), pmix, s_hi, SHIFTS)
+    h, g = fpk._word_hashes(out.to(tl.uint32, bitcast=True), pmix, SHIFTS)
     if MASKED:  # columns past the row's end count nothing
         h = tl.where(mask, h, 0)
         g = tl.where(mask, g, 0)
@@ -66,9 +66,9 @@ def _write_block_lanes(probs_ptr, out_ptr, row, offs, vocab, thr1, r1, thr2, r2,
     return tl.sum(h.to(tl.uint64), axis=0), tl.sum(g.to(tl.uint64), axis=0)
 
 
-@triton.jit(do_not_specialize=["s_lo", "s_hi"])
+@triton.jit(do_not_specialize=["s_lo"])
 def _renorm_write_fp_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, partial_ptr, n_rows,
-                            s_lo, s_hi, CHUNK: tl.constexpr, TAIL: tl.constexpr,
+                            s_lo, CHUNK: tl.constexpr, TAIL: tl.constexpr,
                             SHIFTS: tl.constexpr, POS_MULHI: tl.constexpr):
     """Grid (rows, chunks) of CHUNK columns, as `_renorm_write_kernel`; partial lane sums
     [chunks, rows, 2]. A row's last, partial chunk is walked in TAIL-column blocks (masked), so
@@ -77,18 +77,17 @@ def _renorm_write_fp_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, par
     chunk = tl.program_id(1)
     thr1, r1, thr2, r2, live, fill = load_write_params(params_ptr, flag_ptr, row)
     s_lo = s_lo.to(tl.uint32)
-    s_hi = s_hi.to(tl.uint32)
     col0 = chunk * CHUNK
     if col0 + CHUNK <= vocab:
         l1, l2 = _write_block_lanes(probs_ptr, out_ptr, row, col0 + tl.arange(0, CHUNK), vocab,
-                                    thr1, r1, thr2, r2, fill, live, s_lo, s_hi,
+                                    thr1, r1, thr2, r2, fill, live, s_lo,
                                     False, SHIFTS, POS_MULHI)
     else:
         l1 = tl.zeros([], dtype=tl.uint64)
         l2 = tl.zeros([], dtype=tl.uint64)
         for b in range(0, tl.cdiv(vocab - col0, TAIL)):
             a1, a2 = _write_block_lanes(probs_ptr, out_ptr, row, col0 + b * TAIL + tl.arange(0, TAIL),
-                                        vocab, thr1, r1, thr2, r2, fill, live, s_lo, s_hi,
+                                        vocab, thr1, r1, thr2, r2, fill, live, s_lo,
                                         True, SHIFTS, POS_MULHI)
             l1 += a1
             l2 += a2
@@ -131,7 +130,7 @@ def launch_write_fp(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg, *,
     t_lo, t_hi = fpk._seed_args(top_seed)
     partial = torch.empty((s.n_chunks, rows, 2), dtype=torch.int64, device=device)
     _renorm_write_fp_kernel[(rows, s.n_chunks)](
-        probs, out, vocab, ws.params, ws.flag, partial, rows, s_lo, s_hi,
+        probs, out, vocab, ws.params, ws.flag, partial, rows, s_lo,
         CHUNK=s.chunk, TAIL=min(s.chunk, TAIL_BLOCK), SHIFTS=shifts, POS_MULHI=True,
         num_warps=cfg.pass_warps,
     )

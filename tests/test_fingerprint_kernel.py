@@ -97,8 +97,8 @@ def test_configs_agree():
     x = make((3, 2500), torch.float32)
     y = make((300,), torch.int16)
     want = (top_value(x), top_value(y))
-    for cfg in [kfp.KernelConfig(shifts=0), kfp.KernelConfig(shifts=kfp.SHIFT_ALL), kfp.KernelConfig(shifts=10),
-                kfp.KernelConfig(shifts=5), CHUNKY,
+    for cfg in [kfp.KernelConfig(shifts=0), kfp.KernelConfig(shifts=kfp.SHIFT_ALL), kfp.KernelConfig(shifts=2),
+                kfp.KernelConfig(shifts=1), CHUNKY,
                 kfp.KernelConfig(block_words=128, chunk_words=1024, num_warps=2, finalize_rows=4, shifts=3)]:
         assert (top_value(x, cfg), top_value(y, cfg)) == want
 

@@ -1,4 +1,5 @@
-"""Fingerprints: a 64-bit hash of a tensor's dtype, shape and bytes (trace format v1).
+"""Fingerprints: a 64-bit hash of a tensor's dtype, shape and bytes (trace format v1;
+definition ``tpguard.fp/2``, recorded in a trace header's ``versions.fingerprint``).
 
 Definition (the numpy code below is the reference; `tpguard.kernels.fingerprint` is the
 GPU fast path and must match it bit for bit):
@@ -7,16 +8,21 @@ GPU fast path and must match it bit for bit):
 * Each row is a sequence of 32-bit words: one word per element for 1- and 2-byte dtypes
   (zero-extended), ``itemsize / 4`` little-endian words per element otherwise.
 * Row hash, for words ``w_j`` at position ``j`` and a seed ``s`` (64 bits, from dtype and
-  row shape, split into ``s_lo``/``s_hi``), all arithmetic modulo 2**32 / 2**64::
+  row shape; ``s_lo`` its low 32 bits), all arithmetic modulo 2**32 / 2**64::
 
       h_j = fmix32((w_j * C1) ^ (j * C2 + s_lo))
-      g_j = fmix32(h_j + s_hi)
-      L1 = sum_j h_j ; L2 = sum_j g_j               (uint64, wraps)
+      L1 = sum_j h_j ; L2 = sum_j h_j * h_j         (uint64: h_j * h_j is the exact 64-bit
+                                                     square; the sums wrap)
       row_fp = fmix64(L1 ^ fmix64(L2 ^ s))
 
   Sums are modular integer sums, so any reduction order gives the same bits; the position
   ``j`` enters every term, so a permutation changes the value; ``h`` is a bijection of ``w``
-  at a fixed ``j``, so any single-word change always changes the value.
+  at a fixed ``j`` and L1 cannot wrap (n < 2**32 words), so any single-word change always
+  changes L1; two changed words keep both L1 and L2 only if their h values are swapped
+  (equal sums and equal squares of two integers), save rare wraps of L2.
+  ``tpguard.fp/1`` had L2 = sum_j fmix32(h_j + s_hi): the same properties at ~1.6x the integer
+  work per word, which kept the GPU kernel below the memory bandwidth (kernels/NOTES-fingerprint.md,
+  section 7).
 * ``fingerprint_rows(t)[r]`` is the row hash of row ``r`` with ``s = seed(dtype, shape[1:])``.
 * ``fingerprint(t)`` is the row hash of the row fingerprints themselves (each as two words,
   low then high) with ``s = seed(dtype, shape, "top")``: it covers dtype, full shape and
@@ -34,7 +40,7 @@ import numpy as np
 import torch
 import xxhash
 
-FORMAT_VERSION = "tpguard.fp/1"
+FORMAT_VERSION = "tpguard.fp/2"  # the seeds include it: a new definition, new values
 
 M32 = 0xFFFFFFFF
 M64 = 0xFFFFFFFFFFFFFFFF
@@ -126,14 +132,13 @@ def _fmix64(x: np.ndarray) -> np.ndarray:
 
 def hash_rows_reference(words: np.ndarray, seed: int) -> np.ndarray:
     """Row hash of a [rows, n] uint32 array -> [rows] uint64."""
-    s_lo, s_hi = split_seed(seed)
+    s_lo, _ = split_seed(seed)
     n = words.shape[1]
     with np.errstate(over="ignore"):
         pos = np.arange(n, dtype=np.uint32) * np.uint32(C2) + np.uint32(s_lo)
-        h = _fmix32((words * np.uint32(C1)) ^ pos)
-        g = _fmix32(h + np.uint32(s_hi))
-        lane1 = h.astype(np.uint64).sum(axis=1, dtype=np.uint64)
-        lane2 = g.astype(np.uint64).sum(axis=1, dtype=np.uint64)
+        h = _fmix32((words * np.uint32(C1)) ^ pos).astype(np.uint64)
+        lane1 = h.sum(axis=1, dtype=np.uint64)
+        lane2 = (h * h).sum(axis=1, dtype=np.uint64)
         return _fmix64(lane1 ^ _fmix64(lane2 ^ np.uint64(seed)))
 
 

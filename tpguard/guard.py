@@ -504,7 +504,10 @@ class StepGuard:
 def default_versions() -> dict:
     import tpguard
 
-    versions = {"tpguard": tpguard.__version__, "torch": torch.__version__}
+    from tpguard.fingerprint import FORMAT_VERSION
+
+    # the fingerprint definition too: traces hashed with different definitions are not comparable
+    versions = {"tpguard": tpguard.__version__, "torch": torch.__version__, "fingerprint": FORMAT_VERSION}
     for name in ("triton", "flashinfer", "sglang"):
         mod = __import__("sys").modules.get(name)
         if mod is not None:

@@ -142,18 +142,28 @@ def bench_many(iters: int, do_check: bool) -> list[str]:
 
 
 # KernelConfig overrides ("name=value,..." on KernelConfig(), tpguard.config.replace_from_text);
-# first: the default, the reference of the run. Runs 9 and 10 (docs/benchmarks.md): the shift
+# first: the default, the reference of the run. Runs 9 and 10 (docs/benchmarks.md, fp/1): the shift
 # masks and the load-pipelining knobs (since removed) were no faster than these.
 SWEEP_CONFIGS = [
-    "",  # 128 regs, 4 CTAs/SM (run 12: 55.2 us)
-    "chunk_words=4096",  # the default before run 10 (56.3-56.4 us)
-    "shifts=5", "shifts=10",
-    "maxnreg=none", "block_words=2048,maxnreg=none", "rows_per_tile=4",
+    "",  # 128 regs, 4 CTAs/SM (run 12, fp/1: 55.2 us; run 13, fp/2: 54.8)
+    # fp/2 (run 13): the single tensor at 54.8 us vs 45.9 per tensor in the full set: 640 programs of
+    # [8 rows, 8192 words] on 528 CTA slots (1.2 waves); offline, 16 words/thread uncapped takes 64
+    # registers (8 CTAs/SM, one wave)
+    "block_words=2048,maxnreg=none", "block_words=2048,maxnreg=none,chunk_words=4096",
+    "chunk_words=4096", "chunk_words=2048", "rows_per_tile=4,chunk_words=4096",
+    "block_words=2048,maxnreg=none,rows_per_tile=4", "shifts=2", "maxnreg=none",
     "block_words=8192,num_warps=8", "block_words=2048,rows_per_tile=1,chunk_words=16384,num_warps=8",
+    # around run 14's best (offline registers: 38 -> 12 CTAs/SM; 64 -> 8; 64 -> 8; 80 -> 3)
+    "block_words=1024,maxnreg=none", "block_words=2048,maxnreg=none,rows_per_tile=16",
+    "block_words=2048,maxnreg=none,chunk_words=16384", "block_words=4096,maxnreg=none,num_warps=8",
 ]
 # fingerprint_many's long rows (the guard's full set: 2 x 168 MB): on top of each base config
 MANY_VARIANTS = [dict(many_long="table"), dict(many_long="table", maxnreg=128),
                  dict(many_long="rows"), dict(many_long="rows", maxnreg=128)]
+# and these whole configs on the full set (twice the programs of one tensor: run 14's one-wave tile
+# needs half as many chunks there)
+FULL_SET_CONFIGS = ["", "block_words=2048,maxnreg=none,chunk_words=16384",
+                    "block_words=1024,maxnreg=none,chunk_words=16384", "chunk_words=16384"]
 
 
 def _checked_us(label: str, matches, run, iters: int) -> float | None:
@@ -209,7 +219,9 @@ def sweep(iters: int, budget_s: float = 30.0) -> None:
     print("full set (fingerprint_many, graph replay): the 3 fastest configs x long-row variants "
           "(many_long, maxnreg); target: <= 88 us (2 x 168 MB at 3.8 TB/s)")
     seen, best_full = set(), None
-    for us_main, base in timed[:3]:
+    bases = timed[:3] + [(float("nan"), replace_from_text(k.KernelConfig(), text, "full set config"))
+                         for text in FULL_SET_CONFIGS]
+    for us_main, base in bases:
         for variant in MANY_VARIANTS:
             if time.perf_counter() - t0 > budget_s + 10:
                 print("  (time budget spent)")
@@ -235,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=50, help="timed calls per measurement (median)")
     ap.add_argument("--shapes", choices=("all", "main"), default="all")
     ap.add_argument("--sweep", action="store_true", help="also time tiling configs on the main shape")
+    ap.add_argument("--sweep-budget", type=float, default=30.0, metavar="S",
+                    help="seconds the sweep may spend on the main shape (the full set gets 10 more)")
     ap.add_argument("--no-check", dest="check", action="store_false",
                     help="skip the bit-for-bit check against the numpy reference")
     args = ap.parse_args(argv)
@@ -251,12 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     print(f"device: {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}"
-          f" | config {k.DEFAULT_CONFIG}")
+          f" | one tensor {k.SINGLE_TENSOR_CONFIG} | fingerprint_many {k.DEFAULT_CONFIG}")
     shapes = SHAPES if args.shapes == "all" else [MAIN_SHAPE]
     results = bench_shapes(shapes, args.iters, args.check)
     many_status = bench_many(args.iters, args.check)
     if args.sweep:
-        sweep(args.iters)
+        sweep(args.iters, args.sweep_budget)
     main_row = results[0]
     nbytes = main_row["mb"] * 1e6
     best = min(main_row["fp_us"], main_row["graph_us"])
