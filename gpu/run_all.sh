@@ -284,7 +284,7 @@ case "$PHASES" in
     # session 5 (~330 s on nvidia-h200): the fingerprint sweep for fp/2 (tiles, waves), then the compiled
     # fingerprint tests (the GPU check with today's KernelConfig fields)
     ( export FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=200 FP_BENCH_ARGS="--shapes main --sweep --sweep-budget 120"
-      fingerprint; FP_NO_BENCH=1 FP_PYTEST=150 fingerprint )
+      fingerprint ); ( FP_NO_BENCH=1 FP_PYTEST=150 fingerprint )
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done
