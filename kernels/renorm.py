@@ -7,6 +7,8 @@
 per row (or a single value). ``backend``: ``"auto"`` (Triton on CUDA tensors, the torch
 reference elsewhere), ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``) or ``"torch"``.
 Both backends give the same kept sets and values within 2 ulp (in practice the same bits).
+Triton calls go through a small cache of per-shape call plans (kernels/renorm_plan.py: reused
+workspace, direct launches; ``TPGUARD_RENORM_PLANS=0`` turns it off, `clear_plans()` empties it).
 
 Bad input raises ``ValueError`` with one line: a non-tensor, a dtype other than float32, a
 tensor that is not 2-D, an empty vocabulary, a parameter whose length is neither 1 nor rows,
@@ -174,10 +176,10 @@ def top_k_renorm(probs: torch.Tensor, top_k: Param, *, backend: str = "auto", va
     _check_top_k(top_k, probs.shape[0], validate)
     _check_fingerprint_out(fingerprint_out, probs)
     if _use_triton(probs, backend):
-        from tpguard.kernels.renorm_top_k import top_k_renorm_triton
+        from tpguard.kernels import renorm_plan
 
-        return top_k_renorm_triton(probs.contiguous(), _device_top_k(top_k, probs),
-                                   fingerprint_out=fingerprint_out)
+        return renorm_plan.run("top_k", probs.contiguous(), _device_top_k(top_k, probs),
+                               fingerprint_out=fingerprint_out)
     return _reference_out(reference.top_k_renorm_reference(probs, top_k), fingerprint_out)
 
 
@@ -188,10 +190,10 @@ def top_p_renorm(probs: torch.Tensor, top_p: Param, *, backend: str = "auto", va
     _check_top_p(top_p, probs.shape[0], validate)
     _check_fingerprint_out(fingerprint_out, probs)
     if _use_triton(probs, backend):
-        from tpguard.kernels.renorm_top_p import top_p_renorm_triton
+        from tpguard.kernels import renorm_plan
 
-        return top_p_renorm_triton(probs.contiguous(), _device_param(top_p, probs, torch.float32),
-                                   fingerprint_out=fingerprint_out)
+        return renorm_plan.run("top_p", probs.contiguous(), top_p=_device_param(top_p, probs, torch.float32),
+                               fingerprint_out=fingerprint_out)
     return _reference_out(reference.top_p_renorm_reference(probs, top_p), fingerprint_out)
 
 
@@ -203,14 +205,10 @@ def top_k_top_p_renorm(probs: torch.Tensor, top_k: Param, top_p: Param, *, backe
     _check_top_p(top_p, probs.shape[0], validate)
     _check_fingerprint_out(fingerprint_out, probs)
     if _use_triton(probs, backend):
-        from tpguard.kernels.renorm_top_k import top_k_top_p_renorm_triton
+        from tpguard.kernels import renorm_plan
 
-        return top_k_top_p_renorm_triton(
-            probs.contiguous(),
-            _device_top_k(top_k, probs),
-            _device_param(top_p, probs, torch.float32),
-            fingerprint_out=fingerprint_out,
-        )
+        return renorm_plan.run("top_k_top_p", probs.contiguous(), _device_top_k(top_k, probs),
+                               _device_param(top_p, probs, torch.float32), fingerprint_out=fingerprint_out)
     return _reference_out(reference.top_k_top_p_renorm_reference(probs, top_k, top_p), fingerprint_out)
 
 
@@ -222,11 +220,18 @@ def min_p_renorm(probs: torch.Tensor, min_p: Param, *, backend: str = "auto", va
     _check_range(min_p, "min_p", validate, 0.0, 1.0, lo_open=False)
     _check_fingerprint_out(fingerprint_out, probs)
     if _use_triton(probs, backend):
-        from tpguard.kernels.renorm_min_p import min_p_renorm_triton
+        from tpguard.kernels import renorm_plan
 
-        return min_p_renorm_triton(probs.contiguous(), _device_param(min_p, probs, torch.float32),
-                                   fingerprint_out=fingerprint_out)
+        return renorm_plan.run("min_p", probs.contiguous(), top_p=_device_param(min_p, probs, torch.float32),
+                               fingerprint_out=fingerprint_out)
     return _reference_out(reference.min_p_renorm_reference(probs, min_p), fingerprint_out)
 
 
-__all__ = ["min_p_renorm", "top_k_renorm", "top_k_top_p_renorm", "top_p_renorm", "triton_available"]
+def clear_plans() -> None:
+    """Drop the cached call plans (workspaces, recorded launches: kernels/renorm_plan.py)."""
+    from tpguard.kernels import renorm_plan
+
+    renorm_plan.clear_plans()
+
+
+__all__ = ["clear_plans", "min_p_renorm", "top_k_renorm", "top_k_top_p_renorm", "top_p_renorm", "triton_available"]

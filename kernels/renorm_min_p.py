@@ -81,9 +81,15 @@ def _min_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups,
     tl.store(params_ptr + row * 4 + 3, reciprocal_f32(kept))
 
 
+def workspace_flags(vocab: int, top_k=None, top_p=None) -> tuple:
+    """(with_sample, with_bracket) of the workspace a min-p call uses (renorm_plan.py asks)."""
+    return False, True
+
+
 def min_p_renorm_triton(probs: torch.Tensor, min_p: MinP, config: Optional[RenormConfig] = None,
-                        fingerprint_out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Triton min-p renorm of a float32 [rows, vocab] tensor (no input checks: see renorm.py)."""
+                        fingerprint_out: Optional[torch.Tensor] = None, workspace=None) -> torch.Tensor:
+    """Triton min-p renorm of a float32 [rows, vocab] tensor (no input checks: see renorm.py).
+    `workspace`: as in top_p_renorm_triton."""
     cfg = config or DEFAULT_CONFIG
     rows, vocab = probs.shape
     out = torch.empty_like(probs)
@@ -92,7 +98,7 @@ def min_p_renorm_triton(probs: torch.Tensor, min_p: MinP, config: Optional[Renor
             fill_fingerprint(out, fingerprint_out)
         return out
     s = shapes_for(rows, vocab, cfg)
-    ws = workspace_for(s, cfg, probs.device, with_sample=False, with_bracket=True)
+    ws = workspace or workspace_for(s, cfg, probs.device, *workspace_flags(vocab))
     has_arr = isinstance(min_p, torch.Tensor)
     launch_row_stats(probs, s, ws, cfg, with_sample=False)
     _min_p_select_kernel[(rows,)](

@@ -157,8 +157,16 @@ def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
 
 
 
+def workspace_flags(vocab: int, top_k=None, top_p=None) -> tuple:
+    """(with_sample, with_bracket) of the workspace a call uses (renorm_plan.py asks): the
+    bracket passes serve only rows whose k >= vocab (plain top-p); a scalar k < vocab has none:
+    two launches and the samples skipped."""
+    full_top_p = top_p is not None and (isinstance(top_k, torch.Tensor) or int(top_k) >= vocab)
+    return full_top_p, full_top_p
+
+
 def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Optional[RenormConfig],
-         fingerprint_out: Optional[torch.Tensor] = None) -> torch.Tensor:
+         fingerprint_out: Optional[torch.Tensor] = None, workspace=None) -> torch.Tensor:
     cfg = config or DEFAULT_CONFIG
     rows, vocab = probs.shape
     out = torch.empty_like(probs)
@@ -169,11 +177,9 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
     with_top_p = top_p is not None
     has_k = isinstance(top_k, torch.Tensor)
     has_p = isinstance(top_p, torch.Tensor)
-    # the bracket passes serve only rows whose k >= vocab (plain top-p); a scalar k < vocab has
-    # none: two launches and the samples skipped
-    full_top_p = with_top_p and (has_k or int(top_k) >= vocab)
+    full_top_p, _ = workspace_flags(vocab, top_k, top_p)
     s = shapes_for(rows, vocab, cfg)
-    ws = workspace_for(s, cfg, probs.device, with_sample=full_top_p, with_bracket=full_top_p)
+    ws = workspace or workspace_for(s, cfg, probs.device, with_sample=full_top_p, with_bracket=full_top_p)
     select_args = (probs, vocab, s.n_chunks, s.n_groups, s.n_samples,
                    ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp, ws.gid, ws.cand, ws.list_cap,
                    top_k if has_k else ws.flag, 0 if has_k else int(min(max(int(top_k), 1), vocab)),
@@ -193,14 +199,15 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
 
 
 def top_k_renorm_triton(probs: torch.Tensor, top_k: TopK, config: Optional[RenormConfig] = None,
-                        fingerprint_out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                        fingerprint_out: Optional[torch.Tensor] = None, workspace=None) -> torch.Tensor:
     """Triton top-k renorm of a float32 [rows, vocab] tensor (no input checks: see renorm.py).
-    ``top_k`` is an int or an int32 [rows] tensor on the same device."""
-    return _run(probs, top_k, None, config, fingerprint_out)
+    ``top_k`` is an int or an int32 [rows] tensor on the same device. `workspace`: as in
+    top_p_renorm_triton (of `workspace_flags`)."""
+    return _run(probs, top_k, None, config, fingerprint_out, workspace)
 
 
 def top_k_top_p_renorm_triton(probs: torch.Tensor, top_k: TopK, top_p: TopP,
                               config: Optional[RenormConfig] = None,
-                              fingerprint_out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                              fingerprint_out: Optional[torch.Tensor] = None, workspace=None) -> torch.Tensor:
     """Triton top-k then top-p renorm (k >= vocab skips the top-k stage)."""
-    return _run(probs, top_k, top_p, config, fingerprint_out)
+    return _run(probs, top_k, top_p, config, fingerprint_out, workspace)

@@ -296,11 +296,17 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
 
 
 
+def workspace_flags(vocab: int, top_k=None, top_p=None) -> tuple:
+    """(with_sample, with_bracket) of the workspace a top-p call uses (renorm_plan.py asks)."""
+    return True, True
+
+
 def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[RenormConfig] = None,
-                        fingerprint_out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                        fingerprint_out: Optional[torch.Tensor] = None, workspace=None) -> torch.Tensor:
     """Triton top-p renorm of a float32 [rows, vocab] tensor (no input checks: see renorm.py).
     `fingerprint_out`: a 1-element int64 device tensor that receives fingerprint(out) from the
-    write pass (renorm_write_fp.py)."""
+    write pass (renorm_write_fp.py). `workspace`: a `Workspace` of `workspace_flags` for these
+    shapes and config, reused across calls (renorm_plan.py); None: a fresh one."""
     cfg = config or DEFAULT_CONFIG
     rows, vocab = probs.shape
     out = torch.empty_like(probs)
@@ -309,7 +315,7 @@ def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[Renor
             fill_fingerprint(out, fingerprint_out)
         return out
     s = shapes_for(rows, vocab, cfg)
-    ws = workspace_for(s, cfg, probs.device, with_sample=True, with_bracket=True)
+    ws = workspace or workspace_for(s, cfg, probs.device, *workspace_flags(vocab))
     has_arr = isinstance(top_p, torch.Tensor)
     p_arr = top_p if has_arr else ws.params
     p_val = 0.0 if has_arr else float(top_p)

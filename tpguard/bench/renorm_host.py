@@ -1,8 +1,20 @@
-"""tpguard's own Python per eager renorm call, without the kernels (CPU; kernels/NOTES.md, "Eager
-host time"): the Triton interpreter's launches are replaced by no-ops, so what is timed is the API
-checks, the block shapes, the workspace and the argument handling around the 5-6 launches.
+"""Host time of eager renorm calls, with the call plans (kernels/renorm_plan.py) on and off
+(kernels/NOTES.md, "Eager host time").
+
+CPU (development machine): tpguard's own Python per call, without the kernels: the Triton
+interpreter's launches are replaced by no-ops, so what is timed is the API checks, the plan
+lookup (or the fresh workspace), the block shapes and the argument handling around the 5-6
+launches. Plans on, under the interpreter, means the cached workspace only (no direct launches).
 
     TRITON_INTERPRET=1 python -m tpguard.bench.renorm_host [--vocab 163840] [--calls 2000]
+
+GPU (``--gpu``, no TRITON_INTERPRET): host time per eager call (no sync in the loop) of each op
+at each batch size, plans off (Triton's launches into a fresh workspace) and on (cached
+workspace + direct launches), the plans' state and memory, a check that both give the same
+bits (and the same fingerprint slot), and that a CUDA graph captured with plans on replays
+those bits (capture takes the fresh-workspace path).
+
+    python -m tpguard.bench.renorm_host --gpu [--vocab 163840] [--batch-sizes 1,8,64,256] [--calls 200]
 """
 
 from __future__ import annotations
@@ -12,16 +24,14 @@ import sys
 import time
 
 
-def main(argv: list[str] | None = None) -> int:
-    from tpguard.bench.args import BenchParser
+def _calls(renorm, x, fp=None):
+    return {"top_p": lambda: renorm.top_p_renorm(x, 0.9, backend="triton", fingerprint_out=fp),
+            "top_k": lambda: renorm.top_k_renorm(x, 40, backend="triton", fingerprint_out=fp),
+            "top_k_top_p": lambda: renorm.top_k_top_p_renorm(x, 40, 0.9, backend="triton", fingerprint_out=fp),
+            "min_p": lambda: renorm.min_p_renorm(x, 0.1, backend="triton", fingerprint_out=fp)}
 
-    ap = BenchParser(prog="python -m tpguard.bench.renorm_host")
-    ap.add_argument("--vocab", type=int, default=163840)
-    ap.add_argument("--calls", type=int, default=2000)
-    args = ap.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        print("renorm_host: run with TRITON_INTERPRET=1 (the launches it stubs are the interpreter's)")
-        return 2
+
+def cpu(args) -> int:
     import cProfile
     import pstats
 
@@ -29,28 +39,110 @@ def main(argv: list[str] | None = None) -> int:
     import triton.runtime.interpreter as interp
 
     interp.InterpretedFunction.__getitem__ = lambda self, grid: (lambda *a, **k: None)  # no kernel runs
-    from tpguard.kernels import renorm
+    from tpguard.kernels import renorm, renorm_plan
 
     x = torch.softmax(torch.randn(1, args.vocab), -1)
-    calls = {"top_p": lambda: renorm.top_p_renorm(x, 0.9, backend="triton"),
-             "top_k": lambda: renorm.top_k_renorm(x, 40, backend="triton"),
-             "top_k_top_p": lambda: renorm.top_k_top_p_renorm(x, 40, 0.9, backend="triton"),
-             "min_p": lambda: renorm.min_p_renorm(x, 0.1, backend="triton")}
-    for name, fn in calls.items():
-        for _ in range(20):
-            fn()
-        t0 = time.perf_counter()
-        for _ in range(args.calls):
-            fn()
-        print(f"{name}: {(time.perf_counter() - t0) / args.calls * 1e6:.1f} us of Python per call (launches stubbed)")
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(200):
-        calls["top_p"]()
-    prof.disable()
-    stats = pstats.Stats(prof)
-    print(f"top_p: {stats.total_calls / 200:.0f} Python function calls per call")
+    calls = _calls(renorm, x)
+    for plans in (0, renorm_plan.MAX_PLANS or 4):
+        renorm_plan.MAX_PLANS = plans
+        renorm.clear_plans()
+        for name, fn in calls.items():
+            for _ in range(20):
+                fn()
+            t0 = time.perf_counter()
+            for _ in range(args.calls):
+                fn()
+            print(f"plans {'on ' if plans else 'off'} {name}: {(time.perf_counter() - t0) / args.calls * 1e6:.1f} us "
+                  "of Python per call (launches stubbed)")
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            calls["top_p"]()
+        prof.disable()
+        stats = pstats.Stats(prof)
+        print(f"plans {'on ' if plans else 'off'} top_p: {stats.total_calls / 200:.0f} Python function calls per call")
     return 0
+
+
+def gpu(args) -> int:
+    import torch
+
+    from tpguard.bench.timing import capture, time_host
+    from tpguard.kernels import direct_launch, renorm, renorm_plan
+
+    if not torch.cuda.is_available():
+        print("renorm_host --gpu: no CUDA device here")
+        return 0
+    on = renorm_plan.MAX_PLANS or 4
+    direct = "on" if direct_launch.enabled() else "OFF"
+    print(f"torch {torch.__version__}, triton {__import__('triton').__version__}, "
+          f"{torch.cuda.get_device_name()}, vocab {args.vocab}, {args.calls} calls; plans on = "
+          f"{on} plans, {renorm_plan.MAX_BYTES >> 20} MiB; direct launches {direct}")
+    bad = 0
+    for rows in args.batch_sizes:
+        g = torch.Generator(device="cuda").manual_seed(rows)
+        x = torch.softmax(torch.randn(rows, args.vocab, device="cuda", generator=g), -1)
+        for with_fp in (False, True):
+            fp = torch.zeros((), dtype=torch.int64, device="cuda") if with_fp else None
+            for name, fn in _calls(renorm, x, fp).items():
+                res = {}
+                for plans in (0, on):
+                    renorm_plan.MAX_PLANS = plans
+                    renorm.clear_plans()
+                    for _ in range(3):  # compile, plan, record + check
+                        out = fn()
+                    torch.cuda.synchronize()
+                    res[plans] = (out, int(fp) if with_fp else None, time_host(fn, args.calls))
+                    if plans:
+                        state = [(p.state, p.refusal, p.nbytes) for _, p in renorm_plan.plans()]
+                (o0, f0, t0), (o1, f1, t1) = res[0], res[on]
+                same = torch.equal(o0.view(torch.int32), o1.view(torch.int32)) and f0 == f1
+                bad += not same
+                st = state[-1] if state else ("none", "", 0)
+                print(f"{rows:4d} x {args.vocab} {name:12s} fp={'y' if with_fp else 'n'}: host us/call plans off "
+                      f"{t0:7.1f}  on {t1:7.1f}  ({t0 - t1:+.1f})  bits {'same' if same else 'DIFFER'}  plan "
+                      f"{st[0]} {st[2] / 2**20:.2f} MiB {st[1]}")
+        # capture with plans on: the fresh-workspace path; replays give the eager bits
+        renorm_plan.MAX_PLANS = on
+        renorm.clear_plans()
+        fn = _calls(renorm, x)["top_p"]
+        expect = fn()
+        holder = {}
+        graph = capture(lambda: holder.__setitem__("out", fn()))
+        n_plans = len(renorm_plan.plans())
+        graph.replay()
+        torch.cuda.synchronize()
+        same = torch.equal(holder["out"].view(torch.int32), expect.view(torch.int32))
+        bad += not same
+        print(f"{rows:4d} x {args.vocab} top_p in a CUDA graph (plans on): replay bits "
+              f"{'same' if same else 'DIFFER'}, plans made {n_plans} (1: the eager and warm-up calls' plan)")
+    if direct_launch.FAILURES:
+        print("direct launch refused:", direct_launch.FAILURES)
+    print("all bits equal" if not bad else f"{bad} CHECKS DIFFER")
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tpguard.bench.args import BenchParser
+
+    ap = BenchParser(prog="python -m tpguard.bench.renorm_host")
+    ap.add_argument("--vocab", type=int, default=163840)
+    ap.add_argument("--calls", type=int, default=None, help="timed calls per case (CPU 2000, GPU 200)")
+    ap.add_argument("--gpu", action="store_true", help="time the real launches on a CUDA device")
+    ap.add_argument("--batch-sizes", type=lambda s: [int(v) for v in s.split(",")], default=[1, 8, 64, 256])
+    args = ap.parse_args(argv)
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    if args.gpu:
+        if interpreting:
+            print("renorm_host --gpu: run without TRITON_INTERPRET=1")
+            return 2
+        args.calls = args.calls or 200
+        return gpu(args)
+    if not interpreting:
+        print("renorm_host: run with TRITON_INTERPRET=1 (the launches it stubs are the interpreter's), or --gpu")
+        return 2
+    args.calls = args.calls or 2000
+    return cpu(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,322 @@
+"""Direct kernel launches: call a compiled Triton kernel's launcher with recorded arguments, only
+some of them substituted per call (host time; used by the renorm call plans, kernels/renorm_plan.py).
+
+This generalises `tpguard.kernels.fingerprint._Launch` (one `out` tensor substituted) to a set of
+launches recorded from one normal run of a whole op, with several *roles* substituted per call:
+tensors found in the recorded arguments by identity, scalars found by kernel parameter name.
+
+Triton's ``kernel[grid](*args)`` binds and specialises the arguments and looks the compiled
+kernel up on every call (tens of us per launch). Here:
+
+1. `capture_launches()` watches one normal run of an op (Triton's own launches, GPU work done)
+   and keeps each launch's kernel, grid, arguments and the compiled kernel it returned; a
+   `TorchDispatchMode` alongside lists any torch op of that run that does GPU work (a per-call
+   ``fill_`` / ``copy_`` would be skipped by direct launches: such a run is refused).
+2. `DirectLaunch.record()` repeats each launch through Triton with ``CompiledKernel.run``
+   swapped for a recorder (no GPU work) and keeps the positional arguments Triton hands the
+   launcher. Accepted only for Triton 3.x's layout (grid x3, stream, function, packed metadata,
+   launch metadata, enter/exit hooks, then one argument per kernel parameter in signature
+   order) with no launch hooks installed (profilers: `hooks_idle`).
+3. A later call copies the template, sets the current stream and the roles, and calls the
+   launcher. Triton specialises a pointer on its 16-byte alignment and an int on ``== 1`` and
+   ``% 16 == 0``: `LaunchSet.accepts` says no (the caller then takes Triton's path) when a role
+   differs from the recorded one in those.
+4. `validate_once` runs a set directly once per compiled variant per process and compares with
+   Triton's result bit for bit (the caller's `rerun`).
+
+Off under the interpreter and with ``TPGUARD_FAST_LAUNCH=0`` (the switch fingerprint.py reads).
+
+fingerprint.py could import `DirectLaunch`, `validate_once`, `hooks_idle`, `launch_hooks`,
+`current_stream`, `enabled` (and FAST_LAUNCH) from here in place of its own copies: its
+`_Launch(kernel, grid, args, meta, out_pos)` is ``DirectLaunch(kernel, grid, args, meta)`` with
+`normal()`, then ``record({0: out}, {}, keep_args=True)`` and ``launch(current_stream(), [out])``
+(its alignment check on `out` is `LaunchSet.accepts`'s, and `prepare_fast` is `validate_once`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+try:
+    import triton
+except Exception:  # noqa: BLE001 - no triton: direct launches are off
+    triton = None
+
+HEAD = 9  # grid x3, stream, function, packed metadata, launch metadata, enter hook, exit hook
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+FAST_LAUNCH = os.environ.get("TPGUARD_FAST_LAUNCH", "1") != "0"  # 0: always Triton's launch
+FAILURES: dict[str, str] = {}  # kernel names -> why a direct set was refused (benchmarks print it)
+_VALIDATED: dict[str, bool] = {}  # compiled variant -> a direct run equal to Triton's (this process)
+# aten ops that do no GPU work (allocations, views): anything else in a captured run is refused
+_NO_WORK = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "view", "_unsafe_view",
+    "reshape", "split", "split_with_sizes", "slice", "select", "as_strided", "alias", "detach", "expand",
+    "t", "unsqueeze", "squeeze", "permute", "lift_fresh", "unbind", "narrow",
+})
+
+
+def enabled() -> bool:
+    return FAST_LAUNCH and not INTERPRET and triton is not None
+
+
+def current_stream() -> int:
+    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if getter is not None:
+        return getter(torch.cuda.current_device())
+    return torch.cuda.current_stream().cuda_stream
+
+
+def launch_hooks() -> tuple:
+    """Triton's current launch enter/exit hooks (3.4+: `triton.knobs.runtime`, HookChain objects
+    that are empty unless a profiler added a hook; older: CompiledKernel class attributes)."""
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if runtime is not None and hasattr(runtime, "launch_enter_hook"):
+        return runtime.launch_enter_hook, runtime.launch_exit_hook
+    from triton.compiler.compiler import CompiledKernel
+
+    return getattr(CompiledKernel, "launch_enter_hook", None), getattr(CompiledKernel, "launch_exit_hook", None)
+
+
+def hooks_idle(enter, exit_) -> bool:
+    """The recorded hooks are Triton's current ones and call nothing (None or an empty HookChain):
+    then the launch metadata recorded with them is never read and a direct launch is Triton's."""
+    try:
+        now = launch_hooks()
+    except Exception:  # noqa: BLE001
+        return False
+    return (enter is now[0] and exit_ is now[1]
+            and all(h is None or (hasattr(h, "calls") and not h.calls) for h in (enter, exit_)))
+
+
+def int_class(v: int) -> tuple:
+    """What Triton bakes into a kernel about an int argument (its specialisation)."""
+    return (v == 1, v % 16 == 0, -(1 << 31) <= v < (1 << 31))
+
+
+@dataclass
+class Captured:
+    kernel: object
+    grid: tuple
+    args: tuple
+    meta: dict
+    compiled: object
+
+
+class _TorchWork:
+    """Names of the aten ops run inside the window that may do GPU work (see _NO_WORK)."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        seen = self.seen = []
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = func.overloadpacket.__name__
+                if name not in _NO_WORK:
+                    seen.append(name)
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+
+
+@contextlib.contextmanager
+def capture_launches():
+    """Yields (launches, torch_ops): the Triton launches this thread makes inside the window
+    (`Captured`, in order) and the names of the torch ops that may do GPU work."""
+    from triton.runtime.jit import JITFunction
+
+    launches: list[Captured] = []
+    work = _TorchWork()
+    real = JITFunction.run
+    me = threading.get_ident()
+
+    def run(self, *args, grid, warmup, **kwargs):
+        compiled = real(self, *args, grid=grid, warmup=warmup, **kwargs)
+        if not warmup and threading.get_ident() == me:
+            launches.append(Captured(self, grid, args, dict(kwargs), compiled))
+        return compiled
+
+    JITFunction.run = run
+    try:
+        with work.mode:
+            yield launches, work.seen
+    finally:
+        JITFunction.run = real
+
+
+class DirectLaunch:
+    """One recorded launch: the launcher's argument template, with `slots` [(index, role)] that
+    each call fills from its role values."""
+
+    __slots__ = ("kernel", "grid", "args", "meta", "compiled", "run", "template", "slots", "refusal")
+
+    def __init__(self, kernel, grid: tuple, args: tuple, meta: dict, compiled=None):
+        self.kernel, self.grid, self.args, self.meta, self.compiled = kernel, grid, args, meta, compiled
+        self.run = self.template = None
+        self.slots: tuple = ()
+        self.refusal = ""
+
+    @property
+    def name(self) -> str:
+        return getattr(getattr(self.kernel, "fn", None), "__name__", None) or str(self.kernel)
+
+    @property
+    def variant(self) -> str:
+        return f"{self.name}:{getattr(self.compiled, 'hash', '')}"
+
+    def normal(self) -> None:
+        """Triton's own launch of the arguments given (sets the compiled kernel)."""
+        self.compiled = self.kernel[self.grid](*self.args, **self.meta)
+
+    def record(self, tensors: dict, scalars: dict, keep_args: bool = False) -> bool:
+        """Record the launcher's arguments (no GPU work; needs a launch before: `normal` or a
+        captured one). `tensors`: role -> the tensor passed (found by identity); `scalars`:
+        kernel parameter name -> (role, the value passed). True if the layout is recognised.
+        Without `keep_args` the Python arguments are dropped (no caller tensor kept alive;
+        `normal` is then unusable)."""
+        compiled = self.compiled
+        if compiled is None:
+            self.refusal = "no compiled kernel"
+            return False
+        attr = "_run" if isinstance(getattr(type(compiled), "run", None), property) else "run"
+        try:
+            real = compiled.run  # initialises the handles where that is lazy
+        except Exception as e:  # noqa: BLE001
+            self.refusal = f"compiled.run: {type(e).__name__}"
+            return False
+        if not callable(real) or getattr(compiled, attr, None) is not real:
+            self.refusal = f"{type(compiled).__name__}.{attr} is not the launcher"
+            return False
+        calls = []
+        setattr(compiled, attr, lambda *a: calls.append(a))
+        try:
+            self.kernel[self.grid](*self.args, **self.meta)
+        finally:
+            setattr(compiled, attr, real)
+        names = list(getattr(self.kernel, "signature").parameters)
+        grid = tuple(self.grid) + (1,) * (3 - len(self.grid))
+        tmpl = list(calls[0]) if len(calls) == 1 else []
+        if len(tmpl) != HEAD + len(names) or tuple(tmpl[:3]) != grid or tmpl[3] != current_stream() \
+                or not hooks_idle(tmpl[7], tmpl[8]):
+            self.refusal = (f"layout: {len(calls)} calls, {len(tmpl)} args for {len(names)} parameters, "
+                            f"grid {tuple(tmpl[:3])} vs {grid}")
+            return False
+        slots = []
+        for i in range(HEAD, len(tmpl)):
+            for role, t in tensors.items():
+                if tmpl[i] is t:
+                    slots.append((i, role))
+        for name, (role, value) in scalars.items():
+            if name in names:
+                i = HEAD + names.index(name)
+                if type(tmpl[i]) is not type(value) or tmpl[i] != value:
+                    self.refusal = f"parameter {name}: {tmpl[i]!r} where {value!r} was passed"
+                    return False
+                slots.append((i, role))
+        # a view of a role tensor passed in its place would stay the recorded one: refuse
+        role_storage = {t.untyped_storage().data_ptr() for t in tensors.values()}
+        taken = {i for i, _ in slots}
+        for i in range(HEAD, len(tmpl)):
+            if i not in taken and isinstance(tmpl[i], torch.Tensor) \
+                    and tmpl[i].untyped_storage().data_ptr() in role_storage:
+                self.refusal = f"argument {names[i - HEAD]} is a view of a substituted tensor"
+                return False
+        for i in taken:
+            tmpl[i] = None  # the recorded call's probs / out are not kept alive
+        if not keep_args:
+            self.args = None
+        self.run, self.template, self.slots = real, tmpl, tuple(slots)
+        return True
+
+    def launch(self, stream: int, values) -> None:
+        args = self.template.copy()
+        args[3] = stream
+        for i, role in self.slots:
+            args[i] = values[role]
+        self.run(*args)
+
+
+@dataclass
+class LaunchSet:
+    """The direct launches of one op call, recorded together. `values` (a call's roles, by
+    index) must match the recorded run's in what Triton specialises (`accepts`)."""
+
+    launches: list
+    tensor_roles: tuple = ()  # (role, ptr % 16 of the recorded tensor)
+    int_roles: tuple = ()  # (role, int_class of the recorded value)
+    hooks: tuple = field(default=(None, None))
+
+    @classmethod
+    def record(cls, captured: list, torch_ops: list, values, tensor_roles, scalar_names: dict):
+        """A set from a captured run (`capture_launches`), or a str saying why not.
+        `values`: the run's roles; `tensor_roles`: the roles that may be tensors (others are
+        skipped: a scalar is found by name, never by identity); `scalar_names`: kernel
+        parameter name -> role of a scalar."""
+        if torch_ops:
+            return f"torch ops with GPU work in the run: {sorted(set(torch_ops))}"
+        if not captured:
+            return "no launches"
+        tensors = {r: values[r] for r in tensor_roles if isinstance(values[r], torch.Tensor)}
+        launches = [DirectLaunch(c.kernel, c.grid, c.args, c.meta, c.compiled) for c in captured]
+        found = set()
+        scalars = {name: (r, values[r]) for name, r in scalar_names.items()}
+        for launch in launches:
+            if not launch.record(tensors, scalars):
+                return f"{launch.name}: {launch.refusal}"
+            found.update(role for _, role in launch.slots)
+        missing = (set(tensors) | set(scalar_names.values())) - found
+        if missing:
+            return f"roles {sorted(missing)} not found among the launchers' arguments"
+        ints = tuple((r, int_class(values[r])) for r in sorted(set(scalar_names.values()))
+                     if isinstance(values[r], int))
+        return cls(launches, tuple((r, t.data_ptr() % 16) for r, t in tensors.items()), ints,
+                   tuple(launches[0].template[7:9]))
+
+    def accepts(self, values) -> bool:
+        for r, align in self.tensor_roles:
+            if values[r].data_ptr() % 16 != align:
+                return False
+        for r, cls in self.int_roles:
+            if int_class(values[r]) != cls:
+                return False
+        return hooks_idle(*self.hooks)
+
+    def __call__(self, values) -> None:
+        stream = current_stream()
+        for launch in self.launches:
+            launch.launch(stream, values)
+
+    @property
+    def names(self) -> str:
+        return ",".join(launch.name for launch in self.launches)
+
+
+def validate_once(launches: LaunchSet, rerun) -> bool:
+    """True if every compiled variant of the set was checked before in this process, or
+    `rerun()` (a direct run compared with Triton's, bit for bit) says so now."""
+    variants = {launch.variant for launch in launches.launches}
+    if any(_VALIDATED.get(v) is False for v in variants):
+        FAILURES[launches.names] = "direct launch disagreed before"
+        return False
+    if all(_VALIDATED.get(v) for v in variants):
+        return True
+    try:
+        ok = bool(rerun())
+    except Exception as e:  # noqa: BLE001 - any failure: Triton's own launch, as before
+        FAILURES[launches.names] = f"{type(e).__name__}: {e}"[:300]
+        return False
+    for v in variants:
+        _VALIDATED[v] = _VALIDATED.get(v, True) and ok
+    if not ok:
+        FAILURES[launches.names] = "direct launch disagreed with Triton's"
+    return ok
+
+
+__all__ = ["Captured", "DirectLaunch", "FAILURES", "LaunchSet", "capture_launches", "current_stream", "enabled",
+           "hooks_idle", "int_class", "validate_once"]

@@ -1,0 +1,264 @@
+"""Cached per-call plans of the deterministic renorms (eager host time; kernels/NOTES.md, "Eager
+host time"; docs/kernels.md, "Call plans").
+
+An eager renorm call is 4-6 Triton launches into a scratch workspace. A plan, cached per
+(op, rows, vocab, RenormConfig, device, current stream, parameter kinds, fingerprint slot or
+not), owns that workspace (allocated once) and, on a GPU, from its second call on, the launches
+recorded once (kernels/direct_launch.py): a call then allocates `out` and calls ~6 launchers
+directly with probs, out, the parameters and the fingerprint slot substituted.
+
+* Same bits as a fresh workspace: every workspace buffer a kernel reads is written earlier in
+  the same call (renorm_passes.Workspace), so nothing is zeroed per call (tests poison it).
+* Never during CUDA graph capture: the call takes the fresh-workspace path (the graph's pool
+  keeps that alive), and no plan is made or recorded there.
+* Per stream: the key holds the current stream (two streams on one workspace would race); a
+  plan's workspace is allocated on its stream, so the caching allocator hands it back only to
+  work ordered after it.
+* Scalar parameters: a float is substituted per call; an int (top-k) is too, but Triton bakes
+  ``k == 1`` and ``k % 16 == 0`` into the kernel, so those (and ``k >= vocab``, which changes the
+  launches) are part of the key. Tensors must keep the recorded 16-byte alignment (Triton
+  specialises pointers on it), else that call takes Triton's launch with the plan's workspace.
+* Bounded: at most ``TPGUARD_RENORM_PLANS`` plans (default 4, 0 = no plans: today's path) and
+  ``TPGUARD_RENORM_PLAN_MB`` MiB of plan memory (default 256; a plan larger than that alone is
+  used for its one call and dropped), least recently used evicted first; `clear_plans()`.
+  ``TPGUARD_FAST_LAUNCH=0`` keeps the workspace cache but launches through Triton.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import fields
+
+import torch
+
+from tpguard.kernels import direct_launch as dl
+from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, RenormConfig, shapes_for, workspace_for
+
+MAX_PLANS = int(os.environ.get("TPGUARD_RENORM_PLANS", "4"))
+MAX_BYTES = int(float(os.environ.get("TPGUARD_RENORM_PLAN_MB", "256")) * (1 << 20))
+OPS = ("top_k", "top_p", "top_k_top_p", "min_p")
+# roles of a call's values (direct_launch.LaunchSet): the tensors and scalars a plan substitutes
+PROBS, OUT, K, P, FP = range(5)
+_PLANS: OrderedDict = OrderedDict()
+
+
+def _op_module(op: str):
+    if op == "top_p":
+        from tpguard.kernels import renorm_top_p as m
+    elif op == "min_p":
+        from tpguard.kernels import renorm_min_p as m
+    else:
+        from tpguard.kernels import renorm_top_k as m
+    return m
+
+
+def _run_op(op: str, probs, k, p, cfg, fp, ws):
+    m = _op_module(op)
+    if op == "top_p":
+        return m.top_p_renorm_triton(probs, p, cfg, fp, workspace=ws)
+    if op == "min_p":
+        return m.min_p_renorm_triton(probs, p, cfg, fp, workspace=ws)
+    if op == "top_k":
+        return m.top_k_renorm_triton(probs, k, cfg, fp, workspace=ws)
+    return m.top_k_top_p_renorm_triton(probs, k, p, cfg, fp, workspace=ws)
+
+
+def plan_allowed(capturing: bool) -> bool:
+    """The capture rule: a plan (cached workspace, recorded launches) is used only outside CUDA
+    graph capture, and only with plans switched on."""
+    return MAX_PLANS > 0 and not capturing
+
+
+def _capturing(probs: torch.Tensor) -> bool:
+    return probs.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _kind(value, vocab: int, integer: bool):
+    """What of a parameter the plan is keyed on: absent, a tensor's dtype, or for a scalar what
+    the launches depend on (an int's Triton specialisation and k >= vocab; nothing of a float)."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return value.dtype
+    if integer:
+        return ("int",) + dl.int_class(value) + (value >= vocab,)
+    return "float"
+
+
+def plan_key(op: str, probs: torch.Tensor, k, p, cfg: RenormConfig, fp) -> tuple:
+    rows, vocab = probs.shape
+    stream = dl.current_stream() if probs.is_cuda else None
+    return (op, rows, vocab, cfg, probs.device, stream, _kind(k, vocab, True), _kind(p, vocab, False),
+            fp is not None)
+
+
+def _storage_bytes(tensors, seen: set) -> int:
+    n = 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            if st.data_ptr() not in seen:
+                seen.add(st.data_ptr())
+                n += st.nbytes()
+    return n
+
+
+class RenormPlan:
+    """One cached call shape: its workspace and (GPU) its recorded launches."""
+
+    def __init__(self, op: str, rows: int, vocab: int, cfg: RenormConfig, device: torch.device, k, p,
+                 fp_present: bool):
+        self.op, self.cfg, self.device = op, cfg, device
+        s = shapes_for(rows, vocab, cfg)
+        self.ws = workspace_for(s, cfg, device, *_op_module(op).workspace_flags(vocab, k, p))
+        self._seen: set = set()
+        self.nbytes = _storage_bytes((getattr(self.ws, f.name) for f in fields(self.ws)), self._seen)
+        self.direct: dl.LaunchSet | None = None
+        # "untested": launches recorded at the second call; "on"; "off" (CPU, interpreter, refused)
+        self.state = "untested" if (dl.enabled() and device.type == "cuda") else "off"
+        self.refusal = ""
+        self.calls = 0
+        # a fingerprint slot with more rows than one finalize program hashes takes a torch copy
+        # after the launches (renorm_write_fp.launch_write_fp): Triton's launches there
+        if fp_present and self.state == "untested":
+            from tpguard.kernels import fingerprint as fpk
+
+            if rows > fpk.DEFAULT_CONFIG.finalize_rows:
+                self.state, self.refusal = "off", "fingerprint slot with rows > finalize_rows"
+
+    def __call__(self, probs, k, p, fp):
+        if self.state == "on":
+            values = [probs, torch.empty_like(probs), k, p, fp]
+            if self.direct.accepts(values):
+                self.direct(values)
+                return values[OUT]
+        elif self.state == "untested":
+            self.calls += 1
+            if self.calls >= 2:  # a plan used once (a passing shape) never pays for the set-up
+                return self._record(probs, k, p, fp)
+        return _run_op(self.op, probs, k, p, self.cfg, fp, self.ws)
+
+    def poison(self) -> None:
+        """Garbage in every workspace buffer (NaN floats, zero ints): a later call must not
+        depend on it (tests; the direct launches' one-time check)."""
+        for f in fields(self.ws):
+            t = getattr(self.ws, f.name)
+            if isinstance(t, torch.Tensor):
+                t.fill_(float("nan") if t.dtype.is_floating_point else 0)
+
+    def _record(self, probs, k, p, fp):
+        """Triton's launches (the caller's result), recorded; then, once per compiled variant per
+        process, a direct run from a poisoned workspace that must give the same bits."""
+        out = None
+        try:
+            with dl.capture_launches() as (captured, torch_ops):
+                out = _run_op(self.op, probs, k, p, self.cfg, fp, self.ws)
+            scalars = {}
+            if k is not None and not isinstance(k, torch.Tensor):
+                scalars["k_val"] = K
+            if p is not None and not isinstance(p, torch.Tensor):
+                scalars["mp_val" if self.op == "min_p" else "p_val"] = P
+            launches = dl.LaunchSet.record(captured, torch_ops, [probs, out, k, p, fp], (PROBS, OUT, K, P, FP),
+                                           scalars)
+        except Exception as e:  # noqa: BLE001 - the recording failed: Triton's launches, as before
+            launches = f"{type(e).__name__}: {e}"[:300]
+        captured = None
+        if isinstance(launches, str):
+            self.state, self.refusal = "off", launches
+            dl.FAILURES[f"renorm {self.op}"] = launches
+            return out if out is not None else _run_op(self.op, probs, k, p, self.cfg, fp, self.ws)
+
+        def rerun() -> bool:
+            self.poison()
+            direct = [probs, torch.full_like(out, float("nan")), k, p, _aligned_like(fp)]
+            if fp is not None:
+                direct[FP].copy_(fp).bitwise_not_()  # a finalize that wrote nothing shows
+            if not launches.accepts(direct):
+                raise RuntimeError("the check's own tensors are refused (alignment)")
+            launches(direct)
+            same = torch.equal(direct[OUT].view(torch.int32), out.view(torch.int32))
+            return same and (fp is None or torch.equal(direct[FP].view(1), fp.view(1)))
+
+        if dl.validate_once(launches, rerun):
+            self.direct, self.state = launches, "on"
+            self.nbytes += _storage_bytes((a for x in launches.launches for a in x.template), self._seen)
+        else:
+            self.state, self.refusal = "off", dl.FAILURES.get(launches.names, "validation failed")
+        return out
+
+
+def _aligned_like(t):
+    """A scratch tensor like `t` (1-element int64) at the same address mod 16, or None."""
+    if t is None:
+        return None
+    buf = torch.empty(t.numel() + 2, dtype=t.dtype, device=t.device)
+    for i in range(3):
+        if buf[i:].data_ptr() % 16 == t.data_ptr() % 16:
+            return buf[i:i + t.numel()].view(t.shape)
+    return buf[:t.numel()].view(t.shape)
+
+
+def _evict(newest) -> None:
+    """Least recently used plans out until the limits hold; a plan over the byte cap alone goes."""
+    if newest.nbytes > MAX_BYTES:
+        for key, plan in list(_PLANS.items()):
+            if plan is newest:
+                del _PLANS[key]
+    total = sum(plan.nbytes for plan in _PLANS.values())
+    while _PLANS and (len(_PLANS) > MAX_PLANS or total > MAX_BYTES):
+        _, plan = _PLANS.popitem(last=False)
+        total -= plan.nbytes
+
+
+def _scalars(probs: torch.Tensor, top_k, top_p) -> tuple:
+    """Scalar parameters as the kernels get them: k clamped to [1, vocab], p a float."""
+    if top_k is not None and not isinstance(top_k, torch.Tensor):
+        top_k = int(min(max(int(top_k), 1), probs.shape[1]))
+    if top_p is not None and not isinstance(top_p, torch.Tensor):
+        top_p = float(top_p)
+    return top_k, top_p
+
+
+def run(op: str, probs: torch.Tensor, top_k=None, top_p=None, config: RenormConfig | None = None,
+        fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
+    """The Triton renorm `op` (one of OPS) through its cached plan; the fresh-workspace path
+    during CUDA graph capture, with plans off, and for empty batches. `top_k`: an int (clamped
+    to [1, vocab]) or an int32 [rows] tensor; `top_p` (also min-p's parameter): a float or a
+    float32 [rows] tensor; both on probs' device (renorm.py prepares them)."""
+    cfg = config or DEFAULT_CONFIG
+    rows, vocab = probs.shape
+    if rows == 0 or not plan_allowed(_capturing(probs)):
+        return _run_op(op, probs, top_k, top_p, cfg, fingerprint_out, None)
+    top_k, top_p = _scalars(probs, top_k, top_p)
+    key = plan_key(op, probs, top_k, top_p, cfg, fingerprint_out)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = RenormPlan(op, rows, vocab, cfg, probs.device, top_k, top_p, fingerprint_out is not None)
+        _PLANS[key] = plan
+        nbytes = -1
+    else:
+        _PLANS.move_to_end(key)
+        nbytes = plan.nbytes
+    out = plan(probs, top_k, top_p, fingerprint_out)
+    if plan.nbytes != nbytes:  # a new plan, or one that just recorded its launches
+        _evict(plan)
+    return out
+
+
+def clear_plans() -> None:
+    """Drop every cached plan (their workspaces go back to torch's caching allocator)."""
+    _PLANS.clear()
+
+
+def plans() -> list:
+    """(key, plan) of the cached plans, least recently used first (benchmarks, tests)."""
+    return list(_PLANS.items())
+
+
+def plan_bytes() -> int:
+    return sum(plan.nbytes for plan in _PLANS.values())
+
+
+__all__ = ["MAX_BYTES", "MAX_PLANS", "OPS", "RenormPlan", "clear_plans", "plan_allowed", "plan_bytes",
+           "plan_key", "plans", "run"]

@@ -1,0 +1,221 @@
+"""Renorm call plans (kernels/renorm_plan.py): a cached workspace (and, on a GPU, recorded direct
+launches, kernels/direct_launch.py) gives the bits of today's fresh-workspace path, with the
+parameters of each call, keyed and bounded as documented.
+
+On CPU the kernels run under the Triton interpreter, where direct launches are off: these tests
+check the workspace reuse and the keys; the direct launches are checked where CUDA is present
+(test_direct_launches_on_gpu) and by ``python -m tpguard.bench.renorm_host --gpu``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tpguard.kernels import direct_launch as dl  # noqa: E402
+from tpguard.kernels import renorm_plan as rp  # noqa: E402
+from tpguard.kernels.renorm_passes import RenormConfig  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+DEVICE = "cuda" if (not INTERPRET and torch.cuda.is_available()) else "cpu"
+if DEVICE == "cpu" and not INTERPRET:
+    pytest.skip("Triton needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
+
+SMALL = RenormConfig(chunk=256, sub=256, reg=128, bracket_reg=256, tau_groups=4, min_p_groups=8, list_cap=64,
+                     cap_per_chunk=64, select_warps=4, bracket_warps=4, pass_warps=4, compact_sub=128)
+VOCAB = 700
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans(monkeypatch, request):
+    # on a GPU every block shape is a compile: only the direct-launch test runs there unless
+    # TPGUARD_RENORM_GPU_TESTS=all (as in test_renorm_kernels.py)
+    if DEVICE == "cuda" and os.environ.get("TPGUARD_RENORM_GPU_TESTS", "").strip().lower() != "all" \
+            and request.node.name != "test_direct_launches_on_gpu":
+        pytest.skip("GPU: direct-launch test only (TPGUARD_RENORM_GPU_TESTS=all runs every test)")
+    monkeypatch.setattr(rp, "MAX_PLANS", 4)
+    monkeypatch.setattr(rp, "MAX_BYTES", 256 << 20)
+    rp.clear_plans()
+    yield
+    rp.clear_plans()
+
+
+def batch(seed: int = 0) -> torch.Tensor:
+    """Flat rows (bracket passes), a peaky row (gather path) and a NaN row."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(4, VOCAB, generator=g, dtype=torch.float64) * torch.tensor([[1.0], [1.0], [5.0], [1.0]])
+    x = torch.softmax(logits, -1).float()
+    x[3, 7] = float("nan")
+    return x.to(DEVICE)
+
+
+def params(op: str, tensor: bool, k: int = 40, p: float = 0.9):
+    """(top_k, top_p) as run() takes them: scalars, or [rows] tensors on the device."""
+    rows = 4
+    kk = (torch.tensor([k, 3, k, VOCAB], dtype=torch.int32, device=DEVICE) if tensor else k) \
+        if op in ("top_k", "top_k_top_p") else None
+    pv = p if op != "min_p" else p / 9
+    pp = (torch.tensor([pv, pv / 2, pv, 1.0][:rows], dtype=torch.float32, device=DEVICE) if tensor else pv) \
+        if op != "top_k" else None
+    return kk, pp
+
+
+def fresh(op, x, k, p, fp=None):
+    """Today's path: a fresh workspace, Triton's launches."""
+    return rp._run_op(op, x, k, p, SMALL, fp, None)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32) if t.dtype == torch.float32 else t
+
+
+def slot():
+    return torch.zeros((), dtype=torch.int64, device=DEVICE)
+
+
+@pytest.mark.parametrize("op", rp.OPS)
+@pytest.mark.parametrize("tensor, with_fp", [(False, False), (True, True)], ids=["scalar", "tensor-fp"])
+def test_plan_gives_the_fresh_path_bits(op, tensor, with_fp):
+    x = batch()
+    k, p = params(op, tensor)
+    fp_fresh, fp_plan = (slot(), slot()) if with_fp else (None, None)
+    expect = fresh(op, x, k, p, fp_fresh)
+    for i in range(3):  # new plan, reused, reused after garbage in every workspace buffer
+        if i == 2:
+            rp.plans()[-1][1].poison()
+        out = rp.run(op, x, k, p, SMALL, fp_plan)
+        assert torch.equal(bits(out), bits(expect)), (op, i)
+        if with_fp:
+            assert int(fp_plan) == int(fp_fresh), (op, i)
+        assert out.data_ptr() != expect.data_ptr()
+    assert len(rp.plans()) == 1
+
+
+@pytest.mark.parametrize("op", rp.OPS)
+def test_new_parameters_on_the_same_plan(op):
+    x = batch(1)
+    for k_val, p_val in ((40, 0.9), (7, 0.5)):  # 40 and 7: the same int specialisation
+        k, p = params(op, False, k_val, p_val)
+        out = rp.run(op, x, k, p, SMALL)
+        assert torch.equal(bits(out), bits(fresh(op, x, k, p))), (op, k_val, p_val)
+    # the same tensor objects refilled in place between calls: read again, not remembered
+    k, p = params(op, True)
+    rp.run(op, x, k, p, SMALL)
+    if p is not None:
+        p.fill_(0.2 if op != "min_p" else 0.02)
+    if k is not None:
+        k.fill_(5)
+    assert torch.equal(bits(rp.run(op, x, k, p, SMALL)), bits(fresh(op, x, k, p)))
+    assert len(rp.plans()) == 2, [key for key, _ in rp.plans()]  # one per parameter kind
+
+
+def test_keys_separate_what_the_launches_depend_on():
+    x = batch()
+    k40, p = params("top_k_top_p", False)
+    cases = [
+        ("top_k_top_p", x, 40, 0.9, SMALL, None),
+        ("top_k_top_p", x, 32, 0.9, SMALL, None),  # k % 16 == 0: another Triton specialisation
+        ("top_k_top_p", x, 1, 0.9, SMALL, None),  # k == 1: a constant in the kernel
+        ("top_k_top_p", x, VOCAB, 0.9, SMALL, None),  # k >= vocab: the bracket passes run
+        ("top_k_top_p", x, *params("top_k_top_p", True), SMALL, None),  # tensor parameters
+        ("top_k_top_p", x, 40, 0.9, SMALL, slot()),  # fingerprint slot
+        ("top_k_top_p", x, 40, 0.9, SMALL.replace(z=4.0), None),  # config
+        ("top_k_top_p", x[:2], 40, 0.9, SMALL, None),  # rows
+        ("top_k_top_p", x[:, :600].contiguous(), 40, 0.9, SMALL, None),  # vocab
+        ("top_p", x, None, 0.9, SMALL, None),  # op
+    ]
+    keys = {rp.plan_key(op, xx, *rp._scalars(xx, k, pp), cfg, fp) for op, xx, k, pp, cfg, fp in cases}
+    assert len(keys) == len(cases)
+    # what the launches do not depend on shares a plan: a float's value, an int of the same class
+    assert rp.plan_key("top_k_top_p", x, 40, 0.9, SMALL, None) == rp.plan_key("top_k_top_p", x, 7, 0.1, SMALL, None)
+    # and each of those cases gives its fresh-path bits through its plan
+    for op, xx, k, pp, cfg, fp in (cases[1], cases[3]):
+        assert torch.equal(bits(rp.run(op, xx, k, pp, cfg, fp)), bits(rp._run_op(op, xx, k, pp, cfg, None, None)))
+    assert len(rp.plans()) == 2
+
+
+def test_lru_and_byte_cap(monkeypatch):
+    x = batch()
+    monkeypatch.setattr(rp, "MAX_PLANS", 2)
+    for rows in (1, 2, 3):
+        rp.run("top_k", x[:rows], 40, None, SMALL)
+    assert [key[1] for key, _ in rp.plans()] == [2, 3]  # rows 1 evicted
+    rp.run("top_k", x[:2], 40, None, SMALL)  # used: now the most recent
+    rp.run("top_k", x[:4], 40, None, SMALL)
+    assert [key[1] for key, _ in rp.plans()] == [2, 4]
+    one = rp.plans()[-1][1].nbytes
+    monkeypatch.setattr(rp, "MAX_BYTES", one)  # room for one such plan
+    rp.run("top_k", x[:3], 40, None, SMALL)
+    assert [key[1] for key, _ in rp.plans()] == [3] and rp.plan_bytes() <= one
+    out = rp.run("top_p", x, None, 0.9, SMALL)  # larger than the cap alone: used once, not kept
+    assert torch.equal(bits(out), bits(fresh("top_p", x, None, 0.9)))
+    assert [key[1] for key, _ in rp.plans()] == [3]
+    rp.clear_plans()
+    assert rp.plans() == [] and rp.plan_bytes() == 0
+    monkeypatch.setattr(rp, "MAX_PLANS", 0)  # switched off: today's path, nothing cached
+    assert torch.equal(bits(rp.run("top_k", x, 40, None, SMALL)), bits(fresh("top_k", x, 40, None)))
+    assert rp.plans() == []
+
+
+def test_capture_rule(monkeypatch):
+    assert rp.plan_allowed(capturing=False)
+    assert not rp.plan_allowed(capturing=True)
+    monkeypatch.setattr(rp, "MAX_PLANS", 0)
+    assert not rp.plan_allowed(capturing=False)
+
+
+def test_ops_do_no_other_torch_work(monkeypatch):
+    # direct launches replay only Triton launches: an op that also ran a torch kernel per call
+    # (a fill_, a copy_) would lose it, so the recording refuses such a run. Here the op's host
+    # code alone, with the interpreter's launches stubbed (as tpguard.bench.renorm_host does).
+    import triton.runtime.interpreter as interp
+
+    if not INTERPRET:
+        pytest.skip("stubs the interpreter's launches")
+    monkeypatch.setattr(interp.InterpretedFunction, "__getitem__", lambda self, grid: (lambda *a, **k: None))
+    x = batch()
+    for op in rp.OPS:
+        for tensor, fp in ((False, None), (True, slot())):
+            k, p = params(op, tensor)
+            rp.run(op, x, k, p, SMALL, fp)
+            ws = rp.plans()[-1][1].ws
+            work = dl._TorchWork()
+            with work.mode:
+                rp._run_op(op, x, k, p, SMALL, fp, ws)
+            assert work.seen == [], (op, tensor, work.seen)
+
+
+def test_int_class_is_tritons_specialisation():
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    seen = {}
+    for v in (1, 2, 7, 16, 32, 40, 163840, 2 ** 31 - 1, 2 ** 31):
+        spec = native_specialize_impl(BaseBackend, v, False, True, True)
+        seen.setdefault(dl.int_class(v), set()).add(spec)
+    assert all(len(specs) == 1 for specs in seen.values()), seen
+
+
+@pytest.mark.skipif(DEVICE != "cuda" or not dl.enabled(), reason="direct launches need CUDA")
+def test_direct_launches_on_gpu():
+    x = batch()
+    for op in rp.OPS:
+        for tensor, fp in ((False, None), (True, slot())):
+            k, p = params(op, tensor)
+            fp_fresh = slot() if fp is not None else None
+            expect = fresh(op, x, k, p, fp_fresh)
+            for _ in range(3):
+                out = rp.run(op, x, k, p, SMALL, fp)
+                assert torch.equal(bits(out), bits(expect)), op
+                if fp is not None:
+                    assert int(fp) == int(fp_fresh)
+            plan = rp.plans()[-1][1]
+            assert plan.state == "on", (op, plan.refusal)
+            k2, p2 = params(op, tensor, 7, 0.5)
+            assert torch.equal(bits(rp.run(op, x, k2, p2, SMALL)), bits(fresh(op, x, k2, p2)))
