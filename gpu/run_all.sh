@@ -22,6 +22,7 @@
 #   call12       session 4's last: the table alone, then every GPU kernel test next to the fingerprint/graph tests
 #   call13       session 5: fingerprint tpguard.fp/2: compiled tests, bench, guard on 1 GPU and over NCCL
 #   call14       session 5: the fp/2 fingerprint sweep (tiles and waves), the compiled fingerprint tests
+#   call15       session 5: compiled fingerprint tests; renorm call plans (tests, host time); fingerprint sweep
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
@@ -173,6 +174,14 @@ hostprof() {  # where an eager small-batch renorm call spends its host time
   say "renorm host profile rc=$? $(grep '^host time' $d/log.txt | sed 's/host time per eager call, //' | tr '\n' ' ')"
 }
 
+plans() {  # the renorm call plans (cached workspace + direct launches): their GPU tests, host time per eager call
+  local d=/tmp/res/plans; mkdir -p $d
+  timeout ${PL_PYTEST:-150} python3 -m pytest -q -p no:cacheprovider tests/test_renorm_plan.py > $d/pytest.log 2>&1
+  say "renorm plan pytest rc=$? $(tail -1 $d/pytest.log)"
+  timeout ${PL_BENCH:-150} python3 -m tpguard.bench.renorm_host --gpu --batch-sizes ${PL_BATCHES:-1,8,64,256} > $d/host.log 2>&1
+  say "renorm host time rc=$? $(grep -iE 'bits|refus' $d/host.log | head -3 | tr '\n' ' ')"
+}
+
 on_gpu() { local g=$1; shift; ( export CUDA_VISIBLE_DEVICES=$g; "$@" ); }
 
 PHASES=${PHASES:-call1}
@@ -285,6 +294,15 @@ case "$PHASES" in
     # fingerprint tests (the GPU check with today's KernelConfig fields)
     ( export FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=200 FP_BENCH_ARGS="--shapes main --sweep --sweep-budget 120"
       fingerprint ); ( FP_NO_BENCH=1 FP_PYTEST=150 fingerprint )
+    ;;
+  call15)
+    # session 5 (~330 s on nvidia-h200-x2, TAR_AT=560): GPU 0 the compiled fingerprint/graph/heal tests (fp/2,
+    # fused_finalize, the shared direct-launch helpers); GPU 1 the renorm call plans (tests, host time), then
+    # the fingerprint sweep (fused_finalize)
+    ( export FP_NO_BENCH=1 FP_PYTEST=300; on_gpu 0 fingerprint ) & P1=$!
+    ( on_gpu $G2 plans; export FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=120 FP_BENCH_ARGS="--shapes main --sweep --sweep-budget 60"
+      on_gpu $G2 fingerprint ) & P2=$!
+    wait $P1 $P2
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done

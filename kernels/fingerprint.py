@@ -61,6 +61,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+# shared with the renorm call plans' direct launches (kernels/direct_launch.py)
+from tpguard.kernels.direct_launch import current_stream, hooks_idle
+
 # The module, not the `tpguard.fingerprint` function that tpguard/__init__ re-exports.
 ref = importlib.import_module("tpguard.fingerprint")
 
@@ -757,7 +760,7 @@ def _finish_counters(device: torch.device, n: int) -> torch.Tensor:
     (the graph's pool owns them; its memset node zeroes them at every replay)."""
     if torch.cuda.is_available() and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return torch.zeros(n, dtype=torch.int32, device=device)
-    key = (str(device), _current_stream() if device.type == "cuda" else 0)
+    key = (str(device), current_stream() if device.type == "cuda" else 0)
     counters = _COUNTERS.get(key)
     if counters is None or counters.numel() < n:
         counters = _COUNTERS[key] = torch.zeros(max(n, 64), dtype=torch.int32, device=device)
@@ -863,9 +866,9 @@ class _Launch:
 
     def fast(self, out=None) -> None:
         args = self._template.copy()
-        if not _hooks_idle(args[7], args[8]):  # a profiler hooked launches since: Triton's path
+        if not hooks_idle(args[7], args[8]):  # a profiler hooked launches since: Triton's path
             return self.normal(out)
-        args[3] = _current_stream()
+        args[3] = current_stream()
         for i in self._out_slots:
             args[i] = out
         self._run(*args)
@@ -903,10 +906,10 @@ class _Launch:
             return False
         tmpl = list(calls[0])
         grid = tuple(self.grid) + (1,) * (3 - len(self.grid))
-        if len(tmpl) < 9 or tuple(tmpl[:3]) != grid or tmpl[3] != _current_stream() \
-                or not _hooks_idle(tmpl[7], tmpl[8]):
+        if len(tmpl) < 9 or tuple(tmpl[:3]) != grid or tmpl[3] != current_stream() \
+                or not hooks_idle(tmpl[7], tmpl[8]):
             self.refusal = (f"layout: {len(tmpl)} args, grid {tuple(tmpl[:3])} vs {grid}, stream "
-                            f"{tmpl[3] if len(tmpl) > 3 else None} vs {_current_stream()}, metadata/hooks "
+                            f"{tmpl[3] if len(tmpl) > 3 else None} vs {current_stream()}, metadata/hooks "
                             f"{[type(x).__name__ for x in tmpl[6:9]]}")
             return False
         slots = tuple(i for i in range(9, len(tmpl)) if out is not None and tmpl[i] is out)
@@ -919,29 +922,6 @@ class _Launch:
 
     def forget(self) -> None:
         self._run, self._template, self._out_slots, self._out_align = None, None, (), 0
-
-
-def _launch_hooks() -> tuple:
-    """Triton's current launch enter/exit hooks (3.4+: `triton.knobs.runtime`, HookChain objects
-    that are empty unless a profiler added a hook; older: CompiledKernel class attributes)."""
-    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-    if runtime is not None and hasattr(runtime, "launch_enter_hook"):
-        return runtime.launch_enter_hook, runtime.launch_exit_hook
-    from triton.compiler.compiler import CompiledKernel
-
-    return getattr(CompiledKernel, "launch_enter_hook", None), getattr(CompiledKernel, "launch_exit_hook", None)
-
-
-def _hooks_idle(enter, exit_) -> bool:
-    """The recorded hooks are Triton's current ones and call nothing (None, or an empty
-    HookChain): then the launch metadata recorded with them is never read and a direct launch is
-    exactly Triton's."""
-    try:
-        now = _launch_hooks()
-    except Exception:  # noqa: BLE001
-        return False
-    return (enter is now[0] and exit_ is now[1]
-            and all(h is None or (hasattr(h, "calls") and not h.calls) for h in (enter, exit_)))
 
 
 _FAST_VALIDATED: dict[str, bool] = {}  # compiled variant -> direct launch equal to Triton's (process)
@@ -977,13 +957,6 @@ def prepare_fast(launches: list[_Launch], out, rerun) -> bool:
         for launch in launches:
             launch.forget()
         return False
-
-
-def _current_stream() -> int:
-    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if getter is not None:
-        return getter(torch.cuda.current_device())
-    return torch.cuda.current_stream().cuda_stream
 
 
 FAST_LAUNCH = os.environ.get("TPGUARD_FAST_LAUNCH", "1") != "0"  # 0: always Triton's launch
