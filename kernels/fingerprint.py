@@ -135,10 +135,6 @@ class KernelConfig:
     # configs where the table kernel needs more registers: 163 vs 127 at [8, 1024] x 8 warps)
     many_long: str = "table"
     maxnreg: int | None = 128  # register cap for the long-row lane launches (None: compiler's)
-    # One tensor over several chunks: finalize inside the lane launch (the last program of each row
-    # block to finish, then the last block for the top hash; integer atomics only as tickets) instead
-    # of a second launch. kernels/NOTES-fingerprint.md, section 7.
-    fused_finalize: bool = False
 
     def __post_init__(self):
         if self.many_long not in ("table", "rows"):
@@ -337,16 +333,9 @@ if triton is not None:
                      n_rows, n_words, row_stride,
                      s_lo, s_hi, t_lo, t_hi,
                      MODE: tl.constexpr, EB: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
-                     CHUNK_TILES: tl.constexpr, SHIFTS: tl.constexpr,
-                     count_ptr=None, FBC: tl.constexpr = 1, TOP_BR: tl.constexpr = 0):
+                     CHUNK_TILES: tl.constexpr, SHIFTS: tl.constexpr):
         """MODE 0: partial lane sums [chunks, rows, 2]; 1: row fingerprints; 2: row fingerprints
-        and the top hash (a single program holds all rows).
-        MODE 0 with `count_ptr` (int32 [row blocks + 1], zero; `KernelConfig.fused_finalize`): the
-        finalize in the same launch. The last program of a row block to finish (a ticket from an
-        integer atomic) turns the block's partials into its row fingerprints; with TOP_BR > 0 the
-        last row block to finish then hashes all row fingerprints (<= TOP_BR of them) into the top
-        hash. Each finisher puts its counter back to 0. Sums and order are the separate
-        finalize's, so the bits are too; only which program does the work varies."""
+        and the top hash (a single program holds all rows)."""
         rb = tl.program_id(0)
         c = tl.program_id(1)
         s_lo = s_lo.to(tl.uint32)
@@ -358,9 +347,6 @@ if triton is not None:
         l1, l2 = _tile_lane_sums(ptrs, pos, width // BN, width % BN, EB, BR, BN, SHIFTS)
         if MODE == 0:
             _store_partials(partial_ptr, c, n_rows, rows, row_ok, l1, l2)
-            if count_ptr is not None:
-                _finish_in_place(partial_ptr, rows_out_ptr, top_ptr, count_ptr, rb, n_rows, rows, row_ok,
-                                 s_lo, s_hi, t_lo, t_hi, BR, FBC, TOP_BR)
         else:
             fp = _row_fp(l1, l2, _seed64(s_lo, s_hi))
             tl.store(rows_out_ptr + rows, fp.to(tl.int64, bitcast=True), mask=row_ok)
@@ -384,30 +370,6 @@ if triton is not None:
             l1 += tl.sum(tl.load(p, mask=m, other=0).to(tl.uint64, bitcast=True), axis=1)
             l2 += tl.sum(tl.load(p + 1, mask=m, other=0).to(tl.uint64, bitcast=True), axis=1)
         return l1, l2
-
-    @triton.jit
-    def _finish_in_place(partial_ptr, rows_out_ptr, top_ptr, count_ptr, rb, n_rows, rows, row_ok,
-                         s_lo, s_hi, t_lo, t_hi, BR: tl.constexpr, FBC: tl.constexpr, TOP_BR: tl.constexpr):
-        """`_rows_kernel`'s fused finalize (see there). The pattern of Triton's stream-K example:
-        stores, a CTA barrier, then an acq_rel atomic at GPU scope publishes them."""
-        n_chunks = tl.num_programs(1)
-        tl.debug_barrier()
-        if tl.atomic_add(count_ptr + rb, 1) == n_chunks - 1:
-            tl.atomic_xchg(count_ptr + rb, 0)
-            l1, l2 = _partial_sums(partial_ptr, rows, row_ok, n_rows, n_chunks, BR, FBC)
-            fp = _row_fp(l1, l2, _seed64(s_lo, s_hi))
-            tl.store(rows_out_ptr + rows, fp.to(tl.int64, bitcast=True), mask=row_ok)
-            if TOP_BR > 0:
-                n_blocks = tl.num_programs(0)
-                tl.debug_barrier()
-                if tl.atomic_add(count_ptr + n_blocks, 1) == n_blocks - 1:
-                    tl.atomic_xchg(count_ptr + n_blocks, 0)
-                    all_rows = tl.arange(0, TOP_BR)
-                    all_ok = all_rows < n_rows
-                    fps = tl.load(rows_out_ptr + all_rows, mask=all_ok, other=0).to(tl.uint64, bitcast=True)
-                    t1, t2 = _top_lane_sums(fps, all_rows, all_ok, t_lo.to(tl.uint32))
-                    top = _row_fp(t1, t2, _seed64(t_lo.to(tl.uint32), t_hi.to(tl.uint32)))
-                    tl.store(top_ptr, top.to(tl.int64, bitcast=True))
 
     @triton.jit(do_not_specialize=["s_lo", "s_hi", "t_lo", "t_hi"])
     def _finalize_kernel(partial_ptr, rows_out_ptr, top_ptr, n_rows, n_chunks,
@@ -732,14 +694,6 @@ def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
                                       w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=mode, **meta)
         return rows_out, (top if mode == 2 else None)
     partial = torch.empty((chunks, w.rows, 2), dtype=torch.int64, device=device)
-    if cfg.fused_finalize:
-        fuse_top = want_top and w.rows <= cfg.finalize_rows
-        _rows_kernel[(row_blocks, chunks)](w.data, rows_out, partial, top_arg, w.rows, w.n_words,
-                                           w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=0, **meta,
-                                           count_ptr=_finish_counters(device, row_blocks + 1),
-                                           FBC=_finalize_chunks(br, chunks),
-                                           TOP_BR=_next_pow2(w.rows) if fuse_top else 0)
-        return rows_out, (top if fuse_top else None)
     _rows_kernel[(row_blocks, chunks)](w.data, rows_out, partial, top_arg, w.rows, w.n_words,
                                        w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=0, **meta)
     fuse_top = want_top and w.rows <= cfg.finalize_rows
@@ -749,22 +703,6 @@ def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
                                            s_lo, s_hi, t_lo, t_hi, TOP=fuse_top, BR=fbr, BC=fbc,
                                            num_warps=_warps(fbr * fbc, cfg))
     return rows_out, (top if fuse_top else None)
-
-
-_COUNTERS: dict = {}  # (device, stream) -> int32 zeros; every fused launch leaves them at zero
-
-
-def _finish_counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 [>= n] ticket counters for `fused_finalize`: one set per (device, stream), as
-    two streams' launches at once would share tickets. While a CUDA graph is captured: fresh ones
-    (the graph's pool owns them; its memset node zeroes them at every replay)."""
-    if torch.cuda.is_available() and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.zeros(n, dtype=torch.int32, device=device)
-    key = (str(device), current_stream() if device.type == "cuda" else 0)
-    counters = _COUNTERS.get(key)
-    if counters is None or counters.numel() < n:
-        counters = _COUNTERS[key] = torch.zeros(max(n, 64), dtype=torch.int32, device=device)
-    return counters
 
 
 def _finalize_chunks(rows_per_program: int, chunks: int) -> int:

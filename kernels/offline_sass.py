@@ -145,9 +145,6 @@ def fingerprint_knobs(overrides: list[str]) -> None:
         br, bn, chunk_tiles, _ = k._tile(256, 163840, cfg)
         warps = k._warps(br * bn, cfg)
         const = dict(MODE=0, EB=4, BR=br, BN=bn, CHUNK_TILES=chunk_tiles, SHIFTS=cfg.shifts)
-        if cfg.fused_finalize:  # the ticket counters and the in-launch finalize (TOP_BR: 256 rows)
-            sig = dict(sig, count_ptr="*i32")
-            const.update(FBC=k._finalize_chunks(br, 163840 // cfg.chunk_words), TOP_BR=256)
         res, sass, _, shared = compile_kernel(k._rows_kernel, sig, const, [0, 1, 2, 3, 5, 6], warps,
                                                   cfg.maxnreg, "knobs")
         regs = int(re.search(r"REG:(\d+)", res).group(1))

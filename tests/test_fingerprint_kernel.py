@@ -2,7 +2,6 @@
 on CPU tensors under the Triton interpreter: dtypes, shapes, row lengths around the tile size,
 chunked rows, strided views, fingerprint_many, and the hash's properties."""
 
-import dataclasses
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit runs: kernels pick it at decoration
@@ -102,20 +101,6 @@ def test_configs_agree():
                 kfp.KernelConfig(shifts=1), CHUNKY,
                 kfp.KernelConfig(block_words=128, chunk_words=1024, num_warps=2, finalize_rows=4, shifts=3)]:
         assert (top_value(x, cfg), top_value(y, cfg)) == want
-
-
-def test_fused_finalize_same_bits_and_counters_back_at_zero():
-    """`fused_finalize`: the last program of each row block (then the last block) finalizes in the
-    lane launch; same bits as the separate finalize, every ticket counter back at 0 afterwards
-    (a second call must work), rows above finalize_rows leave the top hash to the second pass."""
-    fused = dataclasses.replace(CHUNKY, fused_finalize=True)
-    for shape, dtype in [((20, 3000), torch.float32), ((3, 5000), torch.bfloat16), ((17, 1100), torch.int64),
-                         ((40, 1500), torch.float32)]:  # 40 rows > finalize_rows 16: no fused top hash
-        t = make(shape, dtype)
-        for _ in range(2):
-            assert_matches(t, fused)
-        assert not any(int(c.abs().sum()) for c in kfp._COUNTERS.values())
-    assert_matches(make((5, 700), torch.float32), fused)  # one chunk: the one-launch path as before
 
 
 def test_one_ulp_permutation_dtype_and_shape_change_the_value():

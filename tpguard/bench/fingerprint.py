@@ -156,8 +156,6 @@ SWEEP_CONFIGS = [
     # around run 14's best (offline registers: 38 -> 12 CTAs/SM; 64 -> 8; 64 -> 8; 80 -> 3)
     "block_words=1024,maxnreg=none", "block_words=2048,maxnreg=none,rows_per_tile=16",
     "block_words=2048,maxnreg=none,chunk_words=16384", "block_words=4096,maxnreg=none,num_warps=8",
-    # the finalize inside the lane launch (run 15's best tiles; NOTES-fingerprint.md section 7)
-    "block_words=2048,maxnreg=none,fused_finalize=1", "block_words=4096,maxnreg=none,num_warps=8,fused_finalize=1",
 ]
 # fingerprint_many's long rows (the guard's full set: 2 x 168 MB): on top of each base config
 MANY_VARIANTS = [dict(many_long="table"), dict(many_long="table", maxnreg=128),
