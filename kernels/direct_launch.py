@@ -26,11 +26,8 @@ kernel up on every call (tens of us per launch). Here:
 
 Off under the interpreter and with ``TPGUARD_FAST_LAUNCH=0`` (the switch fingerprint.py reads).
 
-fingerprint.py could import `DirectLaunch`, `validate_once`, `hooks_idle`, `launch_hooks`,
-`current_stream`, `enabled` (and FAST_LAUNCH) from here in place of its own copies: its
-`_Launch(kernel, grid, args, meta, out_pos)` is ``DirectLaunch(kernel, grid, args, meta)`` with
-`normal()`, then ``record({0: out}, {}, keep_args=True)`` and ``launch(current_stream(), [out])``
-(its alignment check on `out` is `LaunchSet.accepts`'s, and `prepare_fast` is `validate_once`).
+fingerprint.py's `_Launch` (the fingerprint plans, the guard's comparison, the heal copies) is a
+`DirectLaunch` with one substituted tensor, `out`.
 """
 
 from __future__ import annotations
@@ -174,10 +171,11 @@ class DirectLaunch:
         """Triton's own launch of the arguments given (sets the compiled kernel)."""
         self.compiled = self.kernel[self.grid](*self.args, **self.meta)
 
-    def record(self, tensors: dict, scalars: dict, keep_args: bool = False) -> bool:
+    def record(self, tensors: dict, scalars: dict, keep_args: bool = False, args: tuple | None = None) -> bool:
         """Record the launcher's arguments (no GPU work; needs a launch before: `normal` or a
         captured one). `tensors`: role -> the tensor passed (found by identity); `scalars`:
         kernel parameter name -> (role, the value passed). True if the layout is recognised.
+        `args`: the Python arguments to record with (default: the ones given at construction).
         Without `keep_args` the Python arguments are dropped (no caller tensor kept alive;
         `normal` is then unusable)."""
         compiled = self.compiled
@@ -196,7 +194,7 @@ class DirectLaunch:
         calls = []
         setattr(compiled, attr, lambda *a: calls.append(a))
         try:
-            self.kernel[self.grid](*self.args, **self.meta)
+            self.kernel[self.grid](*(self.args if args is None else args), **self.meta)
         finally:
             setattr(compiled, attr, real)
         names = list(getattr(self.kernel, "signature").parameters)

@@ -62,7 +62,7 @@ import numpy as np
 import torch
 
 # shared with the renorm call plans' direct launches (kernels/direct_launch.py)
-from tpguard.kernels.direct_launch import current_stream, hooks_idle
+from tpguard.kernels.direct_launch import DirectLaunch, current_stream, hooks_idle
 
 # The module, not the `tpguard.fingerprint` function that tpguard/__init__ re-exports.
 ref = importlib.import_module("tpguard.fingerprint")
@@ -754,43 +754,28 @@ _PLAN_CACHE_SIZE = 64
 _CAPTURED_PLANS: dict[tuple, ManyPlan] = {}  # used inside a CUDA graph capture: never evicted
 
 
-class _Launch:
+class _Launch(DirectLaunch):
     """One fixed kernel launch (grid, arguments, meta) repeated by a plan, optionally with a
     different `out` tensor at argument `out_pos` each time.
 
-    Fast path (host time): Triton's ``kernel[grid](...)`` binds and specializes the arguments
-    and looks up the compiled kernel on every call (30-80 us of Python per launch on the GPU
-    machine's Triton 3.6). `record()` repeats the call through Triton with the compiled kernel's
-    launcher (``CompiledKernel.run``) swapped for a recorder that keeps the positional arguments
-    Triton hands it and launches nothing; later launches call the real launcher directly with
-    those arguments, only the stream and `out` substituted. Accepted only for the launcher layout
-    of Triton 3.x (grid x3, stream, function, metadata, launch metadata, enter/exit hooks, then
-    the arguments) with no launch hooks installed (profilers), and only after `ManyPlan` /
-    `guard_compare` compared a direct launch with Triton's own bit for bit (once per kernel per
-    process); anything else (interpreter, other layouts, failures): Triton's launch."""
+    Fast path (host time; kernels/direct_launch.py): Triton's ``kernel[grid](...)`` binds and
+    specializes the arguments and looks up the compiled kernel on every call (30-80 us of Python
+    per launch on the GPU machine's Triton 3.6). `record()` keeps the positional arguments Triton
+    hands the compiled kernel's launcher; later launches call the launcher directly with those,
+    only the stream and `out` substituted, and only after `ManyPlan` / `guard_compare` /
+    `heal_copy` compared a direct launch with Triton's own bit for bit (`prepare_fast`, once per
+    kernel per process); anything else (interpreter, other layouts, launch hooks, failures):
+    Triton's launch."""
 
-    __slots__ = ("kernel", "grid", "args", "meta", "out_pos", "_compiled", "_run", "_template",
-                 "_out_slots", "_out_align", "refusal")
+    __slots__ = ("out_pos", "_out_align")
 
     def __init__(self, kernel, grid: tuple, args: tuple, meta: dict, out_pos: int | None = None):
-        self.kernel, self.grid, self.args, self.meta, self.out_pos = kernel, grid, args, meta, out_pos
-        self._compiled = None  # what the last normal launch returned (Triton 3.x: CompiledKernel)
-        self.refusal = ""  # why record() said no (for FAST_LAUNCH_FAILURES)
-        self.forget()
-
-    @property
-    def name(self) -> str:
-        return getattr(self.kernel, "__name__", None) or str(getattr(self.kernel, "fn", self.kernel))
-
-    @property
-    def variant(self) -> str:
-        """The compiled variant (kernel name + Triton's hash of its specialisation): what the
-        one-time direct-vs-Triton check validates."""
-        return f"{self.name}:{getattr(self._compiled, 'hash', '')}"
+        super().__init__(kernel, grid, args, meta)
+        self.out_pos, self._out_align = out_pos, 0
 
     @property
     def ready(self) -> bool:
-        return self._run is not None
+        return self.run is not None
 
     def _bound(self, out):
         if self.out_pos is None:
@@ -800,66 +785,29 @@ class _Launch:
         return args
 
     def normal(self, out=None):
-        self._compiled = self.kernel[self.grid](*self._bound(out), **self.meta)
-
-    def fast(self, out=None) -> None:
-        args = self._template.copy()
-        if not hooks_idle(args[7], args[8]):  # a profiler hooked launches since: Triton's path
-            return self.normal(out)
-        args[3] = current_stream()
-        for i in self._out_slots:
-            args[i] = out
-        self._run(*args)
+        self.compiled = self.kernel[self.grid](*self._bound(out), **self.meta)
 
     def __call__(self, out=None, fast: bool = False):
-        if fast and self._run is not None and (out is None or out.data_ptr() % 16 == self._out_align):
-            return self.fast(out)
+        # direct only with `out` at the recorded alignment and no launch hook added since (profilers)
+        if fast and self.run is not None and (out is None or out.data_ptr() % 16 == self._out_align) \
+                and hooks_idle(self.template[7], self.template[8]):
+            return self.launch(current_stream(), [out])
         return self.normal(out)
 
     def record(self, out=None) -> bool:
-        """Record the launcher's arguments (no GPU work); True if the layout is recognised.
-        Needs a normal launch before (the compiled kernel)."""
-        compiled = self._compiled
-        if compiled is None:
-            self.refusal = "no compiled kernel"
+        """Record the launcher's arguments (no GPU work); True if the layout is recognised and
+        `out` was found among them. Needs a normal launch before (the compiled kernel)."""
+        if not super().record({} if out is None else {0: out}, {}, keep_args=True, args=self._bound(out)):
             return False
-        # Triton >= 3.3: `run` is a property over `_run`; older: a plain attribute
-        attr = "_run" if isinstance(getattr(type(compiled), "run", None), property) else "run"
-        try:
-            real = compiled.run  # initialises the handles where that is lazy
-        except Exception as e:  # noqa: BLE001
-            self.refusal = f"compiled.run: {type(e).__name__}"
-            return False
-        if not callable(real) or getattr(compiled, attr, None) is not real:
-            self.refusal = f"{type(compiled).__name__}.{attr} is not the launcher"
-            return False
-        calls = []
-        setattr(compiled, attr, lambda *args: calls.append(args))
-        try:
-            self.kernel[self.grid](*self._bound(out), **self.meta)
-        finally:
-            setattr(compiled, attr, real)
-        if len(calls) != 1:
-            self.refusal = f"{len(calls)} launcher calls recorded"
-            return False
-        tmpl = list(calls[0])
-        grid = tuple(self.grid) + (1,) * (3 - len(self.grid))
-        if len(tmpl) < 9 or tuple(tmpl[:3]) != grid or tmpl[3] != current_stream() \
-                or not hooks_idle(tmpl[7], tmpl[8]):
-            self.refusal = (f"layout: {len(tmpl)} args, grid {tuple(tmpl[:3])} vs {grid}, stream "
-                            f"{tmpl[3] if len(tmpl) > 3 else None} vs {current_stream()}, metadata/hooks "
-                            f"{[type(x).__name__ for x in tmpl[6:9]]}")
-            return False
-        slots = tuple(i for i in range(9, len(tmpl)) if out is not None and tmpl[i] is out)
-        if self.out_pos is not None and (out is None or not slots):
+        if self.out_pos is not None and not self.slots:
             self.refusal = "output argument not found among the launcher's arguments"
+            self.forget()
             return False
-        self._run, self._template, self._out_slots = real, tmpl, slots
         self._out_align = out.data_ptr() % 16 if out is not None else 0
         return True
 
     def forget(self) -> None:
-        self._run, self._template, self._out_slots, self._out_align = None, None, (), 0
+        self.run, self.template, self.slots = None, None, ()
 
 
 _FAST_VALIDATED: dict[str, bool] = {}  # compiled variant -> direct launch equal to Triton's (process)
