@@ -23,6 +23,7 @@
 #   call13       session 5: fingerprint tpguard.fp/2: compiled tests, bench, guard on 1 GPU and over NCCL
 #   call14       session 5: the fp/2 fingerprint sweep (tiles and waves), the compiled fingerprint tests
 #   call15       session 5: compiled fingerprint tests; renorm call plans (tests, host time); fingerprint sweep
+#   call16       session 5's validation: every GPU kernel test, the bracket_regions sweep, fingerprint tests, the table
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
@@ -64,7 +65,7 @@ G2=$(( NGPU > 1 ? 1 : 0 ))  # the second GPU when there is one
 kernels() {  # issue 3: renorm kernels on the GPU: tests, variant sweep, the table, audit
   local d=/tmp/res/kernels; mkdir -p $d
   if [ -z "${K_NO_PYTEST:-}" ]; then  # (rc read right after pytest: a test in between would reset $?)
-    timeout ${K_PYTEST:-100} python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests/test_renorm_kernels.py tests/test_renorm_reference.py tests/test_renorm_write_fp.py > $d/pytest.log 2>&1
+    timeout ${K_PYTEST:-100} python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests/test_renorm_kernels.py tests/test_renorm_reference.py tests/test_renorm_write_fp.py ${K_PYTEST_EXTRA:-} > $d/pytest.log 2>&1
     local rc=$?; say "kernels pytest rc=$rc $(tail -1 $d/pytest.log)"
   fi
   [ -n "${K_ONLY_PYTEST:-}" ] && return
@@ -302,6 +303,18 @@ case "$PHASES" in
     ( export FP_NO_BENCH=1 FP_PYTEST=300; on_gpu 0 fingerprint ) & P1=$!
     ( on_gpu $G2 plans; export FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=120 FP_BENCH_ARGS="--shapes main --sweep --sweep-budget 60"
       on_gpu $G2 fingerprint ) & P2=$!
+    wait $P1 $P2
+    ;;
+  call16)
+    # session 5's validation (~500 s on nvidia-h200-x2, TAR_AT=570): GPU 0 every GPU kernel test (with the call
+    # plans' tests); GPU 1 the renorm sweep (default vs bracket_regions, per-pass breakdown), the compiled
+    # fingerprint/graph/heal tests (direct launches through kernels/direct_launch.py), then the kernels table
+    ( export TPGUARD_RENORM_GPU_TESTS=all K_PYTEST=420 K_ONLY_PYTEST=1 K_PYTEST_EXTRA=tests/test_renorm_plan.py
+      on_gpu 0 kernels ) & P1=$!
+    ( export K_NO_PYTEST=1 K_SWEEP=140 K_SWEEP_BUDGET=110 K_NO_BENCH=1
+      export K_SWEEP_ARGS="--variants default,regions --breakdown default,regions"; on_gpu $G2 kernels
+      FP_NO_BENCH=1 FP_PYTEST=170 on_gpu $G2 fingerprint
+      export K_NO_SWEEP=1 K_NO_BENCH= K_NO_AUDIT=1 K_BENCH=150; on_gpu $G2 kernels ) & P2=$!
     wait $P1 $P2
     ;;
   *)
