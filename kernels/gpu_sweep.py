@@ -32,9 +32,6 @@ from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
 
 VARIANTS = {  # in order of interest: the time budget cuts the list short (kernels/NOTES.md, run 4)
     "default": {},  # bracket_copy=2 since run 9, bracket_bins=8 since run 10, tps_shared=1 since run 11
-    # session 5 (kernels/NOTES.md, "Bin regions (session 5)"): the bracket pass also stores its entries per
-    # (chunk, bin) region of 128; bracket_select loads the cutoff's bin from them (no gather, no compaction)
-    "regions": {"bracket_regions": 128},
     # session 4 (kernels/NOTES.md, "Top-p select rounds (session 4)"): while the bracket's lo and hi
     # searches agree, one 6-sum reduction per round instead of 12
     "tps0": {"tps_shared": 0},  # run 11's default (the two bracket searches apart)

@@ -17,8 +17,7 @@ and where the loop's loads sit (LDG position and distance to first use).
 shapes for 256 x 163840.
 `bins VARIANTS...` (sweep variant names of kernels/gpu_sweep.py, e.g. default bins16 bins8):
 the bracket pass and bracket_select of each RenormConfig variant at 256 x 163840 (kernels/NOTES.md,
-"Sub-bracket bins (session 4)"), with the SASS of each loop (between a backward branch and its target);
-`bins default regions`: the same with bracket_regions (kernels/NOTES.md, "Bin regions (session 5)").
+"Sub-bracket bins (session 4)"), with the SASS of each loop (between a backward branch and its target).
 `topp_select [VARIANTS...]`: the top-p select kernel of each sweep variant (default: "default") at 256 x 163840
 (scalar p): registers, stack, SASS counts, its loops (kernels/NOTES.md, "Top-p select rounds (session 4)");
 with TPS_DUMP=DIR the SASS and ttgir are written there.
@@ -212,31 +211,23 @@ def bins(variants: list[str]) -> None:
         cfg = rp.RenormConfig().replace(**VARIANTS[name])
         s = rp.shapes_for(256, 163840, cfg)
         on = bool(cfg.bracket_bins)
-        reg_on = bool(cfg.bracket_regions)  # (RenormConfig.bracket_regions: new arguments after the bins')
-        r_sig = {"rcnt_ptr": "*i32", "regions_ptr": "*fp32", "regions_stride": "i32"} if reg_on else {}
-        r_off = {} if reg_on else {"rcnt_ptr": None, "regions_ptr": None, "regions_stride": None}
         sig = {"probs_ptr": "*fp32", "vocab": "i32", "n_chunks": "i32", "plan_ptr": "*i32", "mhi_ptr": "*fp64",
-               "cnt_ptr": "*i32", "slots_ptr": "*fp32", **({"bmass_ptr": "*fp64"} if on else {}), **r_sig}
+               "cnt_ptr": "*i32", "slots_ptr": "*fp32", **({"bmass_ptr": "*fp64"} if on else {})}
         warps = cfg.bracket_pass_warps or cfg.pass_warps
         const = dict(CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=bool(cfg.bracket_prefetch),
-                     COPY_MODE=cfg.bracket_copy, BINS=cfg.bracket_bins, BIN_SUB=int(os.environ.get('BIN_SUB', 128)),
-                     REGIONS=cfg.bracket_regions, **({} if on else {"bmass_ptr": None}), **r_off)
-        names = rp._bracket_kernel.arg_names
-        aligned = [0, 1, 3, 4, 5, 6] + ([7] if on else []) + [names.index(n) for n in r_sig]  # (list_cap 40960)
+                     COPY_MODE=cfg.bracket_copy, BINS=cfg.bracket_bins, BIN_SUB=int(os.environ.get('BIN_SUB', 128)), **({} if on else {"bmass_ptr": None}))
+        aligned = [0, 1, 3, 4, 5, 6] + ([7] if on else [])
         res, sass, _, _ = compile_kernel(rp._bracket_kernel, sig, const, aligned, warps,
                                       rp.reg_cap(cfg.bracket_maxnreg, warps).get("maxnreg"), f"bpass_{name}")
         report(f"{name}: bracket pass ({warps} warps)", res, sass, "DADD")
         sig = {"probs_ptr": "*fp32", "vocab": "i32", "n_chunks": "i32", "n_groups": "i32", "plan_ptr": "*i32",
                "target_ptr": "*fp64", "params_ptr": "*fp32", "mhi_ptr": "*fp64", "cnt_ptr": "*i32", "slots_ptr": "*fp32",
                "cand_ptr": "*fp32", "list_cap": "i32", "gmax_ptr": "*fp32", "gid_ptr": "*i32",
-               **({"bmass_ptr": "*fp64"} if on else {}), **({"rcnt_ptr": "*i32"} if reg_on else {})}
+               **({"bmass_ptr": "*fp64"} if on else {})}
         const = dict(CH_BLOCK=s.bch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg,
                      G=cfg.group, COPY=max(1, min(8, 8192 // s.cap)), EXACT_SPAN=rp.exact_span(cfg), BINS=cfg.bracket_bins,
-                     BIN_W=rp.bins_window(cfg), BIN_STEP=int(os.environ.get('BIN_STEP', 4096)),
-                     REGIONS=cfg.bracket_regions, **({} if on else {"bmass_ptr": None}),
-                     **({} if reg_on else {"rcnt_ptr": None}))
-        aligned = [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13] + ([14] if on else []) \
-            + ([rp._bracket_select_kernel.arg_names.index("rcnt_ptr")] if reg_on else [])  # (n_chunks = 40)
+                     BIN_W=rp.bins_window(cfg), BIN_STEP=int(os.environ.get('BIN_STEP', 4096)), **({} if on else {"bmass_ptr": None}))
+        aligned = [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13] + ([14] if on else [])  # (n_chunks = 40)
         res, sass, _, _ = compile_kernel(rp._bracket_select_kernel, sig, const, aligned, cfg.bracket_warps,
                                       rp.reg_cap(cfg.bracket_maxnreg, cfg.bracket_warps).get("maxnreg"), f"bsel_{name}")
         report(f"{name}: bracket_select ({cfg.bracket_warps} warps)", res, sass, "DADD")

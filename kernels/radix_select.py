@@ -19,8 +19,7 @@ recomputed on the fly exactly as the write pass computes it.
 
 ``mass_cutoff_block_bins`` (RenormConfig.bracket_bins; kernels/NOTES.md, "Sub-bracket bins"):
 mass_cutoff_block's cutoff and kept-mass bits from radix-4 rounds on one sub-bracket's entries,
-chosen from per-bin masses the bracket pass summed. ``mass_cutoff_bin_regions`` (RenormConfig.bracket_regions):
-the same rounds on that sub-bracket's entries loaded from the per-(chunk, bin) regions the bracket pass wrote.
+chosen from per-bin masses the bracket pass summed.
 """
 
 from __future__ import annotations
@@ -231,7 +230,13 @@ def mass_cutoff_block_bins(src_ptr, n, target, base_mass, bin_mass, lo, shift, s
     has S(c) = inner (the bins above kb) + the bin's entries >= c: the same float64 value as the
     whole-block sum, so the same predicate, the same largest passing pattern and the same mass.
     scratch_ptr: room for n entries."""
-    kb, inner, t, m_t = cutoff_bin(bin_mass, target, base_mass, lo, shift, B)  # bin 0 passes (checked)
+    k = tl.arange(0, B)
+    s_ge = tl.sum(tl.where(k[None, :] >= k[:, None], bin_mass[None, :], 0.0), axis=1)  # bins >= k
+    m_k = base_mass + s_ge
+    kb = tl.max(tl.where((m_k >= target) & (m_k > 0.0), k, 0), axis=0)  # bin 0 passes (checked)
+    inner = tl.sum(tl.where(k > kb, bin_mass, 0.0), axis=0)
+    t = lo + (kb << shift)
+    m_t = base_mass + (inner + tl.sum(tl.where(k == kb, bin_mass, 0.0), axis=0))
     # the bin's entries compacted in list order, STEP at a time (the whole REG block at once
     # spills under the register cap); positions stay below n (scratch_ptr has room for n)
     n_w = tl.full((), 0, tl.int32)
@@ -249,44 +254,6 @@ def mass_cutoff_block_bins(src_ptr, n, target, base_mass, bin_mass, lo, shift, s
         w = tl.load(scratch_ptr + wi, mask=wi < n_w, other=0.0)
         # rounds over the bin's offsets [0, 2**shift) from t (patterns past the bin's entries add
         # nothing to inner, fail like the bin above; past bit 31 they wrap negative: not patterns)
-        t, m_t = _radix4_rounds(w.to(tl.int32, bitcast=True), w, t, m_t, shift, base_mass, inner, target)
-    return t, m_t, ok
-
-
-@triton.jit
-def cutoff_bin(bin_mass, target, base_mass, lo, shift, B: tl.constexpr):
-    """(kb, inner, t, m_t): the last bin kb whose first pattern passes the predicate (bin 0 must pass),
-    the mass of the bins above it, its first pattern t and t's upper mass (mass_cutoff_block_bins)."""
-    k = tl.arange(0, B)
-    s_ge = tl.sum(tl.where(k[None, :] >= k[:, None], bin_mass[None, :], 0.0), axis=1)  # bins >= k
-    m_k = base_mass + s_ge
-    kb = tl.max(tl.where((m_k >= target) & (m_k > 0.0), k, 0), axis=0)
-    inner = tl.sum(tl.where(k > kb, bin_mass, 0.0), axis=0)
-    t = lo + (kb << shift)
-    m_t = base_mass + (inner + tl.sum(tl.where(k == kb, bin_mass, 0.0), axis=0))
-    return kb, inner, t, m_t
-
-
-@triton.jit
-def mass_cutoff_bin_regions(regions_ptr, rcnt, n_chunks, target, base_mass, bin_mass, lo, shift,
-                            W: tl.constexpr, CH_BLOCK: tl.constexpr, R: tl.constexpr, B: tl.constexpr):
-    """(t, m, ok): mass_cutoff_block_bins's answer, with the bin's entries loaded straight from the
-    bracket pass's regions (RenormConfig.bracket_regions; kernels/NOTES.md, "Bin regions"):
-    regions_ptr holds [chunk, bin, R] entries, rcnt [CH_BLOCK, B] their counts per (chunk, bin).
-    ok is 0 (nothing decided) when the bin holds more than W entries or one of its regions more than R
-    (overflowed: entries missing). The caller checks mass_cutoff_block_bins's conditions; the sums
-    are exact, so the bin's entries in any order (chunk-major here, padded with 0) give its rounds'
-    values."""
-    kb, inner, t, m_t = cutoff_bin(bin_mass, target, base_mass, lo, shift, B)
-    k = tl.arange(0, B)
-    rc = tl.sum(tl.where(k[None, :] == kb, rcnt, 0), axis=1)  # [CH_BLOCK]: the bin's entries per chunk
-    ok = (tl.sum(rc, axis=0) <= W) & (tl.max(rc, axis=0) <= R)
-    if ok:
-        ch = tl.arange(0, CH_BLOCK)
-        j = tl.arange(0, R)
-        w = tl.load(regions_ptr + (ch[:, None] * B + kb) * R + j[None, :],
-                    mask=(ch < n_chunks)[:, None] & (j[None, :] < rc[:, None]), other=0.0)
-        w = tl.reshape(w, (CH_BLOCK * R,), can_reorder=True)  # (order: any, the sums are exact)
         t, m_t = _radix4_rounds(w.to(tl.int32, bitcast=True), w, t, m_t, shift, base_mass, inner, target)
     return t, m_t, ok
 

@@ -14,9 +14,7 @@
    entries; if the bracket was too low, among the groups whose max is >= hi; if it was too high
    or a huge tie overflowed it, over the whole row. Every path gives the same answer. With
    ``bracket_bins`` the bracket pass also sums the copied entries' mass per sub-bracket and the
-   search runs on the entries of the one sub-bracket holding the cutoff (exact sums: same bits);
-   with ``bracket_regions`` it loads that sub-bracket's entries from per-(chunk, bin) regions the
-   bracket pass wrote, instead of gathering and compacting the list.
+   search runs on the entries of the one sub-bracket holding the cutoff (exact sums: same bits).
 5. ``renorm_write`` (rows x chunks programs, one read + one write): the output.
 
 Everything a row's output depends on is computed by programs that see only that row, with block
@@ -40,7 +38,6 @@ from tpguard.kernels.radix_select import (
     bin_shift,
     list_groups_block,
     mass_cutoff_any,
-    mass_cutoff_bin_regions,
     mass_cutoff_bits,
     mass_cutoff_block_bins,
     reciprocal_f32,
@@ -106,12 +103,6 @@ class RenormConfig:
     # (same bits). Run 11: the select pass 55.0 -> 46.7 us, top-p flat 347 -> 339 us; 0 = the two searches apart.
     # (top-k + top-p with k >= vocab, plain top-p inside the top-k select kernel, keeps them apart: not measured there)
     tps_shared: int = 1
-    # --- session-5 option (kernels/NOTES.md, "Bin regions (session 5)"); 0 = run 11's code ---
-    # R: with bracket_bins <= 8, the bracket pass also stores each chunk's entries per sub-bracket in a region of
-    # R entries per (row, chunk, bin) (at the start of the row's cand), and bracket_select searches the cutoff's
-    # bin straight from its regions: no gather, no compaction (same bits). A power of two in 16..1024; flat rows
-    # at 163840 hold <= ~100 entries per (chunk, bin) at B = 8, hence 128. A region over R: today's code runs.
-    bracket_regions: int = 0
 
     def replace(self, **changes) -> "RenormConfig":
         return dataclasses.replace(self, **changes)
@@ -163,10 +154,6 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
         raise ValueError("RenormConfig: bracket_copy must be 0 or 2")
     if cfg.bracket_bins and (cfg.bracket_bins & (cfg.bracket_bins - 1) or not 2 <= cfg.bracket_bins <= 64):
         raise ValueError("RenormConfig: bracket_bins must be 0 or a power of two in 2..64")
-    r = cfg.bracket_regions
-    if r and (not 2 <= cfg.bracket_bins <= 8 or r & (r - 1) or not 16 <= r <= 1024 or cfg.cap_per_chunk >= 65536):
-        raise ValueError("RenormConfig: bracket_regions must be 0 or a power of two in 16..1024, "
-                         "with bracket_bins in 2..8 and cap_per_chunk < 65536")
     for name in ("reg", "bracket_reg"):  # register blocks (tl.arange); exact_span assumes it too
         v = getattr(cfg, name)
         if v < 1 or v & (v - 1):
@@ -220,16 +207,12 @@ class Workspace:
     cnt: torch.Tensor  # int32 [rows * n_bchunks]
     slots: torch.Tensor  # float32 [rows * n_bchunks * cap]
     bmass: torch.Tensor  # float64 [rows * n_bchunks * bracket_bins]: bracket mass per sub-bracket (bracket_bins)
-    # int32 [rows * n_bchunks * bracket_bins] (bracket_regions): entries per (row, chunk, bin); the regions
-    # themselves ([n_bchunks, bracket_bins, bracket_regions] per row) sit at the start of each row's cand:
-    # written by the bracket pass, read by bracket_select only for rows whose list it never builds
-    rcnt: torch.Tensor
     list_cap: int
     cap: int
 
 
 _DTYPE_OF = {"chunk_sum": torch.float64, "target": torch.float64, "mhi": torch.float64, "bmass": torch.float64,
-             "chunk_bad": torch.int32, "rcnt": torch.int32, "gid": torch.int32, "flag": torch.int32, "plan": torch.int32,
+             "chunk_bad": torch.int32, "gid": torch.int32, "flag": torch.int32, "plan": torch.int32,
              "cnt": torch.int32, "gmax": torch.float32, "gsamp": torch.float32, "cand": torch.float32,
              "params": torch.float32, "slots": torch.float32}
 
@@ -240,9 +223,6 @@ def _layout(s: Shapes, cfg: RenormConfig, with_sample: bool, with_bracket: bool)
     (aligned pointers); split() of one allocation per dtype gives buffer, pad, buffer, pad..."""
     r = s.rows
     list_cap = max(min(cfg.list_cap, s.vocab), s.n_bchunks * s.cap if with_bracket else 0)
-    regions = with_bracket and cfg.bracket_bins and cfg.bracket_regions
-    if regions:  # (256 x 163840, B = 8, R = 128: 40960 per row, as the slots already need)
-        list_cap = max(list_cap, s.n_bchunks * cfg.bracket_bins * cfg.bracket_regions)
     numel = {
         "chunk_sum": r * s.n_chunks, "chunk_bad": r * s.n_chunks, "gmax": r * s.n_groups,
         "gsamp": r * s.n_samples if with_sample else 1, "gid": r * s.n_groups, "cand": r * list_cap,
@@ -250,7 +230,6 @@ def _layout(s: Shapes, cfg: RenormConfig, with_sample: bool, with_bracket: bool)
         "mhi": r * s.n_bchunks if with_bracket else 1, "cnt": r * s.n_bchunks if with_bracket else 1,
         "slots": r * s.n_bchunks * s.cap if with_bracket else 1,
         "bmass": r * s.n_bchunks * cfg.bracket_bins if with_bracket and cfg.bracket_bins else 1,
-        "rcnt": r * s.n_bchunks * cfg.bracket_bins if regions else 1,
     }
     groups = {}
     for name, n in numel.items():
@@ -321,16 +300,9 @@ def launch_row_stats(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormC
 # --- pass 3: the bracket (FULL rows only) ----------------------------------------------------
 
 @triton.jit
-def _bytes_to_shorts(w):
-    """Four 8-bit fields (bits 0-31 of an int64) spread to four 16-bit fields."""
-    return (w & 0xFF) | ((w & 0xFF00) << 8) | ((w & 0xFF0000) << 16) | ((w & 0xFF000000) << 24)
-
-
-@triton.jit
 def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slots_ptr,
                     CHUNK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr, PREFETCH: tl.constexpr,
-                    COPY_MODE: tl.constexpr, bmass_ptr=None, BINS: tl.constexpr = 0, BIN_SUB: tl.constexpr = 128,
-                    rcnt_ptr=None, regions_ptr=None, regions_stride=None, REGIONS: tl.constexpr = 0):
+                    COPY_MODE: tl.constexpr, bmass_ptr=None, BINS: tl.constexpr = 0, BIN_SUB: tl.constexpr = 128):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * CHUNK + tl.arange(0, CHUNK // G)[:, None] * G + tl.arange(0, G)[None, :]
@@ -379,11 +351,6 @@ def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slot
             # slots just written (about 250 per chunk on flat rows, not the chunk's 4096 entries)
             kk = tl.arange(0, BINS)
             acc = tl.zeros((BIN_SUB, BINS), tl.float64)
-            if REGIONS > 0:
-                # bracket_regions: the chunk's entries per bin so far, in two int64 words of four 16-bit
-                # fields (bins 0-3, 4-7; B <= 8)
-                run_lo = tl.full((), 0, tl.int64)
-                run_hi = tl.full((), 0, tl.int64)
             if (status == 2) & (n_in > 0):
                 tl.debug_barrier()
                 shift = bin_shift(lo, hi, BINS)
@@ -393,27 +360,7 @@ def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slot
                     v = tl.load(slots_ptr + (row * n_chunks + chunk) * CAP + i, mask=i < n_c, other=0.0)
                     bin_i = (v.to(tl.int32, bitcast=True) - lo) >> shift  # (padding: negative, no bin)
                     acc += tl.where(bin_i[:, None] == kk[None, :], v.to(tl.float64)[:, None], 0.0)
-                    if REGIONS > 0:
-                        # each entry to its bin's region at the bin's count so far plus its rank among
-                        # the step's entries of the bin: one int64 scan of 8-bit fields, one per bin (<
-                        # 256 entries per step), 1-D (a [BIN_SUB, B] scan, cross-thread per column, and
-                        # the [BIN_SUB, B] select of the counts so far cost 2x the loop's instructions)
-                        tl.static_assert((BIN_SUB < 256) & (CAP < 65536) & (BINS <= 8))
-                        valid = i < n_c
-                        field = (bin_i.to(tl.int64) * 8) & 63  # (padding: masked)
-                        one = tl.where(valid, tl.full((BIN_SUB,), 1, tl.int64) << field, 0)
-                        rank = ((tl.cumsum(one, axis=0) >> field) & 0xFF).to(tl.int32) - 1
-                        word = tl.where(bin_i >= 4, run_hi, run_lo)
-                        pos = rank + ((word >> ((bin_i & 3) * 16).to(tl.int64)) & 0xFFFF).to(tl.int32)
-                        tl.store(regions_ptr + row * regions_stride + (chunk * BINS + bin_i) * REGIONS + pos, v,
-                                 mask=valid & (pos < REGIONS))
-                        step_n = tl.sum(one, axis=0)
-                        run_lo += _bytes_to_shorts(step_n & 0xFFFFFFFF)
-                        run_hi += _bytes_to_shorts((step_n >> 32) & 0xFFFFFFFF)
             tl.store(bmass_ptr + (row * n_chunks + chunk) * BINS + kk, tl.sum(acc, axis=0))
-            if REGIONS > 0:
-                run = ((tl.where(kk >= 4, run_hi, run_lo) >> ((kk & 3) * 16).to(tl.int64)) & 0xFFFF).to(tl.int32)
-                tl.store(rcnt_ptr + (row * n_chunks + chunk) * BINS + kk, run)
         tl.store(mhi_ptr + row * n_chunks + chunk, mhi)
         tl.store(cnt_ptr + row * n_chunks + chunk, n_in)
 
@@ -434,7 +381,7 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
                            SUB: tl.constexpr, REG: tl.constexpr, G: tl.constexpr, COPY: tl.constexpr,
                            EXACT_SPAN: tl.constexpr,
                            bmass_ptr=None, BINS: tl.constexpr = 0, BIN_W: tl.constexpr = 0,
-                           BIN_STEP: tl.constexpr = 4096, rcnt_ptr=None, REGIONS: tl.constexpr = 0):
+                           BIN_STEP: tl.constexpr = 4096):
     row = tl.program_id(0).to(tl.int64)
     status = tl.load(plan_ptr + row * 4)
     if status >= 2:
@@ -447,15 +394,6 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
         overflow = tl.max(counts, axis=0) > CAP
         t = hi
         kept = m_hi
-        if REGIONS > 0:
-            if status == 2:
-                # bracket_regions: where the bins' search below would run, it runs here on the cutoff's
-                # bin loaded from the bracket pass's regions (no gather, list or compaction); the row
-                # then skips the code below. Elsewhere (e.g. a region over REGIONS entries) that code runs.
-                t, kept, done = _bracket_regions_search(row, n_chunks, lo, hi, m_hi, counts, overflow,
-                                                        target_ptr, bmass_ptr, rcnt_ptr, cand_ptr, list_cap,
-                                                        CH_BLOCK, REG, EXACT_SPAN, BINS, BIN_W, REGIONS)
-                status = tl.where(done, 0, status)
         if status == 2:
             target = tl.load(target_ptr + row)
             src = probs_ptr + row * vocab
@@ -523,39 +461,6 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
         tl.store(params_ptr + row * 4 + 3, reciprocal_f32(kept))
 
 
-@triton.jit
-def _bracket_regions_search(row, n_chunks, lo, hi, m_hi, counts, overflow, target_ptr, bmass_ptr, rcnt_ptr,
-                            cand_ptr, list_cap, CH_BLOCK: tl.constexpr, REG: tl.constexpr,
-                            EXACT_SPAN: tl.constexpr, BINS: tl.constexpr, BIN_W: tl.constexpr,
-                            REGIONS: tl.constexpr):
-    """(t, kept, done) of a FULL top-p row from the regions (bracket_regions), under exactly the
-    conditions of bracket_select's bins search (no overflow, n <= REG, a narrow bracket, the list's
-    scratch fits, the bracket verified, the bin <= BIN_W entries) and no region of the bin over
-    REGIONS entries; done = 0 (t = hi, kept = m_hi) elsewhere. Every load is independent of the
-    others but the bin's regions (one dependent load)."""
-    target = tl.load(target_ptr + row)
-    ch = tl.arange(0, CH_BLOCK)
-    chm = ch < n_chunks
-    kk = tl.arange(0, BINS)
-    bin_mass = tl.sum(tl.load(bmass_ptr + (row * n_chunks + ch[:, None]) * BINS + kk[None, :],
-                              mask=chm[:, None], other=0.0), axis=0)
-    rcnt = tl.load(rcnt_ptr + (row * n_chunks + ch[:, None]) * BINS + kk[None, :], mask=chm[:, None], other=0)
-    n = tl.sum(counts, axis=0)  # (= the list's length when no chunk overflowed)
-    e_lo = tl.maximum(lo >> 23, 1)
-    e_hi = tl.maximum((hi - 1) >> 23, 1)
-    scratch_at = ((n + 15) >> 4) << 4
-    m_in = tl.sum(bin_mass, axis=0)
-    use = (overflow == 0) & (n <= REG) & (e_hi - e_lo <= EXACT_SPAN) & (scratch_at + n <= list_cap) \
-        & (m_hi < target) & (m_hi + m_in >= target)
-    t = hi
-    kept = m_hi
-    done = use
-    if use:
-        t, kept, done = mass_cutoff_bin_regions(cand_ptr + row * list_cap, rcnt, n_chunks, target, m_hi, bin_mass,
-                                                lo, bin_shift(lo, hi, BINS), BIN_W, CH_BLOCK, REGIONS, BINS)
-    return t, kept, done
-
-
 def exact_span(cfg: RenormConfig) -> int:
     """Most binades between lo and hi for which a float64 sum of <= bracket_reg bracket entries is
     exact in any order (each a multiple of ulp(lo): n * hi < 2**53 ulp(lo))."""
@@ -573,11 +478,6 @@ def bins_args(ws: Workspace, cfg: RenormConfig, **extra) -> dict:
     return dict(bmass_ptr=ws.bmass, BINS=cfg.bracket_bins, **extra) if cfg.bracket_bins else {}
 
 
-def regions_args(ws: Workspace, cfg: RenormConfig, **extra) -> dict:
-    """The regions' launch arguments (bracket_regions); none when off (the kernels stay as they were)."""
-    return dict(rcnt_ptr=ws.rcnt, REGIONS=cfg.bracket_regions, **extra) if cfg.bracket_regions else {}
-
-
 def copy_mode(cfg: RenormConfig) -> int:
     """The bracket pass's copy-out: cfg.bracket_copy, but 2's store view needs 4 <= group <= 128 and
     a bracket chunk >= 128 (one lane per entry of a 32-wide slice); elsewhere mode 0 (same slots)."""
@@ -591,7 +491,6 @@ def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormCon
         probs, s.vocab, s.n_bchunks, ws.plan, ws.mhi, ws.cnt, ws.slots,
         CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=bool(cfg.bracket_prefetch),
         COPY_MODE=copy_mode(cfg), **bins_args(ws, cfg),
-        **regions_args(ws, cfg, regions_ptr=ws.cand, regions_stride=ws.list_cap),
         num_warps=cfg.bracket_pass_warps or cfg.pass_warps,
         **reg_cap(cfg.bracket_maxnreg, cfg.bracket_pass_warps or cfg.pass_warps),
     )
@@ -600,7 +499,7 @@ def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormCon
         ws.cand, ws.list_cap, ws.gmax, ws.gid,
         CH_BLOCK=s.bch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg, G=cfg.group,
         COPY=max(1, min(8, 8192 // s.cap)), EXACT_SPAN=exact_span(cfg), num_warps=cfg.bracket_warps,
-        **bins_args(ws, cfg, BIN_W=bins_window(cfg)), **regions_args(ws, cfg),
+        **bins_args(ws, cfg, BIN_W=bins_window(cfg)),
         **reg_cap(cfg.bracket_maxnreg, cfg.bracket_warps),
     )
 

@@ -316,13 +316,12 @@ def test_bracket_bins_same_cutoff_and_bits():
     # the cutoff from those exact masses and searches only its entries: the same params and output
     # bits as the default on the real FULL rows (2 flat, 1 peaky at p = 0.9999), with 16 and 64
     # bins; the bins hold exactly the list's masses, and
-    # the scratch after the list holds the cutoff's bin, in list order (regions off throughout: with
-    # them the list and the scratch are not built)
-    x, p, base, ws = _s3_run("default", (("bracket_regions", 0),))
+    # the scratch after the list holds the cutoff's bin, in list order
+    x, p, base, ws = _s3_run("default")
     rows, n_chunks = x.shape[0], ws.cnt.numel() // x.shape[0]
     assert (ws.plan[:, 0] == 2).all() and (ws.cnt.view(rows, -1) <= ws.cap).all()
     for bins in (16, 64):
-        _, _, out, wb = _s3_run("default", (("bracket_bins", bins), ("bracket_regions", 0)))
+        _, _, out, wb = _s3_run("default", (("bracket_bins", bins),))
         assert torch.equal(wb.params.view(torch.int32), ws.params.view(torch.int32)), bins
         assert torch.equal(out.view(torch.int32), base.view(torch.int32)), bins
         bin_mass = wb.bmass.view(rows, n_chunks, bins).sum(1)
@@ -414,7 +413,7 @@ def test_bracket_bins_fallbacks():
     x, p, base, ws = _s3_run("default")
     run = _s3_run.__wrapped__
     with mock.patch.object(passes, "bins_window", lambda cfg: 32):
-        _, _, out, _ = run("default", (("bracket_bins", 16), ("bracket_regions", 0)))
+        _, _, out, _ = run("default", (("bracket_bins", 16),))
     assert torch.equal(out.view(torch.int32), base.view(torch.int32))
     real_workspace = passes.workspace_for
 
@@ -424,7 +423,7 @@ def test_bracket_bins_fallbacks():
         return ws_f
 
     with mock.patch.object(passes, "exact_span", lambda cfg: -1), mock.patch.object(passes, "workspace_for", filled):
-        _, _, out, wf = run("default", (("bracket_bins", 16), ("bracket_regions", 0)))
+        _, _, out, wf = run("default", (("bracket_bins", 16),))
     assert torch.equal(out.view(torch.int32), base.view(torch.int32))
     n = ws.cnt.view(x.shape[0], -1).sum(1)
     for r in range(x.shape[0]):  # the bins' path never ran: nothing after the list
@@ -435,68 +434,6 @@ def test_bracket_bins_fallbacks():
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
     with pytest.raises(ValueError, match="bracket_bins"):
         top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bracket_bins=12))
-
-
-# --- session-5 option (kernels/NOTES.md, "Bin regions (session 5)"): bracket_regions -------------
-
-def _regions_check(x, ws, wr, bins, rcap):
-    """Which rows bracket_select searched from the regions; asserts the bracket pass's regions and
-    counts: each (chunk, bin) region holds the chunk's slots of that bin in slot order (the first
-    rcap), its count all of them. A row searched from its regions never built the list (the list
-    would overwrite the regions at the start of cand)."""
-    rows = x.shape[0]
-    cnt = ws.cnt.view(rows, -1)
-    slots = ws.slots.view(rows, cnt.shape[1], -1)
-    rcnt = wr.rcnt.view(rows, cnt.shape[1], bins).cpu()
-    cand = wr.cand.view(rows, -1)[:, : cnt.shape[1] * bins * rcap].view(rows, cnt.shape[1], bins, rcap)
-    from_regions = []
-    for r in range(rows):
-        lo, hi = int(ws.plan[r, 1]), int(ws.plan[r, 2])
-        shift = _bin_shift(lo, hi, bins)
-        listed = torch.cat([slots[r, c, : int(cnt[r, c])] for c in range(cnt.shape[1])])
-        intact = True
-        for c in range(cnt.shape[1]):
-            s = slots[r, c, : int(cnt[r, c])]
-            k_of = (s.view(torch.int32).long() - lo) >> shift
-            for k in range(bins):
-                want = s[k_of == k]
-                assert int(rcnt[r, c, k]) == len(want), (r, c, k)
-                got = cand[r, c, k, : min(len(want), rcap)]
-                intact &= torch.equal(got.view(torch.int32), want[:rcap].view(torch.int32))
-        gathered = torch.equal(wr.cand.view(rows, -1)[r, : len(listed)].view(torch.int32), listed.view(torch.int32))
-        assert intact != gathered, r  # exactly one of: regions searched, list built
-        from_regions.append(intact)
-    return from_regions
-
-
-def test_bracket_regions_same_plan_and_bits():
-    # the bracket pass also stores each chunk's entries per bin in a region of R; bracket_select
-    # searches the cutoff's bin straight from them: the same plan, params and output bits as
-    # without, on the 3 FULL rows at vocab 40000. R = 128 (the sweep's value): row 0's bin holds
-    # up to 146 entries per chunk (a region overflows: today's code runs, the list is built),
-    # rows 1-2 <= 113 (searched from the regions); B = 4 with R = 256: the same split
-    x, p, base, ws = _s3_run("default", (("bracket_regions", 0),))
-    assert (ws.plan[:, 0] == 2).all()
-    for bins, rcap in ((8, 128), (4, 256)):
-        _, _, out, wr = _s3_run("default", (("bracket_bins", bins), ("bracket_regions", rcap)))
-        assert torch.equal(wr.plan[:, :3], ws.plan[:, :3]) and torch.equal(wr.target, ws.target), bins
-        assert torch.equal(wr.params.view(torch.int32), ws.params.view(torch.int32)), bins
-        assert torch.equal(out.view(torch.int32), base.view(torch.int32)), bins
-        assert _regions_check(x, ws, wr, bins, rcap) == [False, True, True], bins
-
-
-def test_bracket_regions_fallbacks():
-    # every region overflows (R = 16): today's code runs on every row (the list is built), same bits;
-    # bracket_regions is a power of two in 16..1024 and needs bracket_bins in 2..8
-    x, p, base, ws = _s3_run("default", (("bracket_regions", 0),))
-    _, _, out, wr = _s3_run("default", (("bracket_bins", 8), ("bracket_regions", 16)))
-    assert torch.equal(wr.params.view(torch.int32), ws.params.view(torch.int32))
-    assert torch.equal(out.view(torch.int32), base.view(torch.int32))
-    assert _regions_check(x, ws, wr, 8, 16) == [False] * 3
-    for bad in ({"bracket_regions": 100}, {"bracket_regions": 8}, {"bracket_regions": 128, "bracket_bins": 0},
-                {"bracket_regions": 128, "bracket_bins": 16}):
-        with pytest.raises(ValueError, match="bracket_regions"):
-            top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(**bad))
 
 
 @pytest.mark.parametrize("cfg", ["default", "small"])
