@@ -10,10 +10,9 @@ bracket passes, the whole-row fallback after a bracket overflow (TINY_CAP) or a 
 from __future__ import annotations
 
 import functools
-import os
 from unittest import mock
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+from renorm_setup import DEVICE, GPU_ALL, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -24,14 +23,9 @@ from tpguard.kernels import reference as ref  # noqa: E402
 from tpguard.kernels.radix_select import bin_shift, mass_cutoff_block, mass_cutoff_block_bins, search_start  # noqa: E402
 from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm  # noqa: E402
 from tpguard.kernels.renorm_min_p import min_p_renorm_triton  # noqa: E402
-from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, RenormConfig  # noqa: E402
+from tpguard.kernels.renorm_passes import DEFAULT_CONFIG  # noqa: E402
 from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton  # noqa: E402
 from tpguard.kernels.renorm_top_p import top_p_renorm_triton  # noqa: E402
-
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-DEVICE = "cuda" if (not INTERPRET and torch.cuda.is_available()) else "cpu"
-if DEVICE == "cpu" and not INTERPRET:
-    pytest.skip("Triton needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
 
@@ -40,7 +34,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:Runtim
 # benchmark, whose compiled kernels the sweep and the bench then reuse, plus the special rows)
 # unless TPGUARD_RENORM_GPU_TESTS=all. On CPU (interpreter, CI) everything runs.
 GPU_SMOKE = {"test_gpu_smoke_bench_shapes", "test_special_rows[2100-default]"}
-GPU_ALL = os.environ.get("TPGUARD_RENORM_GPU_TESTS", "").strip().lower() == "all"
 
 
 @pytest.fixture(autouse=True)
@@ -48,8 +41,6 @@ def _gpu_smoke_only(request):
     if DEVICE == "cuda" and not GPU_ALL and request.node.name not in GPU_SMOKE:
         pytest.skip("GPU smoke run (TPGUARD_RENORM_GPU_TESTS=all runs every test)")
 
-SMALL = RenormConfig(chunk=256, sub=256, reg=128, bracket_reg=256, tau_groups=4, min_p_groups=8, list_cap=64,
-                     cap_per_chunk=64, select_warps=4, bracket_warps=4, pass_warps=4, compact_sub=128)
 STREAMING = SMALL.replace(sub=32, reg=16, bracket_reg=16)  # every search streamed, many steps per round
 TINY_CAP = SMALL.replace(cap_per_chunk=2, list_cap=16)  # bracket and lists overflow
 NO_MARGIN = SMALL.replace(z=0.0)  # sample brackets miss, on both sides

@@ -9,26 +9,16 @@ check the workspace reuse and the keys; the direct launches are checked where CU
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")
+from renorm_setup import DEVICE, GPU_ALL, INTERPRET, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tpguard.kernels import direct_launch as dl  # noqa: E402
 from tpguard.kernels import renorm_plan as rp  # noqa: E402
-from tpguard.kernels.renorm_passes import RenormConfig  # noqa: E402
-
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-DEVICE = "cuda" if (not INTERPRET and torch.cuda.is_available()) else "cpu"
-if DEVICE == "cpu" and not INTERPRET:
-    pytest.skip("Triton needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
 
-SMALL = RenormConfig(chunk=256, sub=256, reg=128, bracket_reg=256, tau_groups=4, min_p_groups=8, list_cap=64,
-                     cap_per_chunk=64, select_warps=4, bracket_warps=4, pass_warps=4, compact_sub=128)
 VOCAB = 700
 
 
@@ -36,7 +26,7 @@ VOCAB = 700
 def _fresh_plans(monkeypatch, request):
     # on a GPU every block shape is a compile: only the direct-launch test runs there unless
     # TPGUARD_RENORM_GPU_TESTS=all (as in test_renorm_kernels.py)
-    if DEVICE == "cuda" and os.environ.get("TPGUARD_RENORM_GPU_TESTS", "").strip().lower() != "all" \
+    if DEVICE == "cuda" and not GPU_ALL \
             and request.node.name != "test_direct_launches_on_gpu":
         pytest.skip("GPU: direct-launch test only (TPGUARD_RENORM_GPU_TESTS=all runs every test)")
     monkeypatch.setattr(rp, "MAX_PLANS", 4)

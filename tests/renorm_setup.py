@@ -1,0 +1,25 @@
+"""Shared set-up of the renorm kernel test modules (imported first, before triton): the Triton
+interpreter on CPU, the device, and the small block shapes that push small vocabularies through
+every path of the kernels (gather path, bracket passes, whole-row fallbacks)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tpguard.kernels.renorm_passes import RenormConfig  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+DEVICE = "cuda" if (not INTERPRET and torch.cuda.is_available()) else "cpu"
+if DEVICE == "cpu" and not INTERPRET:  # raised while the importing test module is collected: it is skipped
+    pytest.skip("Triton needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)
+# On a GPU every distinct block shape is a Triton compile (~2 s each): the modules run a smoke set
+# there unless TPGUARD_RENORM_GPU_TESTS=all.
+GPU_ALL = os.environ.get("TPGUARD_RENORM_GPU_TESTS", "").strip().lower() == "all"
+
+SMALL = RenormConfig(chunk=256, sub=256, reg=128, bracket_reg=256, tau_groups=4, min_p_groups=8, list_cap=64,
+                     cap_per_chunk=64, select_warps=4, bracket_warps=4, pass_warps=4, compact_sub=128)
