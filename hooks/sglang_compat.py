@@ -13,6 +13,8 @@ import inspect
 import pkgutil
 from dataclasses import dataclass, field
 
+from tpguard.fingerprint import FORMAT_VERSION
+
 SUPPORTED_SGLANG = ("0.5.23",)
 
 
@@ -81,6 +83,7 @@ def versions() -> dict[str, str | None]:
         "torch": version_of("torch"),
         "triton": version_of("triton"),
         "tpguard": version_of("tpguard"),
+        "fingerprint": FORMAT_VERSION,  # traces hashed with different definitions are not comparable
     }
 
 

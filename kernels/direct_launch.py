@@ -171,11 +171,14 @@ class DirectLaunch:
         """Triton's own launch of the arguments given (sets the compiled kernel)."""
         self.compiled = self.kernel[self.grid](*self.args, **self.meta)
 
-    def record(self, tensors: dict, scalars: dict, keep_args: bool = False, args: tuple | None = None) -> bool:
+    def record(self, tensors: dict, scalars: dict, keep_args: bool = False, args: tuple | None = None,
+               views_ok: bool = False) -> bool:
         """Record the launcher's arguments (no GPU work; needs a launch before: `normal` or a
         captured one). `tensors`: role -> the tensor passed (found by identity); `scalars`:
         kernel parameter name -> (role, the value passed). True if the layout is recognised.
         `args`: the Python arguments to record with (default: the ones given at construction).
+        `views_ok`: other arguments may be views of a substituted tensor (callers that key their
+        cached launches on those arguments' addresses, as fingerprint._Launch's do).
         Without `keep_args` the Python arguments are dropped (no caller tensor kept alive;
         `normal` is then unusable)."""
         compiled = self.compiled
@@ -218,7 +221,7 @@ class DirectLaunch:
                     return False
                 slots.append((i, role))
         # a view of a role tensor passed in its place would stay the recorded one: refuse
-        role_storage = {t.untyped_storage().data_ptr() for t in tensors.values()}
+        role_storage = set() if views_ok else {t.untyped_storage().data_ptr() for t in tensors.values()}
         taken = {i for i, _ in slots}
         for i in range(HEAD, len(tmpl)):
             if i not in taken and isinstance(tmpl[i], torch.Tensor) \

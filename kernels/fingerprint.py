@@ -37,11 +37,11 @@ Design (one read pass over the data, no host sync):
   reshape let the sm_90 compiler mix rows of multi-row tiles (GPU run 1: wrong row fingerprints
   of [3, 5] tensors and of the guard's decisions set); the interpreter never reorders.
 
-Cost: ~22 SASS instructions per 32-bit word in the loop of an [8, 1024] tile (sm_90, Triton 3.6,
-counted offline; the former [1, 2048] tiles: ~27; kernels/NOTES-fingerprint.md), balanced between
-the integer ALU pipe and the FMA pipe (``KernelConfig.shifts``). By that count 4- and 8-byte
-dtypes should be bound by memory bandwidth on H100/H200, and 1-/2-byte dtypes (one word per
-element) by integer throughput. `tpguard.bench.fingerprint` measures it.
+Cost: ~14 SASS instructions per 32-bit word in the loop of the default tile (fp/2; fp/1's second
+fmix32 made it ~22; sm_90, Triton 3.6, counted offline; kernels/NOTES-fingerprint.md, sections 5 and
+7). Measured on an H200 the loop is bound by loads in flight, not by issue: the one-tensor default
+`SINGLE_TENSOR_CONFIG` (8 CTAs per SM) reads 256 x 163840 fp32 in ~50 us, `torch.sum` in ~46.
+`tpguard.bench.fingerprint` measures it.
 
 CUDA graphs: launchers allocate outputs and scratch with ``torch.empty`` on the current stream,
 never read data on the host and have no data-dependent shapes, so they can be captured. Callers
@@ -116,8 +116,9 @@ SHIFT_ALL = 3
 class KernelConfig:
     """Tiling and code shape. Results never depend on it (integer sums), only speed does."""
 
-    # Defaults: the fastest correct config of the H200 sweep (docs/benchmarks.md, run 5: shifts=0
-    # 57.4 us for 256 x 163840 fp32 vs 59.9 at shifts=1; maxnreg=128: the full set 104 vs 108 us).
+    # Defaults (fingerprint_many; one tensor: SINGLE_TENSOR_CONFIG): the fastest correct config of the
+    # H200 sweeps (docs/benchmarks.md; run 5: shifts=0 57.4 us for 256 x 163840 fp32 vs 59.9 with fp/1's
+    # four ">>16" shifts as IMAD.HI; maxnreg=128: the full set 104 vs 108 us).
     block_words: int = 4096  # words per program per loop step (a [rows_per_tile, BN] tile)
     rows_per_tile: int = 8  # long rows: rows hashed side by side, sharing per-column work
     # columns of a row per program; longer rows are split into chunks. 8192: runs 9 and 10 (55.6 / 55.4 us
@@ -797,7 +798,10 @@ class _Launch(DirectLaunch):
     def record(self, out=None) -> bool:
         """Record the launcher's arguments (no GPU work); True if the layout is recognised and
         `out` was found among them. Needs a normal launch before (the compiled kernel)."""
-        if not super().record({} if out is None else {0: out}, {}, keep_args=True, args=self._bound(out)):
+        # views_ok: the guard's comparison writes `out` next to `gathered` in one buffer; the callers
+        # key their cached launches on the other arguments' addresses
+        if not super().record({} if out is None else {0: out}, {}, keep_args=True, args=self._bound(out),
+                              views_ok=True):
             return False
         if self.out_pos is not None and not self.slots:
             self.refusal = "output argument not found among the launcher's arguments"

@@ -11,7 +11,7 @@ obtained. The GPU machine runs Triton 3.6.0: put a copy of it first on PYTHONPAT
 256 x 163840 fp32, with the launch's divisibility-16 specialisation; per 32-bit word of its main
 loop: instructions on the integer ALU pipe (SHF, LOP3, IADD3) and on the FMA pipe (IMAD, VIADD).
 `knobs [NAME=VALUE,...]...`: the same kernel for 256 x 163840 fp32 at the default KernelConfig with
-each override (e.g. ``shifts=5``, ``block_words=2048,maxnreg=none``; "" the default): registers, stack, dynamic shared memory, CTAs per SM, loop size,
+each override (e.g. ``shifts=1``, ``block_words=2048,maxnreg=none``; "" the default): registers, stack, dynamic shared memory, CTAs per SM, loop size,
 and where the loop's loads sit (LDG position and distance to first use).
 `bracket MODES...`: the renorm bracket pass (`RenormConfig.bracket_copy` = MODE) at the default
 shapes for 256 x 163840.

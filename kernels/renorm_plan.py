@@ -27,6 +27,7 @@ directly with probs, out, the parameters and the fingerprint slot substituted.
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from dataclasses import fields
 
@@ -41,6 +42,9 @@ OPS = ("top_k", "top_p", "top_k_top_p", "min_p")
 # roles of a call's values (direct_launch.LaunchSet): the tensors and scalars a plan substitutes
 PROBS, OUT, K, P, FP = range(5)
 _PLANS: OrderedDict = OrderedDict()
+# One plan call at a time per process: the cache is shared, and recording swaps a compiled kernel's
+# launcher for a recorder (a second thread launching that kernel meanwhile would be swallowed).
+_LOCK = threading.Lock()
 
 
 def _op_module(op: str):
@@ -232,23 +236,25 @@ def run(op: str, probs: torch.Tensor, top_k=None, top_p=None, config: RenormConf
         return _run_op(op, probs, top_k, top_p, cfg, fingerprint_out, None)
     top_k, top_p = _scalars(probs, top_k, top_p)
     key = plan_key(op, probs, top_k, top_p, cfg, fingerprint_out)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = RenormPlan(op, rows, vocab, cfg, probs.device, top_k, top_p, fingerprint_out is not None)
-        _PLANS[key] = plan
-        nbytes = -1
-    else:
-        _PLANS.move_to_end(key)
-        nbytes = plan.nbytes
-    out = plan(probs, top_k, top_p, fingerprint_out)
-    if plan.nbytes != nbytes:  # a new plan, or one that just recorded its launches
-        _evict(plan)
+    with _LOCK:
+        plan = _PLANS.get(key)
+        if plan is None:
+            plan = RenormPlan(op, rows, vocab, cfg, probs.device, top_k, top_p, fingerprint_out is not None)
+            _PLANS[key] = plan
+            nbytes = -1
+        else:
+            _PLANS.move_to_end(key)
+            nbytes = plan.nbytes
+        out = plan(probs, top_k, top_p, fingerprint_out)
+        if plan.nbytes != nbytes:  # a new plan, or one that just recorded its launches
+            _evict(plan)
     return out
 
 
 def clear_plans() -> None:
     """Drop every cached plan (their workspaces go back to torch's caching allocator)."""
-    _PLANS.clear()
+    with _LOCK:
+        _PLANS.clear()
 
 
 def plans() -> list:

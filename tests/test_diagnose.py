@@ -167,3 +167,28 @@ def test_bundled_h200_example_names_the_renorm():
     f = j["first_divergence"]
     assert (f["step"], f["quantity"], f["culprit_ranks"]) == (0, "target_probs", [1])
     assert "renorm kernel non-determinism" in j["cause"]
+
+
+def test_fingerprint_definitions_recorded_and_mixed_ones_warned(tmp_path):
+    """Headers name the fingerprint definition (the guard's and the SGLang plugin's); files of one
+    run hashed with different definitions, or some without the record (before tpguard.fp/2), get a
+    warning: their values differ even for equal tensors."""
+    from tpguard.fingerprint import FORMAT_VERSION
+    from tpguard.guard import default_versions
+    from tpguard.hooks.sglang_compat import versions
+
+    assert default_versions()["fingerprint"] == versions()["fingerprint"] == FORMAT_VERSION == "tpguard.fp/2"
+    a = "00000000000000aa"
+
+    def write(name, fp_version):
+        header = Header(run_id="v", world_size=2, ranks=[int(name[-1])],
+                        versions={} if fp_version is None else {"fingerprint": fp_version})
+        with TraceWriter(tmp_path / name, header) as w:
+            w.write(StepRecord(run_id="v", step=0, site="s", ranks=[int(name[-1])], fp={"seq_lens": a}))
+        return tmp_path / name
+
+    same = diagnose([write("a0", FORMAT_VERSION), write("a1", FORMAT_VERSION)]).to_json()
+    assert not any("fingerprint definitions" in w for w in same["warnings"])
+    for other in (None, "tpguard.fp/1"):
+        j = diagnose([write("b0", FORMAT_VERSION), write("b1", other)]).to_json()
+        assert any("different fingerprint definitions" in w for w in j["warnings"]), j["warnings"]

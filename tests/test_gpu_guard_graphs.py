@@ -45,3 +45,27 @@ def test_graph_replay_fingerprints_follow_the_data_and_match_eager(zero_copy):
     steps = [int(guard._graph["host"][0]) for _ in range(1)]
     assert steps[0] >= 2  # the device step counter advanced on every replay
     guard.close()
+
+
+def test_eager_checks_use_direct_launches():
+    """After a few eager checked steps every recorded launch of the guard (fingerprint plan, the
+    comparison, whose output shares one buffer with the gathered vector) is a direct launch: no
+    refusal recorded (host time; results are Triton's either way)."""
+    from tpguard.bench.guard import make_tensors
+    from tpguard.device_guard import DeviceStepGuard
+    from tpguard.kernels import fingerprint as kfp
+    from tpguard.kernels import guard_compare
+
+    if not kfp.fast_launch_enabled():
+        pytest.skip("direct launches switched off (TPGUARD_FAST_LAUNCH=0)")
+    t = make_tensors(4, 4, 50000, torch.device("cuda"))
+    guard = DeviceStepGuard(site="direct.test", run_id="d", watchdog=False)
+    kfp.FAST_LAUNCH_FAILURES.clear()
+    for _ in range(4):
+        for name, tensor in t.items():
+            guard.record(name, tensor)
+        assert guard.check() is None
+    torch.cuda.synchronize()
+    assert not kfp.FAST_LAUNCH_FAILURES, kfp.FAST_LAUNCH_FAILURES
+    assert any(launch.ready for launch in guard_compare._LAUNCHES.values())
+    guard.close()

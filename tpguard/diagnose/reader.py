@@ -287,9 +287,11 @@ def open_traces(paths: list[str | Path], run: str | None = None) -> TraceSet:
         ts.warn(w)
     if len(orders) > 1:
         ts.warn(f"files list different quantity orders; using {quantities}")
-    fp_versions = sorted({str(f.header.versions.get("fingerprint")) for f in files
-                          if isinstance(f.header.versions, dict) and "fingerprint" in f.header.versions})
-    if len(fp_versions) > 1:  # e.g. ranks on different tpguard releases: values are not comparable
+    # e.g. ranks on different tpguard releases: their values are not comparable. Headers before
+    # tpguard.fp/2 did not record it (and other writers need not): "unrecorded" counts as one more.
+    fp_versions = sorted({str(f.header.versions.get("fingerprint", "unrecorded")) if isinstance(f.header.versions, dict)
+                          else "unrecorded" for f in files})
+    if len(fp_versions) > 1:
         ts.warn(f"files hash with different fingerprint definitions ({', '.join(fp_versions)}): "
                 "their values differ even for equal tensors")
     missing = [r for r in range(world_size) if r not in ranks]
