@@ -24,6 +24,7 @@
 #   call14       session 5: the fp/2 fingerprint sweep (tiles and waves), the compiled fingerprint tests
 #   call15       session 5: compiled fingerprint tests; renorm call plans (tests, host time); fingerprint sweep
 #   call16       session 5's validation: every GPU kernel test, the bracket_regions sweep, fingerprint tests, the table
+#   call17       session 5's last: guard/plan GPU tests, the 1,000-call audit through the plans, the guard over NCCL
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
@@ -316,6 +317,18 @@ case "$PHASES" in
       FP_NO_BENCH=1 FP_PYTEST=170 on_gpu $G2 fingerprint
       export K_NO_SWEEP=1 K_NO_BENCH= K_NO_AUDIT=1 K_BENCH=150; on_gpu $G2 kernels ) & P2=$!
     wait $P1 $P2
+    ;;
+  call17)
+    # session 5's last (~330 s on nvidia-h200-x2, TAR_AT=390): GPU 0 the guard/plan GPU tests (direct launches
+    # of the guard's comparison, plans under their lock), then the 1,000-call audit through the call plans;
+    # GPU 1 the guard bench over NCCL afterwards (direct-launch state, fp/2 costs) and the graph check
+    ( timeout 150 python3 -m pytest -q -p no:cacheprovider -s tests/test_gpu_guard_graphs.py tests/test_renorm_plan.py \
+        > /tmp/res/gpu_tests.log 2>&1; say "guard/plan GPU tests rc=$? $(tail -1 /tmp/res/gpu_tests.log)"
+      export K_NO_PYTEST=1 K_NO_SWEEP=1 K_NO_BENCH= K_BENCH=0 AUDIT_CALLS=1000 K_AUDIT=170
+      d=/tmp/res/kernels; mkdir -p $d
+      timeout $K_AUDIT python3 -m tpguard.audit --calls 1000 --device cuda --rows 256 --vocab 163840 > $d/audit.log 2>&1
+      say "kernels audit (plans) rc=$?" )
+    [ "$NGPU" -gt 1 ] && G2_TIMEOUT=100 nccl_guard
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done
