@@ -90,6 +90,25 @@ def hooks_idle(enter, exit_) -> bool:
             and all(h is None or (hasattr(h, "calls") and not h.calls) for h in (enter, exit_)))
 
 
+class _NoGuard:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_GUARD = _NoGuard()
+
+
+def device_guard(device: torch.device):
+    """Triton launches (and `current_stream`) are on the current device: make it the tensors' one
+    (a context switch only when it is not already current: that costs host time on every eager call)."""
+    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+        return _NO_GUARD
+    return torch.cuda.device(device)
+
+
 def int_class(v: int) -> tuple:
     """What Triton bakes into a kernel about an int argument (its specialisation)."""
     return (v == 1, v % 16 == 0, -(1 << 31) <= v < (1 << 31))
@@ -319,5 +338,5 @@ def validate_once(launches: LaunchSet, rerun) -> bool:
     return ok
 
 
-__all__ = ["Captured", "DirectLaunch", "FAILURES", "LaunchSet", "capture_launches", "current_stream", "enabled",
-           "hooks_idle", "int_class", "validate_once"]
+__all__ = ["Captured", "DirectLaunch", "FAILURES", "LaunchSet", "capture_launches", "current_stream", "device_guard",
+           "enabled", "hooks_idle", "int_class", "validate_once"]

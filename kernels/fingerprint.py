@@ -62,7 +62,7 @@ import numpy as np
 import torch
 
 # shared with the renorm call plans' direct launches (kernels/direct_launch.py)
-from tpguard.kernels.direct_launch import DirectLaunch, current_stream, hooks_idle
+from tpguard.kernels.direct_launch import DirectLaunch, current_stream, device_guard, hooks_idle
 
 # The module, not the `tpguard.fingerprint` function that tpguard/__init__ re-exports.
 ref = importlib.import_module("tpguard.fingerprint")
@@ -651,23 +651,6 @@ def _warps(tile: int, cfg: KernelConfig) -> int:
     return max(1, min(cfg.num_warps, tile // 256))
 
 
-class _NoGuard:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NO_GUARD = _NoGuard()
-
-
-def _device_guard(device: torch.device):
-    """Triton launches on the current device: make it the tensors' one (a context switch only
-    when it is not already current: that costs host time on every eager call)."""
-    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
-        return _NO_GUARD
-    return torch.cuda.device(device)
 
 
 def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
@@ -725,7 +708,7 @@ def fingerprint_rows_triton(t: torch.Tensor, *, config: KernelConfig | None = No
     t = _check_tensor(t, "fingerprint_rows")
     cfg = config or SINGLE_TENSOR_CONFIG
     w = _words(t)
-    with _device_guard(t.device):
+    with device_guard(t.device):
         rows_out, _ = _hash_words(w, ref.row_seed(t.dtype, tuple(t.shape)), None, cfg)
     return rows_out
 
@@ -739,7 +722,7 @@ def fingerprint_triton(t: torch.Tensor, *, config: KernelConfig | None = None) -
     top_seed = ref.top_seed(t.dtype, tuple(t.shape))
     if w.rows == 0:  # no data: a constant of dtype and shape (one fill, no sync)
         return torch.full((), _empty_hash(top_seed), dtype=torch.int64, device=t.device)
-    with _device_guard(t.device):
+    with device_guard(t.device):
         rows_out, top = _hash_words(w, ref.row_seed(t.dtype, tuple(t.shape)), top_seed, cfg)
         if top is None:  # too many rows to fuse: hash the row fingerprints as one row of words
             words = rows_out.view(torch.int32).view(1, 2 * w.rows)
@@ -1059,7 +1042,7 @@ class ManyPlan:
                 or not out.is_contiguous():
             raise ValueError(f"ManyPlan.run: out must be a contiguous int64 tensor of >= {self.out_size} "
                              f"elements on {self.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
-        with _device_guard(self.device):
+        with device_guard(self.device):
             for i, scratch in zip(self._copy_index, self._scratch):
                 scratch.copy_(sources[i])
             if self._fast == "untested" and not torch.cuda.is_current_stream_capturing():

@@ -230,7 +230,11 @@ def run(op: str, probs: torch.Tensor, top_k=None, top_p=None, config: RenormConf
     during CUDA graph capture, with plans off, and for empty batches. `top_k`: an int (clamped
     to [1, vocab]) or an int32 [rows] tensor; `top_p` (also min-p's parameter): a float or a
     float32 [rows] tensor; both on probs' device (renorm.py prepares them)."""
-    cfg = config or DEFAULT_CONFIG
+    with dl.device_guard(probs.device):  # the launches, the stream in the key: probs' device
+        return _run(op, probs, top_k, top_p, config or DEFAULT_CONFIG, fingerprint_out)
+
+
+def _run(op: str, probs: torch.Tensor, top_k, top_p, cfg: RenormConfig, fingerprint_out) -> torch.Tensor:
     rows, vocab = probs.shape
     if rows == 0 or not plan_allowed(_capturing(probs)):
         return _run_op(op, probs, top_k, top_p, cfg, fingerprint_out, None)
