@@ -53,6 +53,7 @@ copied to the device once, when the plan is built).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from collections import OrderedDict
@@ -136,6 +137,12 @@ class KernelConfig:
     # configs where the table kernel needs more registers: 163 vs 127 at [8, 1024] x 8 warps)
     many_long: str = "table"
     maxnreg: int | None = 128  # register cap for the long-row lane launches (None: compiler's)
+    # One tensor: > 0 sizes the chunks (any whole number of tiles, not only chunk_words) so that the
+    # programs fill the GPU's SMs x this many CTAs about once, evenly: at 256 x 163840 the defaults'
+    # 640 programs give each SM 4 or 5 (a 25% tail), 32 chunks of 20 tiles give 1024 = 7-8 per SM
+    # (8 CTAs/SM: SINGLE_TENSOR_CONFIG's 64 registers). Session 5, not measured
+    # (kernels/NOTES-fingerprint.md, section 7).
+    fill_ctas_per_sm: int = 0
 
     def __post_init__(self):
         if self.many_long not in ("table", "rows"):
@@ -146,6 +153,8 @@ class KernelConfig:
                 raise ValueError(f"KernelConfig.{name} must be a power of two, got {value}")
         if not 0 <= self.shifts <= SHIFT_ALL:
             raise ValueError(f"KernelConfig.shifts must be a bitmask in [0, {SHIFT_ALL}], got {self.shifts}")
+        if self.fill_ctas_per_sm < 0:
+            raise ValueError(f"KernelConfig.fill_ctas_per_sm must be >= 0, got {self.fill_ctas_per_sm}")
         if self.rows_per_tile > self.block_words:
             raise ValueError("KernelConfig.rows_per_tile must not exceed block_words")
 
@@ -636,15 +645,29 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 
 
-def _tile(rows: int, n_words: int, cfg: KernelConfig) -> tuple[int, int, int, int]:
+def _tile(rows: int, n_words: int, cfg: KernelConfig, slots: int = 0) -> tuple[int, int, int, int]:
     """(BR, BN, chunk_tiles, chunks): long rows get [rows_per_tile, block_words / rows_per_tile]
-    tiles (rows side by side share the per-column position work), short rows many per tile."""
+    tiles (rows side by side share the per-column position work), short rows many per tile.
+    `slots` > 0 (CTAs the GPU holds at once): chunks of as many tiles as spread the programs
+    (row blocks x chunks) over about `slots`, evenly, instead of chunk_words."""
     br_long = max(1, min(cfg.rows_per_tile, _next_pow2(max(rows, 1))))
     bn = min(_next_pow2(max(n_words, 1)), cfg.block_words // br_long)
     br = max(1, min(cfg.block_words // bn, _next_pow2(max(rows, 1))))
     chunk_tiles = max(1, cfg.chunk_words // bn)
+    if slots > 0:
+        tiles = -(-n_words // bn)
+        want_chunks = max(1, slots // -(-rows // br))
+        chunk_tiles = max(1, -(-tiles // want_chunks))
     chunks = max(1, -(-n_words // (chunk_tiles * bn)))
     return br, bn, chunk_tiles, chunks
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device: str) -> int:
+    """Streaming multiprocessors of a CUDA device; 4 elsewhere (the interpreter: tests)."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
+    return 4
 
 
 def _warps(tile: int, cfg: KernelConfig) -> int:
@@ -660,7 +683,8 @@ def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
     rows_out = torch.empty(w.rows, dtype=torch.int64, device=device)
     if w.rows == 0:
         return rows_out, None
-    br, bn, chunk_tiles, chunks = _tile(w.rows, w.n_words, cfg)
+    slots = cfg.fill_ctas_per_sm * _sm_count(str(device)) if cfg.fill_ctas_per_sm else 0
+    br, bn, chunk_tiles, chunks = _tile(w.rows, w.n_words, cfg, slots)
     if chunks > _MAX_GRID_Y:
         raise ValueError(f"rows of {w.n_words} words need {chunks} chunks (> {_MAX_GRID_Y}); "
                          "raise KernelConfig.chunk_words")

@@ -199,7 +199,8 @@ GPU_CHECK = textwrap.dedent("""
     for cfg in (small, k.KernelConfig(shifts=0), k.KernelConfig(shifts=k.SHIFT_ALL), k.KernelConfig(shifts=2),
                 k.KernelConfig(block_words=2048, rows_per_tile=1, chunk_words=16384),
                 k.KernelConfig(block_words=4096, rows_per_tile=4, num_warps=4, chunk_words=2048),
-                k.KernelConfig(block_words=16384, num_warps=16, chunk_words=8192)):
+                k.KernelConfig(block_words=16384, num_warps=16, chunk_words=8192),
+                k.KernelConfig(block_words=2048, maxnreg=None, fill_ctas_per_sm=8)):
         same(make((9, 7000), torch.float32), cfg)
         same(make((40, 300), torch.bfloat16), cfg)
         same(make((3000,), torch.int64), cfg)
@@ -208,6 +209,7 @@ GPU_CHECK = textwrap.dedent("""
                  base.view(20, 30, 100).permute(1, 0, 2), base[0].expand(4, 3000), base[:, 0]):
         same(view)
     same(make((256, 163840), torch.float32))
+    same(make((256, 163840), torch.float32), k.KernelConfig(block_words=2048, maxnreg=None, fill_ctas_per_sm=8))
 
     # fingerprint_many: kernels == reference, fixed launch count
     tensors = [make((256,), torch.int32), make((256,), torch.int64), make((32, 8), torch.int32),

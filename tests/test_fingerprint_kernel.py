@@ -2,6 +2,7 @@
 on CPU tensors under the Triton interpreter: dtypes, shapes, row lengths around the tile size,
 chunked rows, strided views, fingerprint_many, and the hash's properties."""
 
+import dataclasses
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit runs: kernels pick it at decoration
@@ -101,6 +102,21 @@ def test_configs_agree():
                 kfp.KernelConfig(shifts=1), CHUNKY,
                 kfp.KernelConfig(block_words=128, chunk_words=1024, num_warps=2, finalize_rows=4, shifts=3)]:
         assert (top_value(x, cfg), top_value(y, cfg)) == want
+
+
+def test_chunks_sized_to_fill_the_gpu():
+    """`fill_ctas_per_sm`: chunks of any whole number of tiles, so that the programs fill the SMs
+    about once (the H200's 132 SMs x 8 CTAs at 256 x 163840: 32 chunks of 20 tiles, 1024 programs);
+    the bits never change (the interpreter's stand-in GPU has 4 SMs)."""
+    cfg = kfp.KernelConfig(block_words=2048, maxnreg=None, fill_ctas_per_sm=8)
+    assert kfp._tile(256, 163840, cfg, 132 * 8) == (8, 256, 20, 32)
+    assert kfp._tile(256, 128256, cfg, 132 * 8) == (8, 256, 16, 32)
+    assert kfp._tile(1, 163840, cfg, 132 * 8) == (1, 2048, 1, 80)  # one row: every tile a chunk
+    for shape, dtype in [((20, 3000), torch.float32), ((3, 5000), torch.bfloat16), ((1, 7000), torch.int32)]:
+        t = make(shape, dtype)
+        assert_matches(t, dataclasses.replace(CHUNKY, fill_ctas_per_sm=3))
+    with pytest.raises(ValueError, match="fill_ctas_per_sm"):
+        kfp.KernelConfig(fill_ctas_per_sm=-1)
 
 
 def test_one_ulp_permutation_dtype_and_shape_change_the_value():

@@ -157,6 +157,9 @@ SWEEP_CONFIGS = [
     # around run 14's best (offline registers: 38 -> 12 CTAs/SM; 64 -> 8; 64 -> 8; 80 -> 3)
     "block_words=1024,maxnreg=none", "block_words=2048,maxnreg=none,rows_per_tile=16",
     "block_words=2048,maxnreg=none,chunk_words=16384", "block_words=4096,maxnreg=none,num_warps=8",
+    # session 5, not measured: chunks sized so the programs fill the SMs once, evenly (1024 at 8 CTAs/SM)
+    "block_words=2048,maxnreg=none,fill_ctas_per_sm=8", "block_words=4096,maxnreg=none,num_warps=8,fill_ctas_per_sm=3",
+    "fill_ctas_per_sm=4",
 ]
 # fingerprint_many's long rows (the guard's full set: 2 x 168 MB): on top of each base config
 MANY_VARIANTS = [dict(many_long="table"), dict(many_long="table", maxnreg=128),
@@ -181,7 +184,7 @@ def _checked_us(label: str, matches, run, iters: int) -> float | None:
     return graph_batched(run, iters)
 
 
-def sweep(iters: int, budget_s: float = 30.0) -> None:
+def sweep(iters: int, budget_s: float = 30.0, configs: list[str] | None = None) -> None:
     """KernelConfig variants on the main shape (CUDA-graph replay), each checked bit for bit
     against the reference rows first; then the 3 fastest and FULL_SET_CONFIGS on the guard's full set."""
     ref = importlib.import_module("tpguard.fingerprint")
@@ -196,7 +199,7 @@ def sweep(iters: int, budget_s: float = 30.0) -> None:
     top_ref = ref.combine_rows_reference(rows_ref, x.dtype, tuple(x.shape))
     print(f"\nsweep {shape} {dtype} (graph replay): KernelConfig() overrides -> us TB/s")
     timed = []
-    for text in SWEEP_CONFIGS:
+    for text in SWEEP_CONFIGS if configs is None else configs:
         if time.perf_counter() - t0 > budget_s:
             print("  (time budget spent: remaining configs skipped)")
             break
@@ -215,6 +218,9 @@ def sweep(iters: int, budget_s: float = 30.0) -> None:
         return
     timed.sort(key=lambda item: item[0])
     print(f"best (main shape): {timed[0][1]} at {timed[0][0]:.1f} us")
+    if configs is not None:
+        print(f"(full set not swept with --sweep-configs; sweep took {time.perf_counter() - t0:.0f} s)")
+        return
     full = guard_sets()["full"]
     want = k.fingerprint_many_reference(full)
     print("full set (fingerprint_many, graph replay): the 3 fastest configs and FULL_SET_CONFIGS x long-row "
@@ -249,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", action="store_true", help="also time tiling configs on the main shape")
     ap.add_argument("--sweep-budget", type=float, default=30.0, metavar="S",
                     help="seconds the sweep may spend on the main shape (the full set gets 10 more)")
+    ap.add_argument("--sweep-configs", default=None, metavar="A|B|...",
+                    help="sweep these KernelConfig overrides ('|'-separated, '' the defaults) instead of the list")
     ap.add_argument("--no-check", dest="check", action="store_false",
                     help="skip the bit-for-bit check against the numpy reference")
     args = ap.parse_args(argv)
@@ -270,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     results = bench_shapes(shapes, args.iters, args.check)
     many_status = bench_many(args.iters, args.check)
     if args.sweep:
-        sweep(args.iters, args.sweep_budget)
+        sweep(args.iters, args.sweep_budget,
+              None if args.sweep_configs is None else args.sweep_configs.split("|"))
     main_row = results[0]
     nbytes = main_row["mb"] * 1e6
     best = min(main_row["fp_us"], main_row["graph_us"])
