@@ -157,7 +157,7 @@ def output_file_problem(path: str | os.PathLike) -> str | None:
 def replace_from_text(base, text: str, what: str):
     """A copy of dataclass instance `base` with ``name=value,...`` applied (kernel configs from an
     environment variable or a command line). Values take the type of the field's current value
-    (int, float, str; a bool takes 1/0/true/false); ``none`` unsets an optional one. A bad item: a one-line ValueError naming
+    (int, float, str); ``none`` unsets an optional one. A bad item: a one-line ValueError naming
     `what`."""
     fields = [f.name for f in dataclasses.fields(base)]
     changes = {}
@@ -171,10 +171,8 @@ def replace_from_text(base, text: str, what: str):
                 changes[name] = None
             elif isinstance(current, str):
                 changes[name] = value.strip()
-            elif isinstance(current, bool):
-                changes[name] = {"1": True, "true": True, "0": False, "false": False}[value.strip().lower()]
             else:
                 changes[name] = float(value) if isinstance(current, float) else int(value)
-        except (ValueError, KeyError):
+        except ValueError:
             raise ValueError(f"{what}: {name}={value!r}: expected {type(current).__name__}") from None
     return dataclasses.replace(base, **changes)
