@@ -32,6 +32,9 @@ from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
 
 VARIANTS = {  # in order of interest: the time budget cuts the list short (kernels/NOTES.md, run 4)
     "default": {},  # bracket_copy=2 since run 9, bracket_bins=8 since run 10, tps_shared=1 since run 11
+    # session 5 (kernels/NOTES.md, "Top-p select: padded rounds split (session 5)"): the sample bracket's
+    # 5120 samples as 4096 + 1024 blocks instead of one padded 8192 block (same bits; NOT measured)
+    "tps_split": {"tps_split": 1},
     # session 4 (kernels/NOTES.md, "Top-p select rounds (session 4)"): while the bracket's lo and hi
     # searches agree, one 6-sum reduction per round instead of 12
     "tps0": {"tps_shared": 0},  # run 11's default (the two bracket searches apart)

@@ -19,7 +19,8 @@ shapes for 256 x 163840.
 the bracket pass and bracket_select of each RenormConfig variant at 256 x 163840 (kernels/NOTES.md,
 "Sub-bracket bins (session 4)"), with the SASS of each loop (between a backward branch and its target).
 `topp_select [VARIANTS...]`: the top-p select kernel of each sweep variant (default: "default") at 256 x 163840
-(scalar p): registers, stack, SASS counts, its loops (kernels/NOTES.md, "Top-p select rounds (session 4)");
+(scalar p): registers, stack, SASS counts, its loops (kernels/NOTES.md, "Top-p select rounds (session 4)";
+`tps_split`: "Top-p select: padded rounds split (session 5)");
 with TPS_DUMP=DIR the SASS and ttgir are written there.
 """
 
@@ -245,9 +246,12 @@ def topp_select(variants: list[str]) -> None:
                "chunk_sum_ptr": "*fp64", "chunk_bad_ptr": "*i32", "gmax_ptr": "*fp32", "gsamp_ptr": "*fp32",
                "gid_ptr": "*i32", "cand_ptr": "*fp32", "list_cap": "i32", "p_ptr": "*fp32", "p_val": "fp32",
                "params_ptr": "*fp32", "flag_ptr": "*i32", "plan_ptr": "*i32", "target_ptr": "*fp64", "Z": "fp32"}
+        ns_main, ns_rem = tp.sample_blocks(s.n_samples, s.ns_block, cfg.tps_split)
+        ng_rem = tp.sample_blocks(s.n_groups, s.ng_block, cfg.tps_split)[1]
         const = dict(HAS_P_ARR=False, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
-                     NS_BLOCK=s.ns_block, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
-                     CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), TPS_SHARED=bool(cfg.tps_shared))
+                     NS_BLOCK=ns_main, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
+                     CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), TPS_SHARED=bool(cfg.tps_shared),
+                     NS_REM=ns_rem, NG_REM=ng_rem)
         aligned = [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 16, 17]  # (n_chunks = 40)
         res, sass, ttgir, _ = compile_kernel(tp._top_p_select_kernel, sig, const, aligned, cfg.select_warps,
                                              rp.reg_cap(cfg.select_maxnreg, cfg.select_warps).get("maxnreg"),

@@ -103,6 +103,12 @@ class RenormConfig:
     # (same bits). Run 11: the select pass 55.0 -> 46.7 us, top-p flat 347 -> 339 us; 0 = the two searches apart.
     # (top-k + top-p with k >= vocab, plain top-p inside the top-k select kernel, keeps them apart: not measured there)
     tps_shared: int = 1
+    # --- session-5 option (kernels/NOTES.md, "Top-p select: padded rounds split (session 5)"); 0 = off ---
+    # top-p select: 1 = the sample bracket's samples as a power-of-two main block plus a power-of-two remainder
+    # block (4096 + 1024 at vocab 163840, not one padded 8192 block; 128256: 4096, unchanged), and the tau search's
+    # group maxima likewise (exact int64 counts: same tau); same output bits
+    # (float32 summation order differs, so the estimated bracket may differ: it is verified exactly). NOT measured.
+    tps_split: int = 0
 
     def replace(self, **changes) -> "RenormConfig":
         return dataclasses.replace(self, **changes)
@@ -154,6 +160,8 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
         raise ValueError("RenormConfig: bracket_copy must be 0 or 2")
     if cfg.bracket_bins and (cfg.bracket_bins & (cfg.bracket_bins - 1) or not 2 <= cfg.bracket_bins <= 64):
         raise ValueError("RenormConfig: bracket_bins must be 0 or a power of two in 2..64")
+    if cfg.tps_split not in (0, 1):
+        raise ValueError(f"RenormConfig: tps_split must be 0 or 1, got {cfg.tps_split}")
     for name in ("reg", "bracket_reg"):  # register blocks (tl.arange); exact_span assumes it too
         v = getattr(cfg, name)
         if v < 1 or v & (v - 1):

@@ -70,7 +70,61 @@ def _pick_digit(t, c1, c2, c3, ok1, ok2, ok3):
 
 
 @triton.jit
-def _bracket_round(t_lo, t_hi, shift, sv, tau, target, q_low, inv_a, var_scale, floor, Z, m_tau, m_low):
+def _column_sums6(b, x, x2, c1, c2, c3):
+    """Axis-0 sums of the 3 probes' (mass, squared mass) over a [K, R] sample block: K entries per
+    column, held by one thread (RenormConfig.tps_split), so no shuffles and no barrier."""
+    if INTERPRETED:
+        s0, s1 = tl.sum(tl.where(b >= c1, x, 0.0), axis=0), tl.sum(tl.where(b >= c1, x2, 0.0), axis=0)
+        s2, s3 = tl.sum(tl.where(b >= c2, x, 0.0), axis=0), tl.sum(tl.where(b >= c2, x2, 0.0), axis=0)
+        s4, s5 = tl.sum(tl.where(b >= c3, x, 0.0), axis=0), tl.sum(tl.where(b >= c3, x2, 0.0), axis=0)
+    else:
+        s0, s1, s2, s3, s4, s5 = tl.reduce(
+            (tl.where(b >= c1, x, 0.0), tl.where(b >= c1, x2, 0.0),
+             tl.where(b >= c2, x, 0.0), tl.where(b >= c2, x2, 0.0),
+             tl.where(b >= c3, x, 0.0), tl.where(b >= c3, x2, 0.0)), 0, _add6)
+    return s0, s1, s2, s3, s4, s5
+
+
+@triton.jit
+def _split_sums6(sv, sq, rv, rq, c1, c2, c3):
+    """The round's 6 sums over the split samples (tps_split): main block [K, R] and remainder
+    block [1, R] summed per column (main first), then one 6-operand reduction over the R columns."""
+    sb = sv.to(tl.int32, bitcast=True)
+    rb = rv.to(tl.int32, bitcast=True)
+    m0, m1, m2, m3, m4, m5 = _column_sums6(sb, sv, sq, c1, c2, c3)
+    r0, r1, r2, r3, r4, r5 = _column_sums6(rb, rv, rq, c1, c2, c3)
+    if INTERPRETED:
+        s0, s1, s2 = tl.sum(m0 + r0, axis=0), tl.sum(m1 + r1, axis=0), tl.sum(m2 + r2, axis=0)
+        s3, s4, s5 = tl.sum(m3 + r3, axis=0), tl.sum(m4 + r4, axis=0), tl.sum(m5 + r5, axis=0)
+    else:
+        s0, s1, s2, s3, s4, s5 = tl.reduce((m0 + r0, m1 + r1, m2 + r2, m3 + r3, m4 + r4, m5 + r5), 0, _add6)
+    return s0, s1, s2, s3, s4, s5
+
+
+@triton.jit
+def _split_sums12(sv, sq, rv, rq, l1, l2, l3, h1, h2, h3):
+    """_split_sums6 for both ends' probes: 12 column sums, one 12-operand reduction."""
+    sb = sv.to(tl.int32, bitcast=True)
+    rb = rv.to(tl.int32, bitcast=True)
+    m0, m1, m2, m3, m4, m5 = _column_sums6(sb, sv, sq, l1, l2, l3)
+    r0, r1, r2, r3, r4, r5 = _column_sums6(rb, rv, rq, l1, l2, l3)
+    m6, m7, m8, m9, m10, m11 = _column_sums6(sb, sv, sq, h1, h2, h3)
+    r6, r7, r8, r9, r10, r11 = _column_sums6(rb, rv, rq, h1, h2, h3)
+    if INTERPRETED:
+        s0, s1, s2 = tl.sum(m0 + r0, axis=0), tl.sum(m1 + r1, axis=0), tl.sum(m2 + r2, axis=0)
+        s3, s4, s5 = tl.sum(m3 + r3, axis=0), tl.sum(m4 + r4, axis=0), tl.sum(m5 + r5, axis=0)
+        s6, s7, s8 = tl.sum(m6 + r6, axis=0), tl.sum(m7 + r7, axis=0), tl.sum(m8 + r8, axis=0)
+        s9, s10, s11 = tl.sum(m9 + r9, axis=0), tl.sum(m10 + r10, axis=0), tl.sum(m11 + r11, axis=0)
+    else:
+        s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11 = tl.reduce(
+            (m0 + r0, m1 + r1, m2 + r2, m3 + r3, m4 + r4, m5 + r5,
+             m6 + r6, m7 + r7, m8 + r8, m9 + r9, m10 + r10, m11 + r11), 0, _add12)
+    return s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11
+
+
+@triton.jit
+def _bracket_round(t_lo, t_hi, shift, sv, tau, target, q_low, inv_a, var_scale, floor, Z, m_tau, m_low,
+                   rv=None, SPLIT: tl.constexpr = False):
     """One search round for both ends: the largest digit whose probe c < tau has estimate -
     half >= target (lo) / estimate + half >= target (hi). The 12 sampled sums of the round
     (3 probes x 2 ends x (mass, squared mass)) come from one reduction."""
@@ -85,7 +139,10 @@ def _bracket_round(t_lo, t_hi, shift, sv, tau, target, q_low, inv_a, var_scale, 
     # here rather than held in registers across the rounds
     sb = sv.to(tl.int32, bitcast=True)
     sq = sv * sv
-    if INTERPRETED:  # (the interpreter's tl.reduce is a Python loop: 12 numpy sums instead)
+    if SPLIT:  # sv, rv: the [K, R] and [1, R] sample blocks (sample_bracket)
+        al1, ql1, al2, ql2, al3, ql3, ah1, qh1, ah2, qh2, ah3, qh3 = _split_sums12(
+            sv, sq, rv, rv * rv, l1, l2, l3, h1, h2, h3)
+    elif INTERPRETED:  # (the interpreter's tl.reduce is a Python loop: 12 numpy sums instead)
         al1, ql1 = tl.sum(tl.where(sb >= l1, sv, 0.0), axis=0), tl.sum(tl.where(sb >= l1, sq, 0.0), axis=0)
         al2, ql2 = tl.sum(tl.where(sb >= l2, sv, 0.0), axis=0), tl.sum(tl.where(sb >= l2, sq, 0.0), axis=0)
         al3, ql3 = tl.sum(tl.where(sb >= l3, sv, 0.0), axis=0), tl.sum(tl.where(sb >= l3, sq, 0.0), axis=0)
@@ -123,7 +180,8 @@ def _add6(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5):
 
 
 @triton.jit
-def _bracket_round_shared(t, shift, sv, tau, target, q_low, inv_a, var_scale, floor, Z, m_tau, m_low):
+def _bracket_round_shared(t, shift, sv, tau, target, q_low, inv_a, var_scale, floor, Z, m_tau, m_low,
+                          rv=None, SPLIT: tl.constexpr = False):
     """_bracket_round while both ends are still at the same pattern t: their probes coincide, so
     the round's 6 distinct sums (3 probes x (mass, squared mass)) are reduced once and both ends
     pick their digit from the same estimates. Every value is the one _bracket_round computes (the
@@ -134,7 +192,9 @@ def _bracket_round_shared(t, shift, sv, tau, target, q_low, inv_a, var_scale, fl
     c3 = c2 + step
     sb = sv.to(tl.int32, bitcast=True)
     sq = sv * sv
-    if INTERPRETED:
+    if SPLIT:
+        a1, q1, a2, q2, a3, q3 = _split_sums6(sv, sq, rv, rv * rv, c1, c2, c3)
+    elif INTERPRETED:
         a1, q1 = tl.sum(tl.where(sb >= c1, sv, 0.0), axis=0), tl.sum(tl.where(sb >= c1, sq, 0.0), axis=0)
         a2, q2 = tl.sum(tl.where(sb >= c2, sv, 0.0), axis=0), tl.sum(tl.where(sb >= c2, sq, 0.0), axis=0)
         a3, q3 = tl.sum(tl.where(sb >= c3, sv, 0.0), axis=0), tl.sum(tl.where(sb >= c3, sq, 0.0), axis=0)
@@ -158,7 +218,8 @@ def _bracket_round_shared(t, shift, sv, tau, target, q_low, inv_a, var_scale, fl
 
 @triton.jit
 def sample_bracket(samp_row_ptr, n_samples, tau, m_tau, m_low, target, Z, W: tl.constexpr,
-                   NS_BLOCK: tl.constexpr, ROUNDS: tl.constexpr, SHARED: tl.constexpr = False):
+                   NS_BLOCK: tl.constexpr, ROUNDS: tl.constexpr, SHARED: tl.constexpr = False,
+                   NS_REM: tl.constexpr = 0):
     """(lo, hi): a bracket for a cutoff below tau, from the sampled entries < tau.
 
     The mass in [c, tau) is estimated as m_low * (sampled mass in [c, tau)) / (sampled mass
@@ -168,12 +229,27 @@ def sample_bracket(samp_row_ptr, n_samples, tau, m_tau, m_low, target, Z, W: tl.
     both to 2 * ROUNDS bits (rounded outwards). A miss only costs time: the bracket is verified.
     The estimate is statistical, so float32 is plenty (and deterministic).
     SHARED (RenormConfig.tps_shared): the rounds where lo and hi still agree reduce once for both.
+    NS_REM > 0 (RenormConfig.tps_split, sample_blocks): the samples as a main block of NS_BLOCK
+    entries, held as [NS_BLOCK // NS_REM, NS_REM], plus a remainder block [1, NS_REM] (no padding
+    up to the next power of two); every sum adds the two per column, then reduces the columns.
     """
-    i = tl.arange(0, NS_BLOCK)
-    s = tl.maximum(tl.load(samp_row_ptr + i, mask=i < n_samples, other=0.0, cache_modifier=".cg"), 0.0)
-    sv = tl.where(s.to(tl.int32, bitcast=True) < tau, s, 0.0)
-    a_low = tl.sum(sv, axis=0)
-    q_low = tl.sum(sv * sv, axis=0)
+    if NS_REM > 0:
+        k = tl.arange(0, NS_BLOCK // NS_REM)[:, None] * NS_REM
+        j = tl.arange(0, NS_REM)[None, :]
+        s = tl.maximum(tl.load(samp_row_ptr + k + j, mask=k + j < n_samples, other=0.0, cache_modifier=".cg"), 0.0)
+        sv = tl.where(s.to(tl.int32, bitcast=True) < tau, s, 0.0)
+        s = tl.maximum(tl.load(samp_row_ptr + NS_BLOCK + j, mask=NS_BLOCK + j < n_samples, other=0.0,
+                               cache_modifier=".cg"), 0.0)
+        rv = tl.where(s.to(tl.int32, bitcast=True) < tau, s, 0.0)
+        a_low = tl.sum(tl.sum(sv, axis=0) + tl.sum(rv, axis=0), axis=0)
+        q_low = tl.sum(tl.sum(sv * sv, axis=0) + tl.sum(rv * rv, axis=0), axis=0)
+    else:
+        i = tl.arange(0, NS_BLOCK)
+        s = tl.maximum(tl.load(samp_row_ptr + i, mask=i < n_samples, other=0.0, cache_modifier=".cg"), 0.0)
+        sv = tl.where(s.to(tl.int32, bitcast=True) < tau, s, 0.0)
+        a_low = tl.sum(sv, axis=0)
+        q_low = tl.sum(sv * sv, axis=0)
+        rv = None
     inv_a = tl.where(a_low > 0.0, 1.0 / tl.where(a_low > 0.0, a_low, 1.0), 0.0)
     m_low32 = m_low.to(tl.float32)
     var_scale = (W - 1.0) / W * (m_low32 * inv_a) * (m_low32 * inv_a)
@@ -184,16 +260,16 @@ def sample_bracket(samp_row_ptr, n_samples, tau, m_tau, m_low, target, Z, W: tl.
         r = tl.full((), 0, tl.int32)
         while (r < ROUNDS) & (t_lo == t_hi):
             t_lo, t_hi = _bracket_round_shared(t_lo, 30 - 2 * r, sv, tau, target, q_low, inv_a, var_scale,
-                                               floor, Z, m_tau, m_low)
+                                               floor, Z, m_tau, m_low, rv, NS_REM > 0)
             r += 1
         while r < ROUNDS:
             t_lo, t_hi = _bracket_round(t_lo, t_hi, 30 - 2 * r, sv, tau, target, q_low, inv_a, var_scale,
-                                        floor, Z, m_tau, m_low)
+                                        floor, Z, m_tau, m_low, rv, NS_REM > 0)
             r += 1
     else:
         for r in range(ROUNDS):
             t_lo, t_hi = _bracket_round(t_lo, t_hi, 30 - 2 * r, sv, tau, target, q_low, inv_a, var_scale,
-                                        floor, Z, m_tau, m_low)
+                                        floor, Z, m_tau, m_low, rv, NS_REM > 0)
     lo = tl.where(a_low > 0.0, tl.maximum(t_lo, 1), 1)
     hi = tl.where(a_low > 0.0, tl.minimum(t_hi + (1 << (32 - 2 * ROUNDS)), tau), tau)
     lo = tl.minimum(lo, hi)
@@ -201,12 +277,40 @@ def sample_bracket(samp_row_ptr, n_samples, tau, m_tau, m_low, target, Z, W: tl.
 
 
 @triton.jit
+def _packed_counts(b, c1, c2, c3):
+    return ((b >= c1) & (c1 >= 0)).to(tl.int64) + (((b >= c2) & (c2 >= 0)).to(tl.int64) << 20) \
+        + (((b >= c3) & (c3 >= 0)).to(tl.int64) << 40)
+
+
+@triton.jit
+def kth_largest_split(bm, br, k, ROUNDS: tl.constexpr):
+    """kth_largest_block(b, k, 0, 0, ROUNDS) over a block held as a main [K, R] and a remainder
+    [1, R] block (tps_split; padding 0): the same packed int64 counts (exact in any order, summed
+    per column, then over the columns), so the same pattern."""
+    t = tl.full((), 0, tl.int32)
+    for r in range(ROUNDS):
+        step = tl.full((), 1, tl.int32) << (30 - 2 * r)  # int32: round 0's c2, c3 wrap negative (not patterns)
+        c1 = t + step
+        c2 = c1 + step
+        c3 = c2 + step
+        packed = tl.sum(tl.sum(_packed_counts(bm, c1, c2, c3), axis=0) + tl.sum(_packed_counts(br, c1, c2, c3), axis=0),
+                        axis=0)
+        ok1 = (c1 >= 0) & ((packed & 0xFFFFF) >= k)
+        ok2 = (c2 >= 0) & (((packed >> 20) & 0xFFFFF) >= k)
+        ok3 = (c3 >= 0) & ((packed >> 40) >= k)
+        t = tl.where(ok3, c3, tl.where(ok2, c2, tl.where(ok1, c1, t)))
+    return t
+
+
+@triton.jit
 def top_p_plan(src, gid_row, list_row, list_cap, gb, gidx, max_bits, samp_row, n_samples, vocab, total, p,
                G: tl.constexpr, SG: tl.constexpr, NS_BLOCK: tl.constexpr, SUB: tl.constexpr,
                REG: tl.constexpr, TAU_GROUPS: tl.constexpr, Z, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr,
-               TPS_SHARED: tl.constexpr = False):
+               TPS_SHARED: tl.constexpr = False, NS_REM: tl.constexpr = 0, gbm=None, gbr=None,
+               TAU_SPLIT: tl.constexpr = False):
     """(status, thr bits, kept mass, lo, hi, target) for top-p on one row (see module doc).
-    gb: the row's group maxima (bits) in registers."""
+    gb: the row's group maxima (bits) in registers; with TAU_SPLIT (tps_split) the tau search reads
+    them from gbm [K, R] + gbr [1, R] instead (kth_largest_split: the same tau)."""
     target = p.to(tl.float64) * total
     status = tl.full((), 1, tl.int32)
     thr = tl.full((), 0, tl.int32)
@@ -215,7 +319,10 @@ def top_p_plan(src, gid_row, list_row, list_cap, gb, gidx, max_bits, samp_row, n
     hi = tl.full((), 0, tl.int32)
     if p < 1.0:
         # tau: the TAU_GROUPS-th largest group max, to 16 bits (rounded down)
-        tau = tl.maximum(kth_largest_block(gb, TAU_GROUPS, 0, 0, 8), 1)
+        if TAU_SPLIT:
+            tau = tl.maximum(kth_largest_split(gbm, gbr, TAU_GROUPS, 8), 1)
+        else:
+            tau = tl.maximum(kth_largest_block(gb, TAU_GROUPS, 0, 0, 8), 1)
         n_sel = list_groups_block(gid_row, gb, gidx, tau)
         tl.debug_barrier()
         n_cand = n_sel * G
@@ -245,7 +352,7 @@ def top_p_plan(src, gid_row, list_row, list_cap, gb, gidx, max_bits, samp_row, n
                                              True, False, G, SUB)
         else:
             lo, hi = sample_bracket(samp_row, n_samples, tau, m_tau, total - m_tau, target, Z,
-                                    SG, NS_BLOCK, 8, TPS_SHARED)
+                                    SG, NS_BLOCK, 8, TPS_SHARED, NS_REM)
             status = tl.full((), 2, tl.int32)
     return status, thr, kept, lo, hi, target
 
@@ -257,8 +364,12 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                          HAS_P_ARR: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
                          CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, NS_BLOCK: tl.constexpr,
                          SUB: tl.constexpr, REG: tl.constexpr, TAU_GROUPS: tl.constexpr,
-                         CSUB: tl.constexpr, MASS_FIRST: tl.constexpr, TPS_SHARED: tl.constexpr = False):
-    """The per-row top-p plan (module doc): writes the row's plan, target and params."""
+                         CSUB: tl.constexpr, MASS_FIRST: tl.constexpr, TPS_SHARED: tl.constexpr = False,
+                         NS_REM: tl.constexpr = 0, NG_REM: tl.constexpr = 0):
+    """The per-row top-p plan (module doc): writes the row's plan, target and params.
+    NS_REM / NG_REM > 0 (RenormConfig.tps_split): the samples / the group maxima of the tau search as a
+    main block plus a remainder block (sample_blocks): NS_BLOCK is then the samples' main block, NG_BLOCK // 2
+    the group maxima's."""
     row = tl.program_id(0).to(tl.int64)
     ch = tl.arange(0, CH_BLOCK)
     chm = ch < n_chunks
@@ -278,10 +389,20 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
         gidx = tl.arange(0, NG_BLOCK)
         gb = tl.load(gmax_ptr + row * n_groups + gidx, mask=gidx < n_groups, other=0.0,
                      cache_modifier=".cg").to(tl.int32, bitcast=True)
+        if NG_REM > 0:
+            gk = tl.arange(0, NG_BLOCK // 2 // NG_REM)[:, None] * NG_REM
+            gj = tl.arange(0, NG_REM)[None, :]
+            gbm = tl.load(gmax_ptr + row * n_groups + gk + gj, mask=gk + gj < n_groups, other=0.0,
+                          cache_modifier=".cg").to(tl.int32, bitcast=True)
+            gbr = tl.load(gmax_ptr + row * n_groups + NG_BLOCK // 2 + gj, mask=NG_BLOCK // 2 + gj < n_groups,
+                          other=0.0, cache_modifier=".cg").to(tl.int32, bitcast=True)
+        else:
+            gbm = None
+            gbr = None
         status, thr, kept, lo, hi, target = top_p_plan(
             probs_ptr + row * vocab, gid_ptr + row * n_groups, cand_ptr + row * list_cap, list_cap,
             gb, gidx, tl.max(gb, axis=0), gsamp_ptr + row * n_samples, n_samples, vocab, total, p,
-            G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST, TPS_SHARED)
+            G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST, TPS_SHARED, NS_REM, gbm, gbr, NG_REM > 0)
     full = status >= 2
     tl.store(flag_ptr + row, (n_bad > 0).to(tl.int32))
     tl.store(plan_ptr + row * 4, status)
@@ -294,6 +415,18 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
     tl.store(params_ptr + row * 4 + 3, tl.where(full, 0.0, reciprocal_f32(kept)))
 
 
+
+
+def sample_blocks(n_samples: int, ns_block: int, split: int) -> tuple:
+    """(main, remainder) block sizes for n_samples entries padded to ns_block (RenormConfig.tps_split;
+    the sample bracket's samples, and the tau search's group maxima): with split = 1 and n_samples
+    at most 3/4 of ns_block, ns_block / 2 + the remainder's power of two (>= 16; e.g. 5120 at vocab
+    163840: 4096 + 1024, not 8192); else (ns_block, 0): one block, the default kernel."""
+    main = ns_block // 2
+    rem = max(16, triton.next_power_of_2(max(1, n_samples - main)))
+    if split and main >= 2 * rem and main < n_samples:
+        return main, rem
+    return ns_block, 0
 
 
 def workspace_flags(vocab: int, top_k=None, top_p=None) -> tuple:
@@ -322,9 +455,12 @@ def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[Renor
     select_args = (probs, vocab, s.n_chunks, s.n_groups, s.n_samples,
                    ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp, ws.gid, ws.cand, ws.list_cap,
                    p_arr, p_val, ws.params, ws.flag, ws.plan, ws.target, float(cfg.z))
+    ns_main, ns_rem = sample_blocks(s.n_samples, s.ns_block, cfg.tps_split)
+    ng_rem = sample_blocks(s.n_groups, s.ng_block, cfg.tps_split)[1]
     blocks = dict(HAS_P_ARR=has_arr, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
-                  NS_BLOCK=s.ns_block, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
-                  CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), TPS_SHARED=bool(cfg.tps_shared))
+                  NS_BLOCK=ns_main, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
+                  CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), TPS_SHARED=bool(cfg.tps_shared),
+                  NS_REM=ns_rem, NG_REM=ng_rem)
     launch_row_stats(probs, s, ws, cfg, with_sample=True)
     _top_p_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
                                   **reg_cap(cfg.select_maxnreg, cfg.select_warps))

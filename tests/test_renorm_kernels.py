@@ -606,3 +606,89 @@ def test_top_p_select_rounds_same_plan_and_bits(vocab, cfg):
             assert torch.equal(got[1].view(torch.int64), want[1].view(torch.int64)), changes
             assert torch.equal(got[2].view(torch.int32), want[2].view(torch.int32)), changes
             assert torch.equal(got[3].view(torch.int32), want[3].view(torch.int32)), changes
+
+
+# RenormConfig.tps_split (kernels/NOTES.md, "Top-p select: padded rounds split (session 5)"): the
+# samples and the tau search's group maxima as a power-of-two main block plus a remainder block.
+# G = SG = 8 so that 1280 entries give 160 samples and 160 groups: 128 + 32, the proportions of
+# 5120 = 4096 + 1024 at vocab 163840; 1008 entries give 126: one block of 128 (128256's case).
+SPLIT_SHAPES = SMALL.replace(group=8, sample_stride=8)
+
+
+def test_tps_split_blocks_and_bad_values():
+    from tpguard.kernels.renorm_passes import shapes_for
+    from tpguard.kernels.renorm_top_p import sample_blocks
+
+    assert sample_blocks(5120, 8192, 1) == (4096, 1024)  # vocab 163840
+    assert sample_blocks(4008, 4096, 1) == (4096, 0)  # vocab 128256: 2048 + 2048 would not help
+    assert sample_blocks(5120, 8192, 0) == (8192, 0)
+    assert sample_blocks(1250, 2048, 1) == (1024, 256)  # vocab 40000
+    assert sample_blocks(160, 256, 1) == (128, 32) and sample_blocks(126, 128, 1) == (128, 0)
+    assert sample_blocks(20, 32, 1) == (32, 0)  # remainder blocks have >= 16 entries
+    for bad in (2, -1):
+        with pytest.raises(ValueError, match="tps_split must be 0 or 1") as e:
+            shapes_for(3, 1280, SPLIT_SHAPES.replace(tps_split=bad))
+        assert "\n" not in str(e.value)
+        with pytest.raises(ValueError, match="tps_split must be 0 or 1"):
+            top_p_renorm_triton(make_rows(2, 1280, "flat", 1), 0.9, config=SPLIT_SHAPES.replace(tps_split=bad))
+
+
+@triton.jit
+def _kth_largest_pair_kernel(b_ptr, n, k, out_ptr, BLOCK: tl.constexpr, REM: tl.constexpr):
+    from tpguard.kernels.radix_select import kth_largest_block
+    from tpguard.kernels.renorm_top_p import kth_largest_split
+
+    i = tl.arange(0, BLOCK)
+    rows = tl.arange(0, BLOCK // 2 // REM)[:, None] * REM
+    j = tl.arange(0, REM)[None, :]
+    bm = tl.load(b_ptr + rows + j, mask=rows + j < n, other=0)
+    br = tl.load(b_ptr + BLOCK // 2 + j, mask=BLOCK // 2 + j < n, other=0)
+    tl.store(out_ptr, kth_largest_block(tl.load(b_ptr + i, mask=i < n, other=0), k, 0, 0, 8))
+    tl.store(out_ptr + 1, kth_largest_split(bm, br, k, 8))
+
+
+def test_tps_split_tau_search_exact():
+    # the tau search over split group maxima gives kth_largest_block's pattern (exact counts)
+    g = torch.Generator().manual_seed(61)
+    out = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    for trial in range(3):
+        v = torch.rand(160, generator=g) ** 8
+        v[::7] = v[3]  # ties
+        if trial == 2:
+            v[:100] = 0.0  # the largest entries in the remainder block
+        b = v.view(torch.int32).to(DEVICE)
+        for k in (1, 4, 37, 150, 160, 161):
+            _kth_largest_pair_kernel[(1,)](b, 160, k, out, BLOCK=256, REM=32)
+            assert out[0].item() == out[1].item(), (trial, k)
+
+
+@pytest.mark.parametrize("vocab, cfg, scalar_p", [(1280, "split", True), (1008, "split", False),
+                                                  (40000, "default", False)])
+def test_tps_split_same_bits_bracket_holds_cutoff(vocab, cfg, scalar_p):
+    # the split changes the float32 order of the sample sums, so lo and hi may move; the status
+    # (tau's counts are exact int64: same tau), target, cutoff, 1/kept and output bits may not, and
+    # the bracket must still hold the cutoff. 1280 / 40000: both blocks split; 1008: none (same
+    # kernel as tps_split=0). Per-row p; scalar p once (its own kernel specialisation).
+    base_cfg = (SPLIT_SHAPES if cfg == "split" else DEFAULT_CONFIG).replace(tps_split=0)
+    x = torch.cat([make_rows(4, vocab, "flat", 51), make_rows(2, vocab, "peaky", 52)])
+    p = torch.tensor([0.5, 0.9, 0.95, 0.9999, 0.5, 0.9], device=DEVICE)
+    for top_p in (p, 0.9) if scalar_p else (p,):
+        want = _top_p_plan_run(x, top_p, base_cfg)
+        got = _top_p_plan_run(x, top_p, base_cfg.replace(tps_split=1))
+        if top_p is p:
+            assert (want[0][:4, 0] == 2).all() and (want[0][4:, 0] == 1).any()  # bracket and gather rows ran
+        assert torch.equal(got[0][:, 0], want[0][:, 0])
+        if DEVICE == "cpu":  # numpy's float32 sums: these rows' lo and hi come out unchanged too (a
+            # remainder block read at a wrong offset moves them; compiled sums may legitimately differ)
+            assert torch.equal(got[0][:, :3], want[0][:, :3])
+        assert torch.equal(got[1].view(torch.int64), want[1].view(torch.int64))
+        assert torch.equal(got[2].view(torch.int32), want[2].view(torch.int32))
+        assert torch.equal(got[3].view(torch.int32), want[3].view(torch.int32))
+        # the brackets: sane on every FULL row; holding the cutoff on the flat rows (a peaky row
+        # at p = 0.9 is FULL with a bracket that misses: verified and searched elsewhere, same bits)
+        # and on exactly the rows where the default's holds it
+        cut = got[2].view(-1, 4)[:, 2].contiguous().view(torch.int32)
+        full = want[0][:, 0] == 2
+        holds = [(plan[:, 1] <= cut) & (cut < plan[:, 2]) for plan in (got[0], want[0])]
+        assert (got[0][full, 1] >= 1).all() and (got[0][full, 1] <= got[0][full, 2]).all()
+        assert holds[0][:3].all() and torch.equal(holds[0][full], holds[1][full])  # (p = 0.9999 may miss)
