@@ -71,8 +71,9 @@ def _pick_digit(t, c1, c2, c3, ok1, ok2, ok3):
 
 @triton.jit
 def _column_sums6(b, x, x2, c1, c2, c3):
-    """Axis-0 sums of the 3 probes' (mass, squared mass) over a [K, R] sample block: K entries per
-    column, held by one thread (RenormConfig.tps_split), so no shuffles and no barrier."""
+    """Axis-0 sums of the 3 probes' (mass, squared mass) over a sample block: over a [K, R] block
+    (RenormConfig.tps_split) K entries per column, held by one thread, so no shuffles and no
+    barrier; over the default 1-D block the round's whole reduction."""
     if INTERPRETED:
         s0, s1 = tl.sum(tl.where(b >= c1, x, 0.0), axis=0), tl.sum(tl.where(b >= c1, x2, 0.0), axis=0)
         s2, s3 = tl.sum(tl.where(b >= c2, x, 0.0), axis=0), tl.sum(tl.where(b >= c2, x2, 0.0), axis=0)
@@ -194,15 +195,8 @@ def _bracket_round_shared(t, shift, sv, tau, target, q_low, inv_a, var_scale, fl
     sq = sv * sv
     if SPLIT:
         a1, q1, a2, q2, a3, q3 = _split_sums6(sv, sq, rv, rv * rv, c1, c2, c3)
-    elif INTERPRETED:
-        a1, q1 = tl.sum(tl.where(sb >= c1, sv, 0.0), axis=0), tl.sum(tl.where(sb >= c1, sq, 0.0), axis=0)
-        a2, q2 = tl.sum(tl.where(sb >= c2, sv, 0.0), axis=0), tl.sum(tl.where(sb >= c2, sq, 0.0), axis=0)
-        a3, q3 = tl.sum(tl.where(sb >= c3, sv, 0.0), axis=0), tl.sum(tl.where(sb >= c3, sq, 0.0), axis=0)
-    else:
-        a1, q1, a2, q2, a3, q3 = tl.reduce(
-            (tl.where(sb >= c1, sv, 0.0), tl.where(sb >= c1, sq, 0.0),
-             tl.where(sb >= c2, sv, 0.0), tl.where(sb >= c2, sq, 0.0),
-             tl.where(sb >= c3, sv, 0.0), tl.where(sb >= c3, sq, 0.0)), 0, _add6)
+    else:  # the whole (padded) block: the same 6-operand reduction over its one axis
+        a1, q1, a2, q2, a3, q3 = _column_sums6(sb, sv, sq, c1, c2, c3)
     e1, d1 = _estimate(a1, q1, q_low, inv_a, var_scale, floor, Z, m_tau, m_low)
     e2, d2 = _estimate(a2, q2, q_low, inv_a, var_scale, floor, Z, m_tau, m_low)
     e3, d3 = _estimate(a3, q3, q_low, inv_a, var_scale, floor, Z, m_tau, m_low)
