@@ -324,9 +324,8 @@ class DeviceStepGuard(StepGuard):
         host[0], host[1], host[2] = -1, self.site_id, mask  # step -1: the warm-up below makes it 0
         vec[: _HDR + 2 * q].copy_(host.to(self.dev))
         g = {
-            "names": names,
-            "tensors": [tensors[n] for n in names],
-            "by_name": {n: tensors[n] for n in names},
+            "tensors": [tensors[n] for n in names],  # in the order of "slots" (fingerprint_many)
+            "by_name": {n: tensors[n] for n in names},  # the heal copies
             "slots": [_HDR + self.index[n] for n in names],
             "vec": vec,
             "result": result,
