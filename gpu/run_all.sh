@@ -23,7 +23,7 @@
 #   call13       session 5: fingerprint tpguard.fp/2: compiled tests, bench, guard on 1 GPU and over NCCL
 #   call14       session 5: the fp/2 fingerprint sweep (tiles and waves), the compiled fingerprint tests
 #   call15       session 5: compiled fingerprint tests; renorm call plans (tests, host time); fingerprint sweep
-#   call16       session 5's validation: every GPU kernel test, the bracket_regions sweep, fingerprint tests, the table
+#   call16       session 5's validation: every GPU kernel test, the bracket_regions sweep (removed since), fingerprint tests, the table
 #   call17       session 5's last: guard/plan GPU tests, the 1,000-call audit through the plans, the guard over NCCL
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py
 #
@@ -300,7 +300,7 @@ case "$PHASES" in
   call15)
     # session 5 (~330 s on nvidia-h200-x2, TAR_AT=560): GPU 0 the compiled fingerprint/graph/heal tests (fp/2,
     # fused_finalize, the shared direct-launch helpers); GPU 1 the renorm call plans (tests, host time), then
-    # the fingerprint sweep (fused_finalize)
+    # the fingerprint sweep (fused_finalize; removed since, a rerun sweeps the list of today)
     ( export FP_NO_BENCH=1 FP_PYTEST=300; on_gpu 0 fingerprint ) & P1=$!
     ( on_gpu $G2 plans; export FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=120 FP_BENCH_ARGS="--shapes main --sweep --sweep-budget 60"
       on_gpu $G2 fingerprint ) & P2=$!
@@ -308,7 +308,7 @@ case "$PHASES" in
     ;;
   call16)
     # session 5's validation (~500 s on nvidia-h200-x2, TAR_AT=570): GPU 0 every GPU kernel test (with the call
-    # plans' tests); GPU 1 the renorm sweep (default vs bracket_regions, per-pass breakdown), the compiled
+    # plans' tests); GPU 1 the renorm sweep (default vs bracket_regions, removed since: use tps_split now, per-pass breakdown), the compiled
     # fingerprint/graph/heal tests (direct launches through kernels/direct_launch.py), then the kernels table
     ( export TPGUARD_RENORM_GPU_TESTS=all K_PYTEST=420 K_ONLY_PYTEST=1 K_PYTEST_EXTRA=tests/test_renorm_plan.py
       on_gpu 0 kernels ) & P1=$!

@@ -1,8 +1,8 @@
 """Direct kernel launches: call a compiled Triton kernel's launcher with recorded arguments, only
 some of them substituted per call (host time; used by the renorm call plans, kernels/renorm_plan.py).
 
-This generalises `tpguard.kernels.fingerprint._Launch` (one `out` tensor substituted) to a set of
-launches recorded from one normal run of a whole op, with several *roles* substituted per call:
+A set of launches recorded from one normal run of a whole op (fingerprint.py's `_Launch`, a
+subclass, substitutes a single `out` tensor), with several *roles* substituted per call:
 tensors found in the recorded arguments by identity, scalars found by kernel parameter name.
 
 Triton's ``kernel[grid](*args)`` binds and specialises the arguments and looks the compiled
@@ -45,7 +45,12 @@ except Exception:  # noqa: BLE001 - no triton: direct launches are off
     triton = None
 
 HEAD = 9  # grid x3, stream, function, packed metadata, launch metadata, enter hook, exit hook
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+def interpreting() -> bool:
+    """TRITON_INTERPRET as Triton reads it (1, true, on, yes)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+INTERPRET = interpreting()
 FAST_LAUNCH = os.environ.get("TPGUARD_FAST_LAUNCH", "1") != "0"  # 0: always Triton's launch
 FAILURES: dict[str, str] = {}  # kernel names -> why a direct set was refused (benchmarks print it)
 _VALIDATED: dict[str, bool] = {}  # compiled variant -> a direct run equal to Triton's (this process)
@@ -186,20 +191,15 @@ class DirectLaunch:
     def variant(self) -> str:
         return f"{self.name}:{getattr(self.compiled, 'hash', '')}"
 
-    def normal(self) -> None:
-        """Triton's own launch of the arguments given (sets the compiled kernel)."""
-        self.compiled = self.kernel[self.grid](*self.args, **self.meta)
-
     def record(self, tensors: dict, scalars: dict, keep_args: bool = False, args: tuple | None = None,
                views_ok: bool = False) -> bool:
-        """Record the launcher's arguments (no GPU work; needs a launch before: `normal` or a
-        captured one). `tensors`: role -> the tensor passed (found by identity); `scalars`:
+        """Record the launcher's arguments (no GPU work; needs a launch before: a captured one, or
+        a subclass's own normal launch). `tensors`: role -> the tensor passed (found by identity); `scalars`:
         kernel parameter name -> (role, the value passed). True if the layout is recognised.
         `args`: the Python arguments to record with (default: the ones given at construction).
         `views_ok`: other arguments may be views of a substituted tensor (callers that key their
         cached launches on those arguments' addresses, as fingerprint._Launch's do).
-        Without `keep_args` the Python arguments are dropped (no caller tensor kept alive;
-        `normal` is then unusable)."""
+        Without `keep_args` the Python arguments are dropped (no caller tensor kept alive)."""
         compiled = self.compiled
         if compiled is None:
             self.refusal = "no compiled kernel"
@@ -339,4 +339,4 @@ def validate_once(launches: LaunchSet, rerun) -> bool:
 
 
 __all__ = ["Captured", "DirectLaunch", "FAILURES", "LaunchSet", "capture_launches", "current_stream", "device_guard",
-           "enabled", "hooks_idle", "int_class", "validate_once"]
+           "enabled", "hooks_idle", "int_class", "interpreting", "validate_once"]

@@ -63,7 +63,7 @@ import numpy as np
 import torch
 
 # shared with the renorm call plans' direct launches (kernels/direct_launch.py)
-from tpguard.kernels.direct_launch import DirectLaunch, current_stream, device_guard, hooks_idle
+from tpguard.kernels.direct_launch import DirectLaunch, current_stream, device_guard, hooks_idle, interpreting
 
 # The module, not the `tpguard.fingerprint` function that tpguard/__init__ re-exports.
 ref = importlib.import_module("tpguard.fingerprint")
@@ -75,8 +75,8 @@ except ImportError:  # CPU-only install: available() is False and nothing below 
     triton = None
     tl = None
 
-# Read once: @triton.jit chooses the CPU interpreter at decoration time.
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# Read once: @triton.jit chooses the CPU interpreter at decoration time (Triton's own spellings).
+INTERPRET = interpreting()
 
 
 def _interpreter_index_fix() -> None:
@@ -807,14 +807,14 @@ class _Launch(DirectLaunch):
         `out` was found among them. Needs a normal launch before (the compiled kernel)."""
         # views_ok: the guard's comparison writes `out` next to `gathered` in one buffer; the callers
         # key their cached launches on the other arguments' addresses
-        if not super().record({} if out is None else {0: out}, {}, keep_args=True, args=self._bound(out),
-                              views_ok=True):
+        role = {} if out is None or self.out_pos is None else {0: out}  # lane launches never read `out`
+        if not super().record(role, {}, keep_args=True, args=self._bound(out), views_ok=True):
             return False
         if self.out_pos is not None and not self.slots:
             self.refusal = "output argument not found among the launcher's arguments"
             self.forget()
             return False
-        self._out_align = out.data_ptr() % 16 if out is not None else 0
+        self._out_align = out.data_ptr() % 16 if role else 0
         return True
 
     def forget(self) -> None:

@@ -10,8 +10,8 @@ Reference: `heal_pack_torch` / `heal_unpack_torch` below (also the fallback).
 One program per tensor (at most `MAX_TENSORS`, the decision quantities). The tensors' addresses
 travel as plain integers with a constexpr dtype code per slot, not as tensor arguments: a cached
 direct launch (`_Launch`, kernels/fingerprint.py) then keeps no decision tensor alive, so the
-allocator can hand a later step the same addresses and the cache hits. It does keep the guard's
-vector / result buffer of its last launch (a few KB each, at most `_LAUNCHES_MAX` entries).
+allocator can hand a later step the same addresses and the cache hits; the guard's vector (the
+substituted `out`) is not kept either.
 """
 
 from __future__ import annotations

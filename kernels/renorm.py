@@ -23,7 +23,6 @@ skips the top-k stage altogether.
 from __future__ import annotations
 
 import math
-import os
 from typing import Union
 
 import torch
@@ -36,7 +35,9 @@ BACKENDS = ("auto", "triton", "torch")
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+    from tpguard.kernels.direct_launch import interpreting
+
+    return interpreting()
 
 
 def triton_available() -> bool:

@@ -177,9 +177,10 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
     with_top_p = top_p is not None
     has_k = isinstance(top_k, torch.Tensor)
     has_p = isinstance(top_p, torch.Tensor)
-    full_top_p, _ = workspace_flags(vocab, top_k, top_p)
+    flags = workspace_flags(vocab, top_k, top_p)
+    full_top_p = flags[0]
     s = shapes_for(rows, vocab, cfg)
-    ws = workspace or workspace_for(s, cfg, probs.device, with_sample=full_top_p, with_bracket=full_top_p)
+    ws = workspace or workspace_for(s, cfg, probs.device, *flags)
     select_args = (probs, vocab, s.n_chunks, s.n_groups, s.n_samples,
                    ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp, ws.gid, ws.cand, ws.list_cap,
                    top_k if has_k else ws.flag, 0 if has_k else int(min(max(int(top_k), 1), vocab)),

@@ -3,8 +3,8 @@
 `_renorm_write_fp_kernel` is `renorm_passes._renorm_write_kernel` (same grid (rows, chunks), same
 CHUNK, same math: ``out = where(keep, (x * r1) * r2, 0)``, NaN rows, params ``[rows, 4]`` =
 thr1, r1, thr2, r2 and flag) plus, over the fp32 words it stores, the row-hash lane sums of the
-fingerprint definition (`tpguard.fingerprint`: h_j, g_j at word position j = column, summed into
-uint64 L1, L2). Each (row, chunk) program stores its two sums into partials ``[chunks, rows, 2]``
+fingerprint definition (`tpguard.fingerprint`, tpguard.fp/2: h_j and h_j ** 2 at word position
+j = column, summed into uint64 L1, L2). Each (row, chunk) program stores its two sums into partials ``[chunks, rows, 2]``
 (the layout of `tpguard.kernels.fingerprint`), which `_finalize_kernel` of that module turns into
 ``fingerprint_rows(out)`` and ``fingerprint(out)``: no second read of the 168 MB output.
 
@@ -12,9 +12,9 @@ References: the output is `launch_write`'s (kernels/renorm_passes.py; torch refe
 kernels/reference.py); the fingerprints are `tpguard.fingerprint.fingerprint_rows_reference` /
 `fingerprint` (numpy). Integer sums: no atomics, any order gives the same bits.
 
-Cost: the write pass is memory-bound (one read + one write); the hash adds ~24 integer
+Cost: the write pass is memory-bound (one read + one write); the hash adds ~15 integer
 instructions per word (one row per program: the position mix is per word, not shared by rows as
-in the standalone kernel), which the memory time should mostly hide. One extra tiny launch
+in the standalone kernel): +8.4 us over the plain write at 256 x 163840 on an H200 (run 13). One extra tiny launch
 (finalize: ~rows x chunks x 16 bytes read).
 """
 

@@ -146,13 +146,7 @@ class DeviceStepGuard(StepGuard):
                 # the usual case: one batch, values written straight into the vector's slots
                 fingerprint_many(batch, out=vec, out_index=slots)
             else:
-                fps = self._fingerprints(batch_names, batch)
-                key = tuple(slots)
-                idx = self._idx_cache.get(key)
-                if idx is None:
-                    idx = torch.tensor(slots, dtype=torch.long, device=self.dev)
-                    self._idx_cache[key] = idx
-                vec.index_copy_(0, idx, fps)
+                vec.index_copy_(0, self._index_tensor(slots), self._fingerprints(batch_names, batch))
         for slot_i, fp in ready:  # one 8-byte device copy each, behind the header's
             vec[slot_i:slot_i + 1].copy_(fp.reshape(1))
         if self.heal_layout:  # this rank's decisions into the vector: rank 0's travel to everyone
@@ -171,12 +165,22 @@ class DeviceStepGuard(StepGuard):
         for k, t in enumerate(tensors):
             by_device.setdefault(t.device, []).append(k)
         for ks in by_device.values():
-            fps = fingerprint_many([tensors[k] for k in ks]).to(self.dev, non_blocking=True)
+            # to the CPU (gloo) a non-blocking copy lands in pinned memory that the CPU ops
+            # below could read before the copy is done: blocking there; GPU to GPU stays async
+            fps = fingerprint_many([tensors[k] for k in ks]).to(self.dev, non_blocking=self.dev.type == "cuda")
             if len(ks) == len(names):
                 out.copy_(fps)
             else:
-                out.index_copy_(0, torch.tensor(ks, device=self.dev), fps)
+                out.index_copy_(0, self._index_tensor(ks), fps)
         return out
+
+    def _index_tensor(self, positions) -> torch.Tensor:
+        """A cached int64 index tensor on the comm device (no host-to-device copy per step)."""
+        key = tuple(positions)
+        idx = self._idx_cache.get(key)
+        if idx is None:
+            idx = self._idx_cache[key] = torch.tensor(key, dtype=torch.long, device=self.dev)
+        return idx
 
     def _enqueue(self, vec: torch.Tensor, step: int, slot: dict) -> None:
         """All-gather, fused heal, compare, and the asynchronous copy to pinned host memory."""
