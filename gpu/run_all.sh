@@ -308,12 +308,12 @@ case "$PHASES" in
     ;;
   call16)
     # session 5's validation (~500 s on nvidia-h200-x2, TAR_AT=570): GPU 0 every GPU kernel test (with the call
-    # plans' tests); GPU 1 the renorm sweep (default vs bracket_regions, removed since: use tps_split now, per-pass breakdown), the compiled
+    # plans' tests); GPU 1 the renorm sweep (run 17: default vs bracket_regions, removed since; now default vs tps_split, per-pass breakdown), the compiled
     # fingerprint/graph/heal tests (direct launches through kernels/direct_launch.py), then the kernels table
     ( export TPGUARD_RENORM_GPU_TESTS=all K_PYTEST=420 K_ONLY_PYTEST=1 K_PYTEST_EXTRA=tests/test_renorm_plan.py
       on_gpu 0 kernels ) & P1=$!
     ( export K_NO_PYTEST=1 K_SWEEP=140 K_SWEEP_BUDGET=110 K_NO_BENCH=1
-      export K_SWEEP_ARGS="--variants default,regions --breakdown default,regions"; on_gpu $G2 kernels
+      export K_SWEEP_ARGS="--variants default,tps_split --breakdown default,tps_split"; on_gpu $G2 kernels
       FP_NO_BENCH=1 FP_PYTEST=170 on_gpu $G2 fingerprint
       export K_NO_SWEEP=1 K_NO_BENCH= K_NO_AUDIT=1 K_BENCH=150; on_gpu $G2 kernels ) & P2=$!
     wait $P1 $P2
