@@ -87,12 +87,13 @@ def workspace_flags(vocab: int, top_k=None, top_p=None) -> tuple:
 
 
 def min_p_renorm_triton(probs: torch.Tensor, min_p: MinP, config: Optional[RenormConfig] = None,
-                        fingerprint_out: Optional[torch.Tensor] = None, workspace=None) -> torch.Tensor:
+                        fingerprint_out: Optional[torch.Tensor] = None, workspace=None,
+                        out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Triton min-p renorm of a float32 [rows, vocab] tensor (no input checks: see renorm.py).
-    `workspace`: as in top_p_renorm_triton."""
+    `workspace`, `out`: as in top_p_renorm_triton."""
     cfg = config or DEFAULT_CONFIG
     rows, vocab = probs.shape
-    out = torch.empty_like(probs)
+    out = torch.empty_like(probs) if out is None else out
     if rows == 0:
         if fingerprint_out is not None:
             fill_fingerprint(out, fingerprint_out)

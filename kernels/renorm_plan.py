@@ -34,6 +34,7 @@ from dataclasses import fields
 import torch
 
 from tpguard.kernels import direct_launch as dl
+from tpguard.kernels import row_split
 from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, RenormConfig, shapes_for, workspace_for
 
 MAX_PLANS = int(os.environ.get("TPGUARD_RENORM_PLANS", "4"))
@@ -57,15 +58,15 @@ def _op_module(op: str):
     return m
 
 
-def _run_op(op: str, probs, k, p, cfg, fp, ws):
+def _run_op(op: str, probs, k, p, cfg, fp, ws, out=None):
     m = _op_module(op)
     if op == "top_p":
-        return m.top_p_renorm_triton(probs, p, cfg, fp, workspace=ws)
+        return m.top_p_renorm_triton(probs, p, cfg, fp, workspace=ws, out=out)
     if op == "min_p":
-        return m.min_p_renorm_triton(probs, p, cfg, fp, workspace=ws)
+        return m.min_p_renorm_triton(probs, p, cfg, fp, workspace=ws, out=out)
     if op == "top_k":
-        return m.top_k_renorm_triton(probs, k, cfg, fp, workspace=ws)
-    return m.top_k_top_p_renorm_triton(probs, k, p, cfg, fp, workspace=ws)
+        return m.top_k_renorm_triton(probs, k, cfg, fp, workspace=ws, out=out)
+    return m.top_k_top_p_renorm_triton(probs, k, p, cfg, fp, workspace=ws, out=out)
 
 
 def plan_allowed(capturing: bool) -> bool:
@@ -236,7 +237,15 @@ def run(op: str, probs: torch.Tensor, top_k=None, top_p=None, config: RenormConf
 
 def _run(op: str, probs: torch.Tensor, top_k, top_p, cfg: RenormConfig, fingerprint_out) -> torch.Tensor:
     rows, vocab = probs.shape
-    if rows == 0 or not plan_allowed(_capturing(probs)):
+    capturing = _capturing(probs)
+    # a captured call's rows in parts on side streams (kernels/row_split.py); the streams are made
+    # on an eager call where there is one (outside any capture)
+    parts = row_split.parts_for(rows, cfg.graph_row_split) if probs.is_cuda and fingerprint_out is None else 1
+    streams = row_split.side_streams(probs.device, parts) if parts > 1 else None
+    if capturing and streams:
+        return row_split.run_split(lambda x, k, p, out: _run_op(op, x, k, p, cfg, None, None, out),
+                                   probs, (top_k, top_p), parts, streams)
+    if rows == 0 or not plan_allowed(capturing):
         return _run_op(op, probs, top_k, top_p, cfg, fingerprint_out, None)
     top_k, top_p = _scalars(probs, top_k, top_p)
     key = plan_key(op, probs, top_k, top_p, cfg, fingerprint_out)

@@ -166,10 +166,11 @@ def workspace_flags(vocab: int, top_k=None, top_p=None) -> tuple:
 
 
 def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Optional[RenormConfig],
-         fingerprint_out: Optional[torch.Tensor] = None, workspace=None) -> torch.Tensor:
+         fingerprint_out: Optional[torch.Tensor] = None, workspace=None,
+         out: Optional[torch.Tensor] = None) -> torch.Tensor:
     cfg = config or DEFAULT_CONFIG
     rows, vocab = probs.shape
-    out = torch.empty_like(probs)
+    out = torch.empty_like(probs) if out is None else out
     if rows == 0:
         if fingerprint_out is not None:
             fill_fingerprint(out, fingerprint_out)
@@ -200,15 +201,17 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
 
 
 def top_k_renorm_triton(probs: torch.Tensor, top_k: TopK, config: Optional[RenormConfig] = None,
-                        fingerprint_out: Optional[torch.Tensor] = None, workspace=None) -> torch.Tensor:
+                        fingerprint_out: Optional[torch.Tensor] = None, workspace=None,
+                        out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Triton top-k renorm of a float32 [rows, vocab] tensor (no input checks: see renorm.py).
-    ``top_k`` is an int or an int32 [rows] tensor on the same device. `workspace`: as in
+    ``top_k`` is an int or an int32 [rows] tensor on the same device. `workspace`, `out`: as in
     top_p_renorm_triton (of `workspace_flags`)."""
-    return _run(probs, top_k, None, config, fingerprint_out, workspace)
+    return _run(probs, top_k, None, config, fingerprint_out, workspace, out)
 
 
 def top_k_top_p_renorm_triton(probs: torch.Tensor, top_k: TopK, top_p: TopP,
                               config: Optional[RenormConfig] = None,
-                              fingerprint_out: Optional[torch.Tensor] = None, workspace=None) -> torch.Tensor:
+                              fingerprint_out: Optional[torch.Tensor] = None, workspace=None,
+                              out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Triton top-k then top-p renorm (k >= vocab skips the top-k stage)."""
-    return _run(probs, top_k, top_p, config, fingerprint_out, workspace)
+    return _run(probs, top_k, top_p, config, fingerprint_out, workspace, out)
