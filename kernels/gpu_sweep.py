@@ -31,10 +31,21 @@ from tpguard.kernels import reference as ref
 from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
 
 VARIANTS = {  # in order of interest: the time budget cuts the list short (kernels/NOTES.md, run 4)
-    "default": {},  # bracket_copy=2 since run 9, bracket_bins=8 since run 10, tps_shared=1 since run 11
-    # session 5 (kernels/NOTES.md, "Top-p select: padded rounds split (session 5)"): the sample bracket's
-    # 5120 samples as 4096 + 1024 blocks instead of one padded 8192 block (same bits; NOT measured)
-    "tps_split": {"tps_split": 1},
+    "default": {},  # bracket_copy=2 since run 9, bracket_bins=8 since run 10, tps_shared=1 since run 11, tps_split=1 since run 19
+    # session 5 (kernels/NOTES.md, "Top-p select: padded rounds split (session 5)"): run 18's default, the
+    # sample bracket's 5120 samples as one padded 8192 block (run 19: select 46.6 vs 37.7 us split)
+    "tps_split0": {"tps_split": 0},
+    # session 6 (kernels/NOTES.md, "Bracket misses near tau (session 6)"): hi = tau when fewer than this many
+    # samples lie in [hi, tau); 0 = run 19's rule (top_p_mid: logits N(0, 1) x 4, where ~3% of the rows missed)
+    "hi0": {"bracket_hi_samples": 0},
+    "hi32": {"bracket_hi_samples": 32},
+    # session 6: the bracket pass's register cap apart from bracket_select's (more CTAs per SM)
+    # (80 the default since run 20: top-p flat 330 -> 316 us; 96: 320, 64: 320)
+    "bpass0": {"bracket_pass_maxnreg": 0},  # run 19's: the pass at bracket_maxnreg (128)
+    "bpass_r72": {"bracket_pass_maxnreg": 72},
+    "bpass_r88": {"bracket_pass_maxnreg": 88},
+    "bsel_w16": {"bracket_warps": 16},  # run 20's bracket_select: 1 CTA per SM (two waves of 256 rows); 8 since run 21
+    "bchunk8k_w8": {"bracket_chunk": 8192, "bracket_pass_warps": 8},
     # session 4 (kernels/NOTES.md, "Top-p select rounds (session 4)"): while the bracket's lo and hi
     # searches agree, one 6-sum reduction per round instead of 12
     "tps0": {"tps_shared": 0},  # run 11's default (the two bracket searches apart)
@@ -70,12 +81,14 @@ def graph_us(fn, iters, per_replay=1):
     return time_graph(fn, iters, per_replay=per_replay, strict=False)
 
 
-def ops_for(cfg, flat, peaky):
+def ops_for(cfg, flat, peaky, mid):
     return {
         "top_p_flat": (lambda: renorm_top_p.top_p_renorm_triton(flat, 0.9, config=cfg),
                        lambda: ref.top_p_renorm_reference(flat, 0.9)),
         "top_p_peaky": (lambda: renorm_top_p.top_p_renorm_triton(peaky, 0.9, config=cfg),
                         lambda: ref.top_p_renorm_reference(peaky, 0.9)),
+        "top_p_mid": (lambda: renorm_top_p.top_p_renorm_triton(mid, 0.9, config=cfg),
+                      lambda: ref.top_p_renorm_reference(mid, 0.9)),
         "top_k40_flat": (lambda: renorm_top_k.top_k_renorm_triton(flat, 40, config=cfg),
                          lambda: ref.top_k_renorm_reference(flat, 40)),
         "top_k1024_flat": (lambda: renorm_top_k.top_k_renorm_triton(flat, 1024, config=cfg),
@@ -156,17 +169,18 @@ def main(argv=None):
     start = time.time()
     flat = probs(a.rows, a.vocab, 1.0)
     peaky = probs(a.rows, a.vocab, 5.0, seed=1)
+    mid = probs(a.rows, a.vocab, 4.0, seed=2)  # kept sets of a few hundred, cutoffs near tau
     out = torch.empty_like(flat)
     floor = time_events(lambda: out.copy_(flat), a.iters)
     print(f"# {torch.cuda.get_device_name()} {a.rows}x{a.vocab} fp32; copy floor {floor:.1f} us; "
           f"torch {torch.__version__}, triton {triton.__version__}; {DEFAULT_CONFIG}", flush=True)
     print("# variants: graph-replay us / eager us per op", flush=True)
-    expected = {name: r() for name, (_, r) in ops_for(DEFAULT_CONFIG, flat, peaky).items()}
+    expected = {name: r() for name, (_, r) in ops_for(DEFAULT_CONFIG, flat, peaky, mid).items()}
     results = {"floor_us": floor, "variants": {}, "breakdown": {}, "configs": VARIANTS}
     baseline = {}
     for bname in filter(None, a.breakdown.split(",")):
         bcfg = DEFAULT_CONFIG.replace(**VARIANTS[bname])
-        for name, (fn, _) in ops_for(bcfg, flat, peaky).items():
+        for name, (fn, _) in ops_for(bcfg, flat, peaky, mid).items():
             key = name if bname == "default" else f"{bname}/{name}"
             try:
                 results["breakdown"][key] = bd = breakdown(fn, a.iters)
@@ -182,7 +196,7 @@ def main(argv=None):
         cfg = DEFAULT_CONFIG.replace(**VARIANTS[vname])
         row = {}
         t0 = time.time()
-        for name, (fn, _) in ops_for(cfg, flat, peaky).items():
+        for name, (fn, _) in ops_for(cfg, flat, peaky, mid).items():
             try:
                 res = fn()
                 same_kept, gap = check(res, expected[name])

@@ -246,8 +246,8 @@ def topp_select(variants: list[str]) -> None:
                "chunk_sum_ptr": "*fp64", "chunk_bad_ptr": "*i32", "gmax_ptr": "*fp32", "gsamp_ptr": "*fp32",
                "gid_ptr": "*i32", "cand_ptr": "*fp32", "list_cap": "i32", "p_ptr": "*fp32", "p_val": "fp32",
                "params_ptr": "*fp32", "flag_ptr": "*i32", "plan_ptr": "*i32", "target_ptr": "*fp64", "Z": "fp32"}
-        ns_main, ns_rem = tp.sample_blocks(s.n_samples, s.ns_block, cfg.tps_split)
-        ng_rem = tp.sample_blocks(s.n_groups, s.ng_block, cfg.tps_split)[1]
+        ns_main, ns_rem = tp.sample_blocks(s.n_samples, s.ns_block, cfg.tps_split, 32 * cfg.select_warps)
+        ng_rem = tp.sample_blocks(s.n_groups, s.ng_block, cfg.tps_split, 32 * cfg.select_warps)[1]
         const = dict(HAS_P_ARR=False, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
                      NS_BLOCK=ns_main, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
                      CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), TPS_SHARED=bool(cfg.tps_shared),

@@ -67,7 +67,10 @@ class RenormConfig:
     select_warps: int = 8  # the per-row kernels hold a row's group maxima in registers
     sub: int = 1024  # entries per step when the per-row searches stream
     reg: int = 2048  # candidates searched from registers (more are streamed)
-    bracket_warps: int = 16  # bracket_select (run 2 on the H200: 16 warps / 8192 beat 32 / 16384)
+    # bracket_select: 8 warps (2 CTAs per SM: 256 rows in one wave) since run 21: top-p flat 314 -> 299 us, logits x 4
+    # 297 -> 282, bracket_select 49.6 -> 33.7 us (run 22; 16 warps at 1 CTA per SM ran two waves; run 2 had 16 warps /
+    # 8192 beat 32 / 16384)
+    bracket_warps: int = 8
     bracket_reg: int = 16384  # bracket entries searched from registers (~10-14k on flat rows; run 4: was 8192)
     group: int = 32  # G: entries per gmax group
     sample_stride: int = 32  # SG: one sampled entry per SG entries (a multiple of G)
@@ -87,6 +90,10 @@ class RenormConfig:
     # at 128 both fit 2 CTAs per SM, with 0-32 bytes of stack (sm_90a, cuobjdump).
     select_maxnreg: int = 128
     bracket_maxnreg: int = 128
+    # the bracket pass's own cap (0: bracket_maxnreg): the streaming pass compiles to ~100 registers (5 CTAs per
+    # SM at 4 warps) where bracket_select needs its 128. Run 20 (H200, graph): top-p flat 330 -> 316 us at 80
+    # (96: 320, 64: 320), top-p logits x 4 305 -> 298, min-p flat 206 -> 202
+    bracket_pass_maxnreg: int = 80
     # --- session-3 option (kernels/NOTES.md, "bracket_copy=2"; bsel_radix, bsel_window and bracket_copy=1
     # were removed in session 4 after run 9: slower, see "Session 3 variants") ---
     # bracket pass copy-out: 2 (run 9's winner: bracket pass 100 -> 75 us, top-p flat 386 -> 364) = one scan over
@@ -103,12 +110,24 @@ class RenormConfig:
     # (same bits). Run 11: the select pass 55.0 -> 46.7 us, top-p flat 347 -> 339 us; 0 = the two searches apart.
     # (top-k + top-p with k >= vocab, plain top-p inside the top-k select kernel, keeps them apart: not measured there)
     tps_shared: int = 1
-    # --- session-5 option (kernels/NOTES.md, "Top-p select: padded rounds split (session 5)"); 0 = off ---
+    # --- session-5 option (kernels/NOTES.md, "Top-p select: padded rounds split (session 5)"); 0 = run 18's code ---
     # top-p select: 1 = the sample bracket's samples as a power-of-two main block plus a power-of-two remainder
     # block (4096 + 1024 at vocab 163840, not one padded 8192 block; 128256: 4096, unchanged), and the tau search's
     # group maxima likewise (exact int64 counts: same tau); same output bits
-    # (float32 summation order differs, so the estimated bracket may differ: it is verified exactly). NOT measured.
-    tps_split: int = 0
+    # (float32 summation order differs, so the estimated bracket may differ: it is verified exactly). Run 19
+    # (session 6, H200, graph): the select pass 46.6 -> 37.7 us, top-p flat 336 -> 326 us, peaky 210 -> 207.
+    tps_split: int = 1
+    # --- session-6 option (kernels/NOTES.md, "Bracket misses near tau (session 6)"); 0 = run 19's code ---
+    # top-p select: with fewer than this many samples in [hi, tau), hi = tau (the estimate's variance there rests
+    # on a handful of samples; a bracket ending below the cutoff sends the row to bracket_select's slowest path).
+    # Run 20: top-p on logits N(0, 1) x 4 437 -> 305 us. The top-p select kernel only (top-k + top-p with k >= vocab,
+    # whose select kernel runs the same plan, keeps the old rule and no tps_split: not measured there)
+    bracket_hi_samples: int = 16
+    # --- session-6 option (kernels/row_split.py); 1 = off ---
+    # a call captured in a CUDA graph runs its rows in this many parts, each on its own stream, so that one part's
+    # streaming passes overlap the other's per-row kernels (same bits: the kernels are batch-invariant). Run 20
+    # (H200, graph, 256 x 163840): top-p flat 327.6 -> 314.6 us, top-p logits x 4 307.9 -> 270.4
+    graph_row_split: int = 2
 
     def replace(self, **changes) -> "RenormConfig":
         return dataclasses.replace(self, **changes)
@@ -500,7 +519,7 @@ def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormCon
         CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=bool(cfg.bracket_prefetch),
         COPY_MODE=copy_mode(cfg), **bins_args(ws, cfg),
         num_warps=cfg.bracket_pass_warps or cfg.pass_warps,
-        **reg_cap(cfg.bracket_maxnreg, cfg.bracket_pass_warps or cfg.pass_warps),
+        **reg_cap(cfg.bracket_pass_maxnreg or cfg.bracket_maxnreg, cfg.bracket_pass_warps or cfg.pass_warps),
     )
     _bracket_select_kernel[(s.rows,)](
         probs, s.vocab, s.n_bchunks, s.n_groups, ws.plan, ws.target, ws.params, ws.mhi, ws.cnt, ws.slots,

@@ -213,7 +213,7 @@ def _bracket_round_shared(t, shift, sv, tau, target, q_low, inv_a, var_scale, fl
 @triton.jit
 def sample_bracket(samp_row_ptr, n_samples, tau, m_tau, m_low, target, Z, W: tl.constexpr,
                    NS_BLOCK: tl.constexpr, ROUNDS: tl.constexpr, SHARED: tl.constexpr = False,
-                   NS_REM: tl.constexpr = 0):
+                   NS_REM: tl.constexpr = 0, HI_SAMPLES: tl.constexpr = 0):
     """(lo, hi): a bracket for a cutoff below tau, from the sampled entries < tau.
 
     The mass in [c, tau) is estimated as m_low * (sampled mass in [c, tau)) / (sampled mass
@@ -226,6 +226,8 @@ def sample_bracket(samp_row_ptr, n_samples, tau, m_tau, m_low, target, Z, W: tl.
     NS_REM > 0 (RenormConfig.tps_split, sample_blocks): the samples as a main block of NS_BLOCK
     entries, held as [NS_BLOCK // NS_REM, NS_REM], plus a remainder block [1, NS_REM] (no padding
     up to the next power of two); every sum adds the two per column, then reduces the columns.
+    HI_SAMPLES > 0 (RenormConfig.bracket_hi_samples): when fewer than HI_SAMPLES samples lie in
+    [hi, tau), hi = tau (see below).
     """
     if NS_REM > 0:
         k = tl.arange(0, NS_BLOCK // NS_REM)[:, None] * NS_REM
@@ -266,6 +268,22 @@ def sample_bracket(samp_row_ptr, n_samples, tau, m_tau, m_low, target, Z, W: tl.
                                         floor, Z, m_tau, m_low, rv, NS_REM > 0)
     lo = tl.where(a_low > 0.0, tl.maximum(t_lo, 1), 1)
     hi = tl.where(a_low > 0.0, tl.minimum(t_hi + (1 << (32 - 2 * ROUNDS)), tau), tau)
+    if HI_SAMPLES > 0:
+        # A cutoff just below tau has only a handful of samples in [cutoff, tau), and the variance of
+        # the estimate, computed from those samples, is then about 0: hi can land at or below the
+        # cutoff (a numpy model missed on 3-30% of the bracket rows whose kept set is a few hundred to
+        # a few thousand entries, logits N(0, 1) x 3.5-5 at p 0.8-0.95: kernels/NOTES.md), and such a
+        # row takes bracket_select's slowest path (every group above hi, streamed). With fewer than HI_SAMPLES samples in [hi, tau), that range
+        # holds about HI_SAMPLES * W entries: take it into the bracket. hi = tau is above the
+        # cutoff by the row's status (M(>= tau) < target), so this side cannot miss. A function
+        # of the row's samples only: deterministic, batch-invariant.
+        in_hi = ((sv > 0.0) & (sv.to(tl.int32, bitcast=True) >= hi)).to(tl.int32)
+        if NS_REM > 0:
+            in_rem = ((rv > 0.0) & (rv.to(tl.int32, bitcast=True) >= hi)).to(tl.int32)
+            n_hi = tl.sum(tl.sum(in_hi, axis=0) + tl.sum(in_rem, axis=0), axis=0)
+        else:
+            n_hi = tl.sum(in_hi, axis=0)
+        hi = tl.where(n_hi < HI_SAMPLES, tau, hi)
     lo = tl.minimum(lo, hi)
     return lo, hi
 
@@ -301,7 +319,7 @@ def top_p_plan(src, gid_row, list_row, list_cap, gb, gidx, max_bits, samp_row, n
                G: tl.constexpr, SG: tl.constexpr, NS_BLOCK: tl.constexpr, SUB: tl.constexpr,
                REG: tl.constexpr, TAU_GROUPS: tl.constexpr, Z, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr,
                TPS_SHARED: tl.constexpr = False, NS_REM: tl.constexpr = 0, gbm=None, gbr=None,
-               TAU_SPLIT: tl.constexpr = False):
+               TAU_SPLIT: tl.constexpr = False, HI_SAMPLES: tl.constexpr = 0):
     """(status, thr bits, kept mass, lo, hi, target) for top-p on one row (see module doc).
     gb: the row's group maxima (bits) in registers; with TAU_SPLIT (tps_split) the tau search reads
     them from gbm [K, R] + gbr [1, R] instead (kth_largest_split: the same tau)."""
@@ -346,7 +364,7 @@ def top_p_plan(src, gid_row, list_row, list_cap, gb, gidx, max_bits, samp_row, n
                                              True, False, G, SUB)
         else:
             lo, hi = sample_bracket(samp_row, n_samples, tau, m_tau, total - m_tau, target, Z,
-                                    SG, NS_BLOCK, 8, TPS_SHARED, NS_REM)
+                                    SG, NS_BLOCK, 8, TPS_SHARED, NS_REM, HI_SAMPLES)
             status = tl.full((), 2, tl.int32)
     return status, thr, kept, lo, hi, target
 
@@ -359,7 +377,7 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                          CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, NS_BLOCK: tl.constexpr,
                          SUB: tl.constexpr, REG: tl.constexpr, TAU_GROUPS: tl.constexpr,
                          CSUB: tl.constexpr, MASS_FIRST: tl.constexpr, TPS_SHARED: tl.constexpr = False,
-                         NS_REM: tl.constexpr = 0, NG_REM: tl.constexpr = 0):
+                         NS_REM: tl.constexpr = 0, NG_REM: tl.constexpr = 0, HI_SAMPLES: tl.constexpr = 0):
     """The per-row top-p plan (module doc): writes the row's plan, target and params.
     NS_REM / NG_REM > 0 (RenormConfig.tps_split): the samples / the group maxima of the tau search as a
     main block plus a remainder block (sample_blocks): NS_BLOCK is then the samples' main block, NG_BLOCK // 2
@@ -396,7 +414,8 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
         status, thr, kept, lo, hi, target = top_p_plan(
             probs_ptr + row * vocab, gid_ptr + row * n_groups, cand_ptr + row * list_cap, list_cap,
             gb, gidx, tl.max(gb, axis=0), gsamp_ptr + row * n_samples, n_samples, vocab, total, p,
-            G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST, TPS_SHARED, NS_REM, gbm, gbr, NG_REM > 0)
+            G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST, TPS_SHARED, NS_REM, gbm, gbr, NG_REM > 0,
+            HI_SAMPLES)
     full = status >= 2
     tl.store(flag_ptr + row, (n_bad > 0).to(tl.int32))
     tl.store(plan_ptr + row * 4, status)
@@ -411,13 +430,18 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
 
 
 
-def sample_blocks(n_samples: int, ns_block: int, split: int) -> tuple:
+def sample_blocks(n_samples: int, ns_block: int, split: int, min_rem: int = 16) -> tuple:
     """(main, remainder) block sizes for n_samples entries padded to ns_block (RenormConfig.tps_split;
     the sample bracket's samples, and the tau search's group maxima): with split = 1 and n_samples
-    at most 3/4 of ns_block, ns_block / 2 + the remainder's power of two (>= 16; e.g. 5120 at vocab
-    163840: 4096 + 1024, not 8192); else (ns_block, 0): one block, the default kernel."""
+    at most 3/4 of ns_block, ns_block / 2 + the remainder's power of two (>= min_rem; e.g. 5120 at
+    vocab 163840: 4096 + 1024, not 8192); else (ns_block, 0): one block, the default kernel.
+
+    The select kernel passes min_rem = its thread count: on the H200 (run 23) the split tau search
+    of a test kernel with a 32-entry remainder block in 4 warps (each entry held by 4 threads)
+    differed from the one-block search, not diagnosed; the remainders the GPU checks validated
+    (1024 entries in 8 warps at vocab 163840) hold one or more entries per thread."""
     main = ns_block // 2
-    rem = max(16, triton.next_power_of_2(max(1, n_samples - main)))
+    rem = max(min_rem, triton.next_power_of_2(max(1, n_samples - main)))
     if split and main >= 2 * rem and main < n_samples:
         return main, rem
     return ns_block, 0
@@ -429,14 +453,16 @@ def workspace_flags(vocab: int, top_k=None, top_p=None) -> tuple:
 
 
 def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[RenormConfig] = None,
-                        fingerprint_out: Optional[torch.Tensor] = None, workspace=None) -> torch.Tensor:
+                        fingerprint_out: Optional[torch.Tensor] = None, workspace=None,
+                        out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Triton top-p renorm of a float32 [rows, vocab] tensor (no input checks: see renorm.py).
     `fingerprint_out`: a 1-element int64 device tensor that receives fingerprint(out) from the
     write pass (renorm_write_fp.py). `workspace`: a `Workspace` of `workspace_flags` for these
-    shapes and config, reused across calls (renorm_plan.py); None: a fresh one."""
+    shapes and config, reused across calls (renorm_plan.py); None: a fresh one. `out`: a contiguous
+    float32 tensor of probs' shape to write (renorm_plan's row split: a row slice of the whole output)."""
     cfg = config or DEFAULT_CONFIG
     rows, vocab = probs.shape
-    out = torch.empty_like(probs)
+    out = torch.empty_like(probs) if out is None else out
     if rows == 0:
         if fingerprint_out is not None:
             fill_fingerprint(out, fingerprint_out)
@@ -449,12 +475,13 @@ def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[Renor
     select_args = (probs, vocab, s.n_chunks, s.n_groups, s.n_samples,
                    ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp, ws.gid, ws.cand, ws.list_cap,
                    p_arr, p_val, ws.params, ws.flag, ws.plan, ws.target, float(cfg.z))
-    ns_main, ns_rem = sample_blocks(s.n_samples, s.ns_block, cfg.tps_split)
-    ng_rem = sample_blocks(s.n_groups, s.ng_block, cfg.tps_split)[1]
+    threads = 32 * cfg.select_warps  # no remainder block smaller than the CTA (sample_blocks)
+    ns_main, ns_rem = sample_blocks(s.n_samples, s.ns_block, cfg.tps_split, threads)
+    ng_rem = sample_blocks(s.n_groups, s.ng_block, cfg.tps_split, threads)[1]
     blocks = dict(HAS_P_ARR=has_arr, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
                   NS_BLOCK=ns_main, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
                   CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), TPS_SHARED=bool(cfg.tps_shared),
-                  NS_REM=ns_rem, NG_REM=ng_rem)
+                  NS_REM=ns_rem, NG_REM=ng_rem, HI_SAMPLES=cfg.bracket_hi_samples)
     launch_row_stats(probs, s, ws, cfg, with_sample=True)
     _top_p_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
                                   **reg_cap(cfg.select_maxnreg, cfg.select_warps))
