@@ -164,7 +164,9 @@ DEFAULT_CONFIG = KernelConfig()  # fingerprint_many (the guard's sets)
 # vs 56.0 at the defaults: 16 words per thread uncapped take 64 registers, so 8 CTAs per SM hold the 640
 # programs of [8 rows, 8192 words] in one wave (the defaults: 528 slots, 1.2 waves). fingerprint_many's
 # full set (2 x 168 MB, twice the programs) gained nothing from it there (97.0 vs 93.4 us).
-SINGLE_TENSOR_CONFIG = KernelConfig(block_words=2048, maxnreg=None)
+# Session 6: 8 warps of 8 words per thread, 48.3 us vs 50.0 at 4 warps in the same run (run 20; fill_ctas_per_sm=7:
+# 48.6-48.9), 47.5 us as the default (run 22); a plain Triton read of the same tensor: 40-41 us (gpu/read_ceiling.py).
+SINGLE_TENSOR_CONFIG = KernelConfig(block_words=2048, num_warps=8, maxnreg=None)
 SHORT_ROW_WORDS = 64  # fingerprint_many: rows of up to this many words share tiles
 
 
@@ -945,10 +947,14 @@ class ManyPlan:
         records: list[list[int]] = []
         lane_specs = []  # ("table", grid, rec0, n_recs, meta) or ("seg", grid, record, meta)
         part = 0
+        slots = cfg.fill_ctas_per_sm * _sm_count(str(device)) if cfg.fill_ctas_per_sm else 0
         for segs, br, bn, aligned, eb in groups:
             if not segs:
                 continue
             chunk_tiles = max(1, cfg.chunk_words // bn)
+            if slots and eb:  # long rows: chunks sized so the launch's programs fill the SMs about once
+                tiles = sum(-(-w.rows // br) * -(-w.n_words // bn) for _, _, w in segs)
+                chunk_tiles = max(1, -(-tiles // slots))
             rec0, item = len(records), 0
             for i, t, w in segs:
                 chunks = max(1, -(-w.n_words // (chunk_tiles * bn)))
@@ -961,7 +967,7 @@ class ManyPlan:
                 meta.update(_reg_opts(cfg))
             lane_specs.append(("table", (item,), rec0, len(segs), meta))
         for (i, t, w), aligned in per_segment:
-            br, bn, chunk_tiles, chunks = _tile(w.rows, w.n_words, cfg)
+            br, bn, chunk_tiles, chunks = _tile(w.rows, w.n_words, cfg, slots)
             if chunks > _MAX_GRID_Y:
                 raise ValueError(f"rows of {w.n_words} words need {chunks} chunks (> {_MAX_GRID_Y}); "
                                  "raise KernelConfig.chunk_words")

@@ -183,6 +183,19 @@ def test_fingerprint_many_chunked():
                        kfp.fingerprint_many_reference(tensors))
 
 
+def test_fingerprint_many_chunks_sized_to_fill_the_gpu():
+    """`fill_ctas_per_sm` on fingerprint_many's long rows: the table launch's chunks from the tiles of
+    all its segments (the guard's full set: logits and probs in one wave), the per-segment launches'
+    as for one tensor; same values (the interpreter's stand-in GPU has 4 SMs)."""
+    tensors = [make((20, 3000), torch.float32, 1), make((9, 4001), torch.float32, 2)[:, 1:],
+               make((3, 700), torch.bfloat16, 3), make((40,), torch.int64, 4), make((20, 3), torch.int32, 5)]
+    want = kfp.fingerprint_many_reference(tensors)
+    for many_long in ("table", "rows"):
+        for fill in (1, 3):
+            cfg = dataclasses.replace(CHUNKY, many_long=many_long, fill_ctas_per_sm=fill)
+            assert torch.equal(kfp.fingerprint_many_triton(tensors, config=cfg), want), (many_long, fill)
+
+
 def test_fingerprint_many_small_set_is_one_launch():
     tensors = guard_like_set()[:4] + [torch.empty(0, 3), torch.tensor(7, dtype=torch.int64)]
     plan = kfp.ManyPlan(tensors)

@@ -184,9 +184,11 @@ def _checked_us(label: str, matches, run, iters: int) -> float | None:
     return graph_batched(run, iters)
 
 
-def sweep(iters: int, budget_s: float = 30.0, configs: list[str] | None = None) -> None:
+def sweep(iters: int, budget_s: float = 30.0, configs: list[str] | None = None,
+          full_configs: list[str] | None = None) -> None:
     """KernelConfig variants on the main shape (CUDA-graph replay), each checked bit for bit
-    against the reference rows first; then the 3 fastest and FULL_SET_CONFIGS on the guard's full set."""
+    against the reference rows first; then the 3 fastest and FULL_SET_CONFIGS on the guard's full set
+    (with `configs` given: `full_configs` alone, each as a whole config, if given)."""
     ref = importlib.import_module("tpguard.fingerprint")
     from tpguard.config import replace_from_text
     from tpguard.kernels import fingerprint as k
@@ -218,17 +220,21 @@ def sweep(iters: int, budget_s: float = 30.0, configs: list[str] | None = None) 
         return
     timed.sort(key=lambda item: item[0])
     print(f"best (main shape): {timed[0][1]} at {timed[0][0]:.1f} us")
-    if configs is not None:
-        print(f"(full set not swept with --sweep-configs; sweep took {time.perf_counter() - t0:.0f} s)")
+    if configs is not None and full_configs is None:
+        print(f"(full set not swept with --sweep-configs alone; sweep took {time.perf_counter() - t0:.0f} s)")
         return
     full = guard_sets()["full"]
     want = k.fingerprint_many_reference(full)
     print("full set (fingerprint_many, graph replay): the 3 fastest configs and FULL_SET_CONFIGS x long-row "
           "variants (many_long, maxnreg); target: <= 88 us (2 x 168 MB at 3.8 TB/s)")
     seen, best_full = set(), None
-    bases = timed[:3] + [(float("nan"), replace_from_text(k.KernelConfig(), text, "full set config"))
-                         for text in FULL_SET_CONFIGS]
-    pairs = [(us_main, dataclasses.replace(base, **variant)) for us_main, base in bases for variant in MANY_VARIANTS]
+    if full_configs is not None:
+        pairs = [(float("nan"), replace_from_text(k.KernelConfig(), text, "full set config")) for text in full_configs]
+    else:
+        bases = timed[:3] + [(float("nan"), replace_from_text(k.KernelConfig(), text, "full set config"))
+                             for text in FULL_SET_CONFIGS]
+        pairs = [(us_main, dataclasses.replace(base, **variant)) for us_main, base in bases
+                 for variant in MANY_VARIANTS]
     for us_main, cfg in pairs:
         if time.perf_counter() - t0 > budget_s + 10:
             print("  (time budget spent: remaining full-set configs skipped)")
@@ -257,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds the sweep may spend on the main shape (the full set gets 10 more)")
     ap.add_argument("--sweep-configs", default=None, metavar="A|B|...",
                     help="sweep these KernelConfig overrides ('|'-separated, '' the defaults) instead of the list")
+    ap.add_argument("--full-set-configs", default=None, metavar="A|B|...",
+                    help="with --sweep-configs: also sweep these whole KernelConfig overrides on the guard's full set")
     ap.add_argument("--no-check", dest="check", action="store_false",
                     help="skip the bit-for-bit check against the numpy reference")
     args = ap.parse_args(argv)
@@ -279,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     many_status = bench_many(args.iters, args.check)
     if args.sweep:
         sweep(args.iters, args.sweep_budget,
-              None if args.sweep_configs is None else args.sweep_configs.split("|"))
+              None if args.sweep_configs is None else args.sweep_configs.split("|"),
+              None if args.full_set_configs is None else args.full_set_configs.split("|"))
     main_row = results[0]
     nbytes = main_row["mb"] * 1e6
     best = min(main_row["fp_us"], main_row["graph_us"])
