@@ -12,9 +12,9 @@ mkdir -p .whl .gpu /tmp/tpguard-fetch
 PIP_PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
           --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
           --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64)
-python3 -m pip download -q --no-deps "${PIP_PLAT[@]}" -d /tmp/tpguard-fetch flashinfer-python==0.7.2.post1 \
-  "apache-tvm-ffi>=0.1.11,<0.2" sglang==0.5.23 2>/dev/null || \
+# sglang's wheel is cp311-only and flashinfer's pure Python: fetched as they are; tvm-ffi for the GPU's cp312
 python3 -m pip download -q --no-deps -d /tmp/tpguard-fetch flashinfer-python==0.7.2.post1 sglang==0.5.23
+python3 -m pip download -q --no-deps "${PIP_PLAT[@]}" -d /tmp/tpguard-fetch "apache-tvm-ffi>=0.1.11,<0.2"
 cp /tmp/tpguard-fetch/apache_tvm_ffi-*.whl .whl/
 python3 - <<'PY'
 # The slim flashinfer wheel: drop cutlass and other kernels' CUDA sources (kernels/NOTES.md).

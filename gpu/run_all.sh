@@ -25,6 +25,11 @@
 #   call15       session 5: compiled fingerprint tests; renorm call plans (tests, host time); fingerprint sweep
 #   call16       session 5's validation: every GPU kernel test, the bracket_regions sweep (removed since), fingerprint tests, the table
 #   call17       session 5's last: guard/plan GPU tests, the 1,000-call audit through the plans, the guard over NCCL
+#   call18       session 6: read ceiling, fingerprint fill_ctas_per_sm, top-p stream split probe, tps_split, guard
+#   call19       session 6: hi_samples / bracket-pass cap sweep, stream split for every op, fingerprint grid, guard, tests
+#   call20       session 6: sweep around the new defaults, row split probe + GPU test, kernels table, fingerprint tests
+#   call21       session 6's validation: sweep, row split, table, GPU smoke tests, host time, audit, fingerprint
+#   call22       session 6's last: full-set tile, guard (1 GPU), every GPU kernel test next to the fingerprint tests
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
@@ -329,6 +334,88 @@ case "$PHASES" in
       timeout $K_AUDIT python3 -m tpguard.audit --calls 1000 --device cuda --rows 256 --vocab 163840 > $d/audit.log 2>&1
       say "kernels audit (plans) rc=$?" )
     [ "$NGPU" -gt 1 ] && G2_TIMEOUT=100 nccl_guard
+    ;;
+  call18)
+    # session 6, first call (~480 s on nvidia-h200, TAR_AT=560): the read ceiling of one 168 MB tensor,
+    # the fingerprint's fill_ctas_per_sm configs, the top-p row-split-on-streams probe, the renorm sweep
+    # (default vs tps_split, per pass), the guard on one GPU
+    ( mkdir -p /tmp/res/probe; timeout 100 python3 -P gpu/read_ceiling.py > /tmp/res/probe/read_ceiling.log 2>&1
+      say "read ceiling rc=$? $(tail -1 /tmp/res/probe/read_ceiling.log)"
+      export FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=130 FP_BENCH_ARGS="--shapes main --sweep --sweep-budget 100 --sweep-configs ${FP_CONFIGS:-block_words=2048,maxnreg=none|block_words=2048,maxnreg=none,fill_ctas_per_sm=8|block_words=2048,maxnreg=none,fill_ctas_per_sm=7|block_words=2048,maxnreg=none,fill_ctas_per_sm=16|block_words=4096,maxnreg=none,num_warps=8,fill_ctas_per_sm=4|block_words=1024,maxnreg=none,fill_ctas_per_sm=12|fill_ctas_per_sm=4}"
+      fingerprint
+      timeout 100 python3 -P gpu/stream_split_probe.py --json /tmp/res/probe/split.json > /tmp/res/probe/split.log 2>&1
+      say "stream split probe rc=$? $(grep -E 'flat' /tmp/res/probe/split.log | tr -s ' ' | tr '\n' ';')"
+      export K_NO_PYTEST=1 K_SWEEP=140 K_SWEEP_BUDGET=110 K_NO_BENCH=1
+      export K_SWEEP_ARGS="--variants default,tps_split --breakdown default,tps_split"; kernels
+      mkdir -p /tmp/res/guard1; timeout 80 python3 -m tpguard.bench.guard --json /tmp/res/guard1/guard1.json > /tmp/res/guard1/bench.log 2>&1
+      say "guard bench (1 GPU) rc=$? $(grep -E 'device work|target_probs from|one graph|inside a graph' /tmp/res/guard1/bench.log | tr '\n' ';')" )
+    ;;
+  call19)
+    # session 6, second call (~420 s on nvidia-h200, TAR_AT=570): the renorm sweep (bracket_hi_samples, the
+    # bracket pass's own register cap) with per-pass times, the row-split-on-streams probe for every op, the
+    # fingerprint tile grid (one tensor and the guard's full set), the guard on one GPU, then the GPU kernel
+    # smoke tests and the compiled fingerprint tests with today's defaults
+    ( mkdir -p /tmp/res/probe /tmp/res/guard1
+      export K_NO_PYTEST=1 K_SWEEP=170 K_SWEEP_BUDGET=140 K_NO_BENCH=1
+      export K_SWEEP_ARGS="--variants default,hi0,hi32,bpass_r96,bpass_r80,bpass_r64,bchunk8k_w8 --breakdown default,hi0"; kernels
+      timeout 100 python3 -P gpu/stream_split_probe.py --json /tmp/res/probe/split.json > /tmp/res/probe/split.log 2>&1
+      say "stream split probe rc=$? $(grep -E 'par2|base' /tmp/res/probe/split.log | tr -s ' ' | tr '\n' ';')"
+      export FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=150 FP_BENCH_ARGS="--shapes main --sweep --sweep-budget 100 --sweep-configs ${FP_CONFIGS:-block_words=2048,maxnreg=none|block_words=2048,maxnreg=none,fill_ctas_per_sm=7|block_words=2048,maxnreg=none,fill_ctas_per_sm=14|block_words=2048,maxnreg=none,fill_ctas_per_sm=21|block_words=2048,maxnreg=none,chunk_words=2048|block_words=2048,maxnreg=none,chunk_words=4096|block_words=1024,maxnreg=none,chunk_words=2048|block_words=1024,maxnreg=none,chunk_words=4096|block_words=4096,maxnreg=none,chunk_words=2048|block_words=4096,maxnreg=none,chunk_words=4096|block_words=4096,maxnreg=none,num_warps=8,chunk_words=2048|block_words=4096,maxnreg=none,num_warps=8,chunk_words=4096|block_words=4096,maxnreg=none,num_warps=8,chunk_words=8192|block_words=2048,maxnreg=none,num_warps=8,chunk_words=4096|block_words=2048,maxnreg=none,num_warps=8,chunk_words=8192|block_words=8192,maxnreg=none,num_warps=8,chunk_words=4096|block_words=2048,maxnreg=none,rows_per_tile=4,chunk_words=4096|block_words=2048,maxnreg=none,rows_per_tile=4,chunk_words=8192|block_words=1024,maxnreg=none,rows_per_tile=4,chunk_words=4096|block_words=2048,maxnreg=none,rows_per_tile=2,chunk_words=8192|block_words=1024,maxnreg=none,rows_per_tile=1,chunk_words=16384|block_words=2048,maxnreg=none,rows_per_tile=1,chunk_words=16384|block_words=2048,maxnreg=none,rows_per_tile=1,chunk_words=16384,num_warps=8|block_words=4096,maxnreg=none,rows_per_tile=1,chunk_words=16384,num_warps=8|block_words=4096,maxnreg=none,rows_per_tile=1,chunk_words=32768,num_warps=8} --full-set-configs ${FP_FULL:-|block_words=2048,maxnreg=none|block_words=2048,maxnreg=none,chunk_words=4096|block_words=2048,maxnreg=none,chunk_words=2048|block_words=2048,maxnreg=none,fill_ctas_per_sm=7|block_words=2048,maxnreg=none,fill_ctas_per_sm=14|block_words=4096,maxnreg=none,num_warps=8,chunk_words=4096|block_words=4096,maxnreg=none,num_warps=8,chunk_words=2048|block_words=1024,maxnreg=none,chunk_words=4096|chunk_words=4096|chunk_words=2048|block_words=2048,maxnreg=none,rows_per_tile=1,chunk_words=16384,num_warps=8|block_words=2048,maxnreg=none,many_long=rows,chunk_words=4096}"
+      fingerprint; grep -E "best" /tmp/res/fingerprint/bench.log | tee -a "$SUMMARY"
+      timeout 80 python3 -m tpguard.bench.guard --json /tmp/res/guard1/guard1.json > /tmp/res/guard1/bench.log 2>&1
+      say "guard bench (1 GPU) rc=$? $(grep -E 'device work|target_probs from|one graph|inside a graph' /tmp/res/guard1/bench.log | tr '\n' ';')"
+      K_NO_PYTEST= K_ONLY_PYTEST=1 K_PYTEST=120 kernels
+      FP_NO_PYTEST= FP_NO_BENCH=1 FP_PYTEST=100 fingerprint )
+    ;;
+  call20)
+    # session 6, third call (~470 s on nvidia-h200, TAR_AT=575): the renorm sweep around the new defaults
+    # (bracket-pass cap, bracket_select at 8 warps) with per-pass times, the row split (kernels/row_split.py)
+    # against the unsplit call and external parts, its GPU test, the kernels table (tpguard, graph replay),
+    # then the compiled fingerprint/graph/heal tests
+    ( mkdir -p /tmp/res/probe
+      export K_NO_PYTEST=1 K_SWEEP=120 K_SWEEP_BUDGET=100 K_NO_BENCH=1
+      export K_SWEEP_ARGS="--variants default,bpass0,bpass_r72,bpass_r88,bsel_w8r16k --breakdown default"; kernels
+      timeout 100 python3 -P gpu/stream_split_probe.py --json /tmp/res/probe/split.json > /tmp/res/probe/split.log 2>&1
+      say "stream split probe rc=$? $(grep -E 'split|base' /tmp/res/probe/split.log | tr -s ' ' | tr '\n' ';')"
+      timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_row_split.py > /tmp/res/probe/pytest.log 2>&1
+      say "row split GPU test rc=$? $(tail -1 /tmp/res/probe/pytest.log)"
+      mkdir -p /tmp/res/kernels; timeout 120 python3 -m tpguard.bench.kernels --graphs --impls tpguard --json /tmp/res/kernels/bench.json > /tmp/res/kernels/bench.log 2>&1
+      say "kernels bench rc=$?"
+      FP_NO_BENCH=1 FP_PYTEST=200 fingerprint )
+    ;;
+  call21)
+    # session 6, validation (~450 s on nvidia-h200, TAR_AT=580): the sweep (default vs bracket_select at 16
+    # warps) with per-pass times, the row split probe, the kernels table (tpguard, graph replay), the GPU smoke
+    # tests (kernels, row split, plans' direct launches), the eager host time, the audit, the fingerprint
+    ( mkdir -p /tmp/res/probe /tmp/res/kernels /tmp/res/plans
+      export K_NO_PYTEST=1 K_SWEEP=90 K_SWEEP_BUDGET=70 K_NO_BENCH=1
+      export K_SWEEP_ARGS="--variants default,bsel_w16 --breakdown default"; kernels
+      timeout 100 python3 -P gpu/stream_split_probe.py --json /tmp/res/probe/split.json > /tmp/res/probe/split.log 2>&1
+      say "stream split probe rc=$? $(grep -E 'split|base' /tmp/res/probe/split.log | tr -s ' ' | tr '\n' ';')"
+      timeout 130 python3 -m tpguard.bench.kernels --graphs --impls tpguard --json /tmp/res/kernels/bench.json > /tmp/res/kernels/bench.log 2>&1
+      say "kernels bench rc=$? $(grep '^targets' /tmp/res/kernels/bench.log)"
+      K_NO_PYTEST= K_ONLY_PYTEST=1 K_PYTEST=150 K_PYTEST_EXTRA="tests/test_row_split.py tests/test_renorm_plan.py" kernels
+      timeout 60 python3 -m tpguard.bench.renorm_host --gpu --batch-sizes 1,8,256 > /tmp/res/plans/host.log 2>&1
+      say "renorm host time rc=$? $(grep -iE 'bits|refus' /tmp/res/plans/host.log | head -3 | tr '\n' ' ')"
+      timeout 70 python3 -m tpguard.audit --calls 200 --device cuda --rows 256 --vocab 163840 > /tmp/res/kernels/audit.log 2>&1
+      say "kernels audit rc=$?"
+      FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=40 FP_BENCH_ARGS="--shapes main" fingerprint )
+    ;;
+  call22)
+    # session 6's last (~480 s on nvidia-h200, TAR_AT=585): the fingerprint's full set with the new one-tensor tile,
+    # the guard on one GPU (default, and with that tile), then every GPU kernel test next to the compiled
+    # fingerprint/graph/heal tests
+    ( export FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=60 FP_BENCH_ARGS="--shapes main --sweep --sweep-budget 20 --sweep-configs block_words=2048,num_warps=8,maxnreg=none --full-set-configs |block_words=2048,num_warps=8,maxnreg=none|block_words=2048,num_warps=8,maxnreg=128|block_words=4096,num_warps=8,maxnreg=128|block_words=2048,num_warps=8,maxnreg=none,chunk_words=16384"
+      fingerprint; grep -E "^  KernelConfig|best" /tmp/res/fingerprint/bench.log | cut -c1-220 | tee -a "$SUMMARY"
+      mkdir -p /tmp/res/guard1
+      timeout 60 python3 -m tpguard.bench.guard --json /tmp/res/guard1/guard1.json > /tmp/res/guard1/bench.log 2>&1
+      say "guard bench (1 GPU) rc=$? $(grep -E 'device work|inside a graph|zero-copy' /tmp/res/guard1/bench.log | tr '\n' ';')"
+      timeout 60 python3 -m tpguard.bench.guard --config block_words=2048,num_warps=8,maxnreg=none > /tmp/res/guard1/bench_w8.log 2>&1
+      say "guard bench (1 GPU, w8 tile) rc=$? $(grep -E 'device work|inside a graph|zero-copy' /tmp/res/guard1/bench_w8.log | tr '\n' ';')" )
+    ( export TPGUARD_RENORM_GPU_TESTS=all K_PYTEST=380 K_ONLY_PYTEST=1 K_PYTEST_EXTRA="tests/test_renorm_plan.py tests/test_row_split.py"
+      kernels ) & P1=$!
+    ( FP_NO_BENCH=1 FP_PYTEST=330 fingerprint ) & P2=$!
+    wait $P1 $P2
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done
