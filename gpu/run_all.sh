@@ -336,6 +336,9 @@ case "$PHASES" in
     [ "$NGPU" -gt 1 ] && G2_TIMEOUT=100 nccl_guard
     ;;
   call18)
+    # (calls 18-20 name sweep variants as they were when they ran: tps_split (the default since; tps_split0 is
+    # the code before it), bpass_r96/r80/r64 (bracket_pass_maxnreg; 80 the default), bsel_w8r16k
+    # (bracket_warps=8, the default); gpu_sweep.py skips names it does not know)
     # session 6, first call (~480 s on nvidia-h200, TAR_AT=560): the read ceiling of one 168 MB tensor,
     # the fingerprint's fill_ctas_per_sm configs, the top-p row-split-on-streams probe, the renorm sweep
     # (default vs tps_split, per pass), the guard on one GPU

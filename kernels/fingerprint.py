@@ -137,11 +137,11 @@ class KernelConfig:
     # configs where the table kernel needs more registers: 163 vs 127 at [8, 1024] x 8 warps)
     many_long: str = "table"
     maxnreg: int | None = 128  # register cap for the long-row lane launches (None: compiler's)
-    # One tensor: > 0 sizes the chunks (any whole number of tiles, not only chunk_words) so that the
-    # programs fill the GPU's SMs x this many CTAs about once, evenly: at 256 x 163840 the defaults'
-    # 640 programs give each SM 4 or 5 (a 25% tail), 32 chunks of 20 tiles give 1024 = 7-8 per SM
-    # (8 CTAs/SM: SINGLE_TENSOR_CONFIG's 64 registers). Session 5, not measured
-    # (kernels/NOTES-fingerprint.md, section 7).
+    # > 0 sizes the chunks (any whole number of tiles, not only chunk_words) so that the programs fill
+    # the GPU's SMs x this many CTAs about once, evenly (one tensor; fingerprint_many's long rows: over all
+    # the segments of a lane launch). Runs 19-20 (session 6): one tensor 48.6-48.9 us at 7, 53.9 at 8, 52.1
+    # at 14 (the 8-warp default: 48.3); the full set 114.0 / 100.3 us at 7 / 14 vs 93.5: an option, off
+    # (kernels/NOTES-fingerprint.md, sections 7 and 8).
     fill_ctas_per_sm: int = 0
 
     def __post_init__(self):

@@ -178,7 +178,10 @@ def main(argv=None):
     expected = {name: r() for name, (_, r) in ops_for(DEFAULT_CONFIG, flat, peaky, mid).items()}
     results = {"floor_us": floor, "variants": {}, "breakdown": {}, "configs": VARIANTS}
     baseline = {}
-    for bname in filter(None, a.breakdown.split(",")):
+    unknown = [v for v in a.variants.split(",") + a.breakdown.split(",") if v and v not in VARIANTS]
+    if unknown:  # (e.g. an old run's variant, renamed or made the default since)
+        print(f"# unknown variants skipped: {', '.join(unknown)}", flush=True)
+    for bname in (b for b in a.breakdown.split(",") if b in VARIANTS):
         bcfg = DEFAULT_CONFIG.replace(**VARIANTS[bname])
         for name, (fn, _) in ops_for(bcfg, flat, peaky, mid).items():
             key = name if bname == "default" else f"{bname}/{name}"
@@ -189,7 +192,7 @@ def main(argv=None):
                       + f" sum={sum(v for v in bd.values() if v is not None):.1f}", flush=True)
             except Exception as e:  # noqa: BLE001
                 print(f"passes {key}: {type(e).__name__}: {e}", flush=True)
-    for vname in a.variants.split(","):
+    for vname in (v for v in a.variants.split(",") if v in VARIANTS):
         if time.time() - start > a.budget:
             print(f"{vname:16s} skipped (time budget)", flush=True)
             continue

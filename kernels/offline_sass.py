@@ -178,7 +178,8 @@ def bracket(modes: list[int]) -> None:
         const = dict(CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=False, COPY_MODE=mode, BINS=0, BIN_SUB=128,
                      bmass_ptr=None)
         res, sass, ttgir, _ = compile_kernel(rp._bracket_kernel, sig, const, [0, 1, 3, 4, 5, 6], warps,
-                                          rp.reg_cap(cfg.bracket_maxnreg, warps).get("maxnreg"), f"bracket_{mode}")
+                                          rp.reg_cap(cfg.bracket_pass_maxnreg or cfg.bracket_maxnreg, warps).get("maxnreg"),
+                                          f"bracket_{mode}")
         ops = collections.Counter(opcode(t) for _, t in instructions(sass))
         print(f"bracket pass, bracket_copy={mode}, {warps} warps: {res}\n  {sum(ops.values())} SASS, "
               f"BAR {ops['BAR']}, SHFL {ops['SHFL']}, convert_layout {ttgir.count('ttg.convert_layout')}")
@@ -219,7 +220,8 @@ def bins(variants: list[str]) -> None:
                      COPY_MODE=cfg.bracket_copy, BINS=cfg.bracket_bins, BIN_SUB=int(os.environ.get('BIN_SUB', 128)), **({} if on else {"bmass_ptr": None}))
         aligned = [0, 1, 3, 4, 5, 6] + ([7] if on else [])
         res, sass, _, _ = compile_kernel(rp._bracket_kernel, sig, const, aligned, warps,
-                                      rp.reg_cap(cfg.bracket_maxnreg, warps).get("maxnreg"), f"bpass_{name}")
+                                      rp.reg_cap(cfg.bracket_pass_maxnreg or cfg.bracket_maxnreg, warps).get("maxnreg"),
+                                      f"bpass_{name}")
         report(f"{name}: bracket pass ({warps} warps)", res, sass, "DADD")
         sig = {"probs_ptr": "*fp32", "vocab": "i32", "n_chunks": "i32", "n_groups": "i32", "plan_ptr": "*i32",
                "target_ptr": "*fp64", "params_ptr": "*fp32", "mhi_ptr": "*fp64", "cnt_ptr": "*i32", "slots_ptr": "*fp32",
@@ -251,7 +253,7 @@ def topp_select(variants: list[str]) -> None:
         const = dict(HAS_P_ARR=False, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
                      NS_BLOCK=ns_main, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
                      CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), TPS_SHARED=bool(cfg.tps_shared),
-                     NS_REM=ns_rem, NG_REM=ng_rem)
+                     NS_REM=ns_rem, NG_REM=ng_rem, HI_SAMPLES=cfg.bracket_hi_samples)
         aligned = [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 16, 17]  # (n_chunks = 40)
         res, sass, ttgir, _ = compile_kernel(tp._top_p_select_kernel, sig, const, aligned, cfg.select_warps,
                                              rp.reg_cap(cfg.select_maxnreg, cfg.select_warps).get("maxnreg"),

@@ -239,9 +239,9 @@ def _run(op: str, probs: torch.Tensor, top_k, top_p, cfg: RenormConfig, fingerpr
     rows, vocab = probs.shape
     capturing = _capturing(probs)
     # a captured call's rows in parts on side streams (kernels/row_split.py); the streams are made
-    # on an eager call where there is one (outside any capture)
+    # by an eager call (the warm-up before a capture), never during a capture
     parts = row_split.parts_for(rows, cfg.graph_row_split) if probs.is_cuda and fingerprint_out is None else 1
-    streams = row_split.side_streams(probs.device, parts) if parts > 1 else None
+    streams = row_split.side_streams(probs.device, parts, create=not capturing) if parts > 1 else None
     if capturing and streams:
         return row_split.run_split(lambda x, k, p, out: _run_op(op, x, k, p, cfg, None, None, out),
                                    probs, (top_k, top_p), parts, streams)

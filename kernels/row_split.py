@@ -25,7 +25,11 @@ from collections.abc import Callable
 import torch
 
 MIN_PART_ROWS = 32  # smaller parts have little streaming work to overlap
-_STREAMS: dict = {}  # torch.device -> side streams, created once per device
+# Part boundaries at multiples of ALIGN_ROWS rows: every part's pointers (probs, out, per-row parameters)
+# then keep the whole call's 16-byte alignment, which Triton compiles into its kernel variants, so a
+# captured part runs the variants the eager warm-up compiled (no compile or module load inside a capture).
+ALIGN_ROWS = 4
+_STREAMS: dict = {}  # torch.device -> side streams, created once per device, outside any capture
 
 
 def parts_for(rows: int, split: int) -> int:
@@ -33,10 +37,13 @@ def parts_for(rows: int, split: int) -> int:
     return split if split > 1 and rows >= split * MIN_PART_ROWS else 1
 
 
-def side_streams(device: torch.device, n: int) -> list | None:
-    """n side streams of `device` (cached), or None where none can be made (then: no split)."""
+def side_streams(device: torch.device, n: int, create: bool = True) -> list | None:
+    """n side streams of `device` (cached), or None when they are not there yet and `create` is
+    False (during a capture: no stream is made there) or cannot be made (then: no split)."""
     streams = _STREAMS.get(device, [])
     if len(streams) < n:
+        if not create:
+            return None
         try:
             with torch.cuda.device(device):
                 streams = streams + [torch.cuda.Stream() for _ in range(n - len(streams))]
@@ -44,6 +51,12 @@ def side_streams(device: torch.device, n: int) -> list | None:
             return None
         _STREAMS[device] = streams
     return streams[:n]
+
+
+def part_bounds(rows: int, parts: int) -> list[int]:
+    """Row boundaries of the parts: inner ones rounded down to a multiple of ALIGN_ROWS."""
+    inner = [rows * i // parts // ALIGN_ROWS * ALIGN_ROWS for i in range(1, parts)]
+    return [0] + inner + [rows]
 
 
 def run_split(run_part: Callable, probs: torch.Tensor, params: tuple, parts: int,
@@ -54,7 +67,7 @@ def run_split(run_part: Callable, probs: torch.Tensor, params: tuple, parts: int
     parts in order on the current stream (CPU: the same results, for tests)."""
     rows = probs.shape[0]
     out = torch.empty_like(probs)
-    bounds = [rows * i // parts for i in range(parts + 1)]
+    bounds = part_bounds(rows, parts)
     main = torch.cuda.current_stream(probs.device) if streams else None
     for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
         sliced = tuple(x[a:b] if isinstance(x, torch.Tensor) else x for x in params)
@@ -69,4 +82,4 @@ def run_split(run_part: Callable, probs: torch.Tensor, params: tuple, parts: int
     return out
 
 
-__all__ = ["MIN_PART_ROWS", "parts_for", "run_split", "side_streams"]
+__all__ = ["ALIGN_ROWS", "MIN_PART_ROWS", "part_bounds", "parts_for", "run_split", "side_streams"]

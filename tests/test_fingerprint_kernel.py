@@ -190,9 +190,16 @@ def test_fingerprint_many_chunks_sized_to_fill_the_gpu():
     tensors = [make((20, 3000), torch.float32, 1), make((9, 4001), torch.float32, 2)[:, 1:],
                make((3, 700), torch.bfloat16, 3), make((40,), torch.int64, 4), make((20, 3), torch.int32, 5)]
     want = kfp.fingerprint_many_reference(tensors)
+
+    def chunk_counts(cfg):  # the long-row segments' chunks, from the plan's segment records
+        plan = kfp.ManyPlan(tensors, config=cfg)
+        return plan._host_table.view(-1, 12)[:plan.n_lane_records, 8].tolist()
+
     for many_long in ("table", "rows"):
+        base = chunk_counts(dataclasses.replace(CHUNKY, many_long=many_long))
         for fill in (1, 3):
             cfg = dataclasses.replace(CHUNKY, many_long=many_long, fill_ctas_per_sm=fill)
+            assert chunk_counts(cfg) != base, (many_long, fill)  # the option reaches the plan
             assert torch.equal(kfp.fingerprint_many_triton(tensors, config=cfg), want), (many_long, fill)
 
 

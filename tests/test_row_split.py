@@ -35,10 +35,32 @@ def test_parts_for():
     assert row_split.parts_for(128, 4) == 4 and row_split.parts_for(127, 4) == 1
 
 
+def test_part_bounds_keep_alignment():
+    # inner boundaries at multiples of 4 rows: every part's pointers keep the call's 16-byte alignment
+    assert row_split.part_bounds(256, 2) == [0, 128, 256]
+    assert row_split.part_bounds(100, 2) == [0, 48, 100] and row_split.part_bounds(90, 2) == [0, 44, 90]
+    assert row_split.part_bounds(130, 3) == [0, 40, 84, 130]
+    for rows in range(64, 200):
+        for parts in (2, 3, 4):
+            b = row_split.part_bounds(rows, parts)
+            assert b[0] == 0 and b[-1] == rows and all(x % row_split.ALIGN_ROWS == 0 for x in b[:-1])
+            assert all(hi - lo >= 28 for lo, hi in zip(b, b[1:])) or rows < parts * row_split.MIN_PART_ROWS
+
+
+def test_no_streams_made_during_capture(monkeypatch):
+    # side_streams(create=False) (a capture) hands out only streams made before; none: no split
+    monkeypatch.setattr(row_split, "_STREAMS", {})
+    dev = torch.device("cuda", 0)
+    assert row_split.side_streams(dev, 2, create=False) is None
+    monkeypatch.setattr(row_split, "_STREAMS", {dev: ["s0", "s1", "s2"]})
+    assert row_split.side_streams(dev, 2, create=False) == ["s0", "s1"]
+
+
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU path of run_split (parts in order)")
 @pytest.mark.parametrize("op", rp.OPS)
 @pytest.mark.parametrize("parts", [2, 3])
-def test_parts_give_the_one_call_bits(op, parts):
+def test_parts_give_the_one_call_bits(op, parts, monkeypatch):
+    monkeypatch.setattr(row_split, "ALIGN_ROWS", 1)  # 7 rows in 2-3 parts (on a GPU: multiples of 4)
     rows = 7
     x = batch(rows)
     k = torch.tensor([40, 3, 40, VOCAB, 1, 40, 700], dtype=torch.int32) if op in ("top_k", "top_k_top_p") else None
@@ -60,9 +82,10 @@ def test_parts_give_the_one_call_bits(op, parts):
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graph capture")
-def test_captured_call_splits_on_gpu(monkeypatch):
-    x = batch(96)
-    p = torch.rand(96, device=DEVICE) * 0.5 + 0.45
+@pytest.mark.parametrize("rows", [96, 100])  # 100: halves at row 48 (multiple of 4), not 50
+def test_captured_call_splits_on_gpu(monkeypatch, rows):
+    x = batch(rows)
+    p = torch.rand(rows, device=DEVICE) * 0.5 + 0.45
     calls = []
     real = row_split.run_split
 

@@ -157,7 +157,8 @@ SWEEP_CONFIGS = [
     # around run 14's best (offline registers: 38 -> 12 CTAs/SM; 64 -> 8; 64 -> 8; 80 -> 3)
     "block_words=1024,maxnreg=none", "block_words=2048,maxnreg=none,rows_per_tile=16",
     "block_words=2048,maxnreg=none,chunk_words=16384", "block_words=4096,maxnreg=none,num_warps=8",
-    # session 5, not measured: chunks sized so the programs fill the SMs once, evenly (1024 at 8 CTAs/SM)
+    # session 5: chunks sized so the programs fill the SMs once, evenly (1024 at 8 CTAs/SM); run 20: 53.9 us at 8,
+    # 48.6-48.9 at 7 (docs/benchmarks.md)
     "block_words=2048,maxnreg=none,fill_ctas_per_sm=8", "block_words=4096,maxnreg=none,num_warps=8,fill_ctas_per_sm=3",
     "fill_ctas_per_sm=4",
 ]
@@ -225,7 +226,8 @@ def sweep(iters: int, budget_s: float = 30.0, configs: list[str] | None = None,
         return
     full = guard_sets()["full"]
     want = k.fingerprint_many_reference(full)
-    print("full set (fingerprint_many, graph replay): the 3 fastest configs and FULL_SET_CONFIGS x long-row "
+    print("full set (fingerprint_many, graph replay): " + ("the --full-set-configs" if full_configs is not None else
+          "the 3 fastest configs and FULL_SET_CONFIGS x long-row variants (many_long, maxnreg)") + "; "
           "variants (many_long, maxnreg); target: <= 88 us (2 x 168 MB at 3.8 TB/s)")
     seen, best_full = set(), None
     if full_configs is not None:
@@ -264,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-configs", default=None, metavar="A|B|...",
                     help="sweep these KernelConfig overrides ('|'-separated, '' the defaults) instead of the list")
     ap.add_argument("--full-set-configs", default=None, metavar="A|B|...",
-                    help="with --sweep-configs: also sweep these whole KernelConfig overrides on the guard's full set")
+                    help="with --sweep: sweep these whole KernelConfig overrides on the guard's full set instead of "
+                         "the 3 fastest and FULL_SET_CONFIGS x long-row variants")
     ap.add_argument("--no-check", dest="check", action="store_false",
                     help="skip the bit-for-bit check against the numpy reference")
     args = ap.parse_args(argv)
