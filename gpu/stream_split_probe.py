@@ -5,10 +5,13 @@ Rows are independent (batch-invariant kernels), so a part is the same op on a ro
 call plan and workspace (plans are per stream). Schedules, timed by CUDA-graph replay (parallel
 branches) and by back-to-back eager batches, output bits compared with the one-call baseline:
   base   one call over all rows, RenormConfig.graph_row_split = 1 (no split)
-  parN   N row parts, each on its own stream, forked from and joined to the caller's stream
+  parN   N row parts on N streams through kernels/row_split.run_split, eagerly too (graph_row_split = 1 inside)
   split  one call with the default config: kernels/row_split.py splits it under capture (graph only)
 Run 19 (session 6, top-p flat 256 x 163840): base 337.9, par2 320.3 us (graph); staggered starts (part i
 after part i-1's row_stats) 330-341 us: dropped.
+
+(Runs 19-22 ran an earlier copy of this script with its own fork/join class; it now calls run_split, which
+does the same fork/join with aligned part boundaries: not re-run since.)
 
 Usage: python -P gpu/stream_split_probe.py [--rows 256] [--vocab 163840] [--json PATH]
 """
@@ -21,7 +24,7 @@ import json
 import torch
 
 from tpguard.bench.timing import time_batched, time_graph
-from tpguard.kernels import renorm_plan
+from tpguard.kernels import renorm_plan, row_split
 from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
 
 NO_SPLIT = DEFAULT_CONFIG.replace(graph_row_split=1)
@@ -33,29 +36,6 @@ def probs_for(rows, vocab, scale, seed=0):
     return torch.softmax(z, dim=-1).float().contiguous()
 
 
-class RowSplit:
-    """op over `parts` row slices on as many side streams; returns the parts' outputs."""
-
-    def __init__(self, op, probs, parts):
-        rows = probs.shape[0]
-        bounds = [rows * i // parts for i in range(parts + 1)]
-        self.slices = [probs[a:b] for a, b in zip(bounds, bounds[1:])]
-        self.op = op
-        self.streams = [torch.cuda.Stream() for _ in range(parts)]
-
-    def __call__(self):
-        main = torch.cuda.current_stream()
-        outs = []
-        for s, x in zip(self.streams, self.slices):
-            s.wait_stream(main)
-            with torch.cuda.stream(s):
-                outs.append(self.op(x))
-        for s, o in zip(self.streams, outs):
-            main.wait_stream(s)
-            o.record_stream(main)
-        return outs
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=256)
@@ -65,22 +45,27 @@ def main():
     a = ap.parse_args()
     results = {}
     inputs = {"flat": probs_for(a.rows, a.vocab, 1.0), "mid": probs_for(a.rows, a.vocab, 4.0, 2)}
-    ops = [("top_p", "flat", lambda x, c: renorm_plan.run("top_p", x, None, 0.9, c)),
-           ("top_p", "mid", lambda x, c: renorm_plan.run("top_p", x, None, 0.9, c)),
-           ("top_k40", "flat", lambda x, c: renorm_plan.run("top_k", x, 40, None, c)),
-           ("top_k_top_p", "flat", lambda x, c: renorm_plan.run("top_k_top_p", x, 40, 0.9, c))]
-    for name, kind, op in ops:
+    ops = [("top_p", "flat", "top_p", None, 0.9), ("top_p", "mid", "top_p", None, 0.9),
+           ("top_k40", "flat", "top_k", 40, None), ("top_k_top_p", "flat", "top_k_top_p", 40, 0.9)]
+    streams = row_split.side_streams(torch.device("cuda", torch.cuda.current_device()), 4)
+
+    def part(op, x, k, p, out):  # one part, unsplit inside
+        return renorm_plan._run_op(op, x, k, p, NO_SPLIT, None, None, out)
+
+    for name, kind, op, k, p in ops:
         x = inputs[kind]
-        base = op(x, NO_SPLIT)
+        base = renorm_plan.run(op, x, k, p, NO_SPLIT)
         torch.cuda.synchronize()
         for parts in (1, 2, 4, "split"):
             if parts == "split":
-                fn = lambda: op(x, DEFAULT_CONFIG)  # noqa: E731
+                fn = lambda: renorm_plan.run(op, x, k, p, DEFAULT_CONFIG)  # noqa: E731
+            elif parts == 1:
+                fn = lambda: renorm_plan.run(op, x, k, p, NO_SPLIT)  # noqa: E731
             else:
-                fn = (lambda: op(x, NO_SPLIT)) if parts == 1 else RowSplit(lambda y: op(y, NO_SPLIT), x, parts)
+                fn = lambda n=parts: row_split.run_split(  # noqa: E731
+                    lambda y, kk, pp, out: part(op, y, kk, pp, out), x, (k, p), n, streams)
             out = fn()
             torch.cuda.synchronize()
-            out = out if not isinstance(out, list) else torch.cat(out)
             same = bool(torch.equal(out.view(torch.int32), base.view(torch.int32)))
             g = time_graph(fn, a.iters, strict=False)
             e = time_batched(fn, 20)
