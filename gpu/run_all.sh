@@ -30,6 +30,10 @@
 #   call20       session 6: sweep around the new defaults, row split probe + GPU test, kernels table, fingerprint tests
 #   call21       session 6's validation: sweep, row split, table, GPU smoke tests, host time, audit, fingerprint
 #   call22       session 6's last: full-set tile, guard (1 GPU), every GPU kernel test next to the fingerprint tests
+#   call23       session 7: the GPU tests left from session 6 and the new PDL / eager split ones, launch-gap probe
+#   call24       session 8 (planned in session 7): GPU tests, pdl 0 / 1 / 2, the fingerprint's launches apart, tile sweep
+#   call25       session 8 (planned): the side-by-side table with flashinfer, the 1,000-call audit
+#   call26       session 8 (planned): every GPU kernel test next to the fingerprint/graph/heal tests
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
@@ -416,6 +420,59 @@ case "$PHASES" in
       timeout 60 python3 -m tpguard.bench.guard --config block_words=2048,num_warps=8,maxnreg=none > /tmp/res/guard1/bench_w8.log 2>&1
       say "guard bench (1 GPU, w8 tile) rc=$? $(grep -E 'device work|inside a graph|zero-copy' /tmp/res/guard1/bench_w8.log | tr '\n' ';')" )
     ( export TPGUARD_RENORM_GPU_TESTS=all K_PYTEST=380 K_ONLY_PYTEST=1 K_PYTEST_EXTRA="tests/test_renorm_plan.py tests/test_row_split.py"
+      kernels ) & P1=$!
+    ( FP_NO_BENCH=1 FP_PYTEST=330 fingerprint ) & P2=$!
+    wait $P1 $P2
+    ;;
+  call23)
+    # session 7, first call (~420 s on nvidia-h200, TAR_AT=570): the GPU tests left from session 6 (the split tau
+    # search, the row split incl. its 100-row case) and the new ones (PDL, the eager split), then the launch-gap
+    # probe (RenormConfig.pdl, an eager row split since dropped, the fingerprint finalize as a dependent launch: eager and
+    # graph us, same bits)
+    ( mkdir -p /tmp/res/probe
+      timeout 260 python3 -m pytest -q -p no:cacheprovider tests/test_renorm_kernels.py -k tps_split \
+        tests/test_row_split.py tests/test_pdl.py tests/test_renorm_plan.py > /tmp/res/probe/pytest.log 2>&1
+      say "GPU tests (tps_split, row split, pdl, plans) rc=$? $(tail -1 /tmp/res/probe/pytest.log)"
+      grep -E "^(FAILED|ERROR)" /tmp/res/probe/pytest.log | cut -c1-200 | tee -a "$SUMMARY"
+      timeout 250 python3 -P gpu/launch_gap_probe.py --json /tmp/res/probe/gaps.json > /tmp/res/probe/gaps.log 2>&1
+      say "launch gap probe rc=$?"; cut -c1-230 /tmp/res/probe/gaps.log | tee -a "$SUMMARY" )
+    ;;
+  call24)
+    # session 8's first call (written in session 7, not run yet; ~480 s on nvidia-h200, TAR_AT=570): the GPU tests
+    # left open (the split tau search needs TPGUARD_RENORM_GPU_TESTS=all; PDL, row split, plans), the launch-gap
+    # probe (pdl 0 / 1 / 2 and today's default; the fingerprint's two launches apart), a fingerprint tile sweep
+    # (FP_SWEEP / FP_FULL: '|'-separated KernelConfig overrides, docs/benchmarks.md "Session 7" lists the planned ones)
+    ( mkdir -p /tmp/res/probe
+      TPGUARD_RENORM_GPU_TESTS=all timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_renorm_kernels.py -k tps_split > /tmp/res/probe/pytest_tps.log 2>&1
+      say "GPU tests (tps_split, all) rc=$? $(tail -1 /tmp/res/probe/pytest_tps.log)"
+      timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_row_split.py tests/test_pdl.py tests/test_renorm_plan.py > /tmp/res/probe/pytest.log 2>&1
+      say "GPU tests (row split, pdl, plans) rc=$? $(tail -1 /tmp/res/probe/pytest.log)"
+      grep -hE "^(FAILED|ERROR)" /tmp/res/probe/pytest*.log | cut -c1-200 | tee -a "$SUMMARY"
+      timeout 150 python3 -P gpu/launch_gap_probe.py --configs base,pdl,pdl2,default --json /tmp/res/probe/gaps.json > /tmp/res/probe/gaps.log 2>&1
+      say "launch gap probe rc=$?"; cut -c1-230 /tmp/res/probe/gaps.log | tee -a "$SUMMARY"
+      w8=block_words=2048,num_warps=8,maxnreg=none  # (SINGLE_TENSOR_CONFIG; one row per tile: contiguous programs)
+      sweep="$w8|$w8,rows_per_tile=1,chunk_words=32768|$w8,rows_per_tile=2,chunk_words=16384|$w8,rows_per_tile=4"
+      sweep+="|$w8,rows_per_tile=4,chunk_words=16384|block_words=4096,num_warps=8,maxnreg=none,rows_per_tile=1,chunk_words=32768"
+      sweep+="|block_words=1024,num_warps=4,maxnreg=none,rows_per_tile=1,chunk_words=16384"
+      sweep+="|block_words=1024,num_warps=4,maxnreg=none,rows_per_tile=1,chunk_words=32768"
+      full="|$w8,rows_per_tile=1,chunk_words=32768|rows_per_tile=1,chunk_words=32768|rows_per_tile=2,chunk_words=16384"
+      export FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=100 FP_BENCH_ARGS="--shapes main --sweep --sweep-budget 45 --sweep-configs ${FP_SWEEP:-$sweep} --full-set-configs ${FP_FULL:-$full}"
+      fingerprint; grep -E "^  KernelConfig|best|^main" /tmp/res/fingerprint/bench.log | cut -c1-220 | tee -a "$SUMMARY" )
+    ;;
+  call25)
+    # session 8's table (written in session 7; ~400 s on nvidia-h200, TAR_AT=570; carry .whl with the slim flashinfer
+    # + apache-tvm-ffi + orjson): the side-by-side table with flashinfer (its sampling JIT first, ~100 s), the
+    # 1,000-call audit
+    ( mkdir -p /tmp/res/kernels
+      timeout 300 python3 -m tpguard.bench.kernels --graphs --impls tpguard,flashinfer,flashinfer-det,torch --json /tmp/res/kernels/bench.json > /tmp/res/kernels/bench.log 2>&1
+      say "kernels bench rc=$? $(grep '^targets' /tmp/res/kernels/bench.log)"
+      timeout 150 python3 -m tpguard.audit --calls 1000 --device cuda --rows 256 --vocab 163840 > /tmp/res/kernels/audit.log 2>&1
+      say "kernels audit rc=$?" )
+    ;;
+  call26)
+    # session 8's tests (written in session 7; ~480 s, TAR_AT=585): every GPU kernel test (incl. plans, row split,
+    # PDL) next to the compiled fingerprint/graph/heal tests
+    ( export TPGUARD_RENORM_GPU_TESTS=all K_PYTEST=420 K_ONLY_PYTEST=1 K_PYTEST_EXTRA="tests/test_renorm_plan.py tests/test_row_split.py tests/test_pdl.py"
       kernels ) & P1=$!
     ( FP_NO_BENCH=1 FP_PYTEST=330 fingerprint ) & P2=$!
     wait $P1 $P2

@@ -180,6 +180,8 @@ def available() -> bool:
 # --- Triton kernels ------------------------------------------------------------------------
 
 if triton is not None:
+    from tpguard.kernels.pdl import pdl_enter
+
     _C1 = tl.constexpr(ref.C1)
     _C2 = tl.constexpr(ref.C2)
     _FMIX32_A = tl.constexpr(ref.FMIX32_A)
@@ -386,9 +388,10 @@ if triton is not None:
     @triton.jit(do_not_specialize=["s_lo", "s_hi", "t_lo", "t_hi"])
     def _finalize_kernel(partial_ptr, rows_out_ptr, top_ptr, n_rows, n_chunks,
                          s_lo, s_hi, t_lo, t_hi, TOP: tl.constexpr, BR: tl.constexpr,
-                         BC: tl.constexpr):
+                         BC: tl.constexpr, PDL: tl.constexpr = 0):
         """Partial lane sums [chunks, rows, 2] -> row fingerprints (and, if TOP, in a single
-        program, the top hash)."""
+        program, the top hash). PDL (kernels/pdl.py): as the renorm write pass's dependent."""
+        pdl_enter(PDL)
         rows = tl.program_id(0) * BR + tl.arange(0, BR)
         row_ok = rows < n_rows
         l1, l2 = _partial_sums(partial_ptr, rows, row_ok, n_rows, n_chunks, BR, BC)

@@ -32,6 +32,10 @@ from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
 
 VARIANTS = {  # in order of interest: the time budget cuts the list short (kernels/NOTES.md, run 4)
     "default": {},  # bracket_copy=2 since run 9, bracket_bins=8 since run 10, tps_shared=1 since run 11, tps_split=1 since run 19
+    # session 7 (kernels/pdl.py): programmatic dependent launches between a call's passes (pdl=1 the default
+    # since run 24, from 128 rows); 0 = run 23's plain launches, 2 = the per-row kernels signal at their end
+    "pdl0": {"pdl": 0},
+    "pdl2": {"pdl": 2},
     # session 5 (kernels/NOTES.md, "Top-p select: padded rounds split (session 5)"): run 18's default, the
     # sample bracket's 5120 samples as one padded 8192 block (run 19: select 46.6 vs 37.7 us split)
     "tps_split0": {"tps_split": 0},

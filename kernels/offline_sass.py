@@ -21,7 +21,8 @@ the bracket pass and bracket_select of each RenormConfig variant at 256 x 163840
 `topp_select [VARIANTS...]`: the top-p select kernel of each sweep variant (default: "default") at 256 x 163840
 (scalar p): registers, stack, SASS counts, its loops (kernels/NOTES.md, "Top-p select rounds (session 4)";
 `tps_split`: "Top-p select: padded rounds split (session 5)");
-with TPS_DUMP=DIR the SASS and ttgir are written there.
+with TPS_DUMP=DIR the SASS and ttgir are written there. `bins` and `topp_select` with PDL=N: the kernels' PDL
+constexpr (kernels/pdl.py; 3 = DEPENDENT_LATE; the bracket pass gets 1 for any N > 0).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def compile_kernel(fn, signature: dict, constexprs: dict, aligned: list[int], nu
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
     src = ASTSource(fn=fn, signature={**signature, **{c: "constexpr" for c in constexprs}},
                     constexprs=constexprs, attrs=attrs)
-    opts = {"num_warps": num_warps, **({"maxnreg": maxnreg} if maxnreg else {})}
+    opts = {"num_warps": num_warps, **({"maxnreg": maxnreg} if maxnreg else {}),
+            **({"launch_pdl": True} if constexprs.get("PDL") else {})}
     cc = triton.compile(src, target=TARGET, options=opts)
     path = os.path.join(OUT, name + ".cubin")
     with open(path, "wb") as f:
@@ -217,7 +219,8 @@ def bins(variants: list[str]) -> None:
                "cnt_ptr": "*i32", "slots_ptr": "*fp32", **({"bmass_ptr": "*fp64"} if on else {})}
         warps = cfg.bracket_pass_warps or cfg.pass_warps
         const = dict(CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=bool(cfg.bracket_prefetch),
-                     COPY_MODE=cfg.bracket_copy, BINS=cfg.bracket_bins, BIN_SUB=int(os.environ.get('BIN_SUB', 128)), **({} if on else {"bmass_ptr": None}))
+                     COPY_MODE=cfg.bracket_copy, BINS=cfg.bracket_bins, BIN_SUB=int(os.environ.get('BIN_SUB', 128)), **({} if on else {"bmass_ptr": None}),
+                     PDL=int(os.environ.get("PDL", 0)) and 1)
         aligned = [0, 1, 3, 4, 5, 6] + ([7] if on else [])
         res, sass, _, _ = compile_kernel(rp._bracket_kernel, sig, const, aligned, warps,
                                       rp.reg_cap(cfg.bracket_pass_maxnreg or cfg.bracket_maxnreg, warps).get("maxnreg"),
@@ -229,7 +232,8 @@ def bins(variants: list[str]) -> None:
                **({"bmass_ptr": "*fp64"} if on else {})}
         const = dict(CH_BLOCK=s.bch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg,
                      G=cfg.group, COPY=max(1, min(8, 8192 // s.cap)), EXACT_SPAN=rp.exact_span(cfg), BINS=cfg.bracket_bins,
-                     BIN_W=rp.bins_window(cfg), BIN_STEP=int(os.environ.get('BIN_STEP', 4096)), **({} if on else {"bmass_ptr": None}))
+                     BIN_W=rp.bins_window(cfg), BIN_STEP=int(os.environ.get('BIN_STEP', 4096)), **({} if on else {"bmass_ptr": None}),
+                     PDL=int(os.environ.get("PDL", 0)))
         aligned = [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13] + ([14] if on else [])  # (n_chunks = 40)
         res, sass, _, _ = compile_kernel(rp._bracket_select_kernel, sig, const, aligned, cfg.bracket_warps,
                                       rp.reg_cap(cfg.bracket_maxnreg, cfg.bracket_warps).get("maxnreg"), f"bsel_{name}")
@@ -253,7 +257,7 @@ def topp_select(variants: list[str]) -> None:
         const = dict(HAS_P_ARR=False, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
                      NS_BLOCK=ns_main, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
                      CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), TPS_SHARED=bool(cfg.tps_shared),
-                     NS_REM=ns_rem, NG_REM=ng_rem, HI_SAMPLES=cfg.bracket_hi_samples)
+                     NS_REM=ns_rem, NG_REM=ng_rem, HI_SAMPLES=cfg.bracket_hi_samples, PDL=int(os.environ.get("PDL", 0)))
         aligned = [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 16, 17]  # (n_chunks = 40)
         res, sass, ttgir, _ = compile_kernel(tp._top_p_select_kernel, sig, const, aligned, cfg.select_warps,
                                              rp.reg_cap(cfg.select_maxnreg, cfg.select_warps).get("maxnreg"),

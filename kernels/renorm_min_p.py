@@ -16,11 +16,14 @@ import triton
 import triton.language as tl
 
 from tpguard.kernels.radix_select import list_groups_block, reciprocal_f32, upper_mass_any
+from tpguard.kernels.pdl import pdl_enter, pdl_exit
 from tpguard.kernels.renorm_passes import (
     DEFAULT_CONFIG,
     RenormConfig,
     launch_bracket,
     launch_row_stats,
+    pdl_flag,
+    pdl_launch,
     reg_cap,
     shapes_for,
     workspace_for,
@@ -36,7 +39,8 @@ def _min_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups,
                          mp_ptr, mp_val, params_ptr, flag_ptr, plan_ptr, target_ptr,
                          HAS_MP_ARR: tl.constexpr, G: tl.constexpr, CH_BLOCK: tl.constexpr,
                          NG_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
-                         MAX_GROUPS: tl.constexpr):
+                         MAX_GROUPS: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     src = probs_ptr + row * vocab
     gid_row = gid_ptr + row * n_groups
@@ -79,6 +83,7 @@ def _min_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups,
     tl.store(params_ptr + row * 4 + 1, 1.0)
     tl.store(params_ptr + row * 4 + 2, thr.to(tl.float32, bitcast=True))
     tl.store(params_ptr + row * 4 + 3, reciprocal_f32(kept))
+    pdl_exit(PDL)
 
 
 def workspace_flags(vocab: int, top_k=None, top_p=None) -> tuple:
@@ -109,6 +114,7 @@ def min_p_renorm_triton(probs: torch.Tensor, min_p: MinP, config: Optional[Renor
         ws.params, ws.flag, ws.plan, ws.target,
         HAS_MP_ARR=has_arr, G=cfg.group, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, SUB=cfg.sub,
         REG=cfg.reg, MAX_GROUPS=cfg.min_p_groups, num_warps=cfg.select_warps,
+        PDL=pdl_flag(cfg, s, probs.device, late=True), **pdl_launch(cfg, s, probs.device),
         **reg_cap(cfg.select_maxnreg, cfg.select_warps),
     )
     launch_bracket(probs, s, ws, cfg)

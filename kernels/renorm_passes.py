@@ -34,6 +34,8 @@ import triton
 import triton.language as tl
 
 
+from tpguard.kernels import pdl
+from tpguard.kernels.pdl import pdl_enter, pdl_exit, pdl_signal, pdl_wait
 from tpguard.kernels.radix_select import (
     bin_shift,
     list_groups_block,
@@ -128,9 +130,51 @@ class RenormConfig:
     # streaming passes overlap the other's per-row kernels (same bits: the kernels are batch-invariant). Run 20
     # (H200, graph, 256 x 163840): top-p flat 327.6 -> 314.6 us, top-p logits x 4 307.9 -> 270.4
     graph_row_split: int = 2
+    # --- session-7 option (kernels/pdl.py; kernels/NOTES.md, "Session 7"); 0 = run 23's launches ---
+    # programmatic dependent launch (sm_90+): every launch of a call after its first is made with the PDL
+    # attribute and waits (griddepcontrol.wait) before it touches anything an earlier launch wrote; 1: every
+    # kernel signals its dependents at its start, so the next kernel's CTAs are resident (and the write pass
+    # has its chunk loaded) when the one before ends; 2: the per-row kernels (select, bracket_select) signal at
+    # their end instead (not measured yet). Same bits (the same kernels, the same order of sums). Run 24 (H200,
+    # 256 x 163840, eager / graph us): top-p flat 304.4 / 290.9 -> 295.8 / 286.9, top-k(40) 169.0 / 163.1 ->
+    # 163.5 / 158.7, top-k + top-p 180.2 / 174.5 -> 173.6 / 169.7, min-p 203.3 / 193.9 -> 198.6 / 190.0; top-p
+    # peaky 210.4 / 193.0 -> 209.4 / 198.9
+    pdl: int = 1
+    # calls of fewer rows launch plainly (a split call's parts as the whole call: renorm_plan._part_config): run 24
+    # (H200, pdl=1) top-p at 1 / 8 / 64 rows 57.5 -> 60.0, 63.0 -> 73.9, 121.8 -> 125.9 us from a graph (1 row eagerly
+    # 84.3 -> 98.3; top-k gained 1-5 us from a graph there); at 256 rows top-p flat, top-k, top-k + top-p and min-p
+    # gained 4-9 us eagerly and 4-5 from a graph, top-p peaky lost 5.9 from a graph
+    pdl_min_rows: int = 128
 
     def replace(self, **changes) -> "RenormConfig":
         return dataclasses.replace(self, **changes)
+
+
+def pdl_mode(cfg: RenormConfig, s: "Shapes", device: torch.device) -> int:
+    """cfg.pdl for one call: 0 (plain launches) below cfg.pdl_min_rows rows or on a device without
+    grid dependency control (kernels/pdl.py)."""
+    if not cfg.pdl or s.rows < cfg.pdl_min_rows or not pdl.supported(device):
+        return 0
+    return int(cfg.pdl)
+
+
+def pdl_launch(cfg: RenormConfig, s: "Shapes", device: torch.device) -> dict:
+    """Launch options of a call's second and later launches."""
+    return pdl.launch_options(pdl_mode(cfg, s, device))
+
+
+def pdl_flag(cfg: RenormConfig, s: "Shapes", device: torch.device, late: bool = False) -> int:
+    """The PDL constexpr of a call's second and later launches (they wait before dependent work);
+    `late`: a per-row kernel (signals its dependents at its end under pdl=2)."""
+    return pdl.dependent(pdl_mode(cfg, s, device), late)
+
+
+def pdl_write_args(cfg: RenormConfig, s: "Shapes", device: torch.device, dependent: bool) -> dict:
+    """The write kernels' PDL constexpr and launch options: a dependent launch inside a call, else the
+    first (plain) launch of its own sequence."""
+    if dependent:
+        return dict(PDL=pdl_flag(cfg, s, device), **pdl_launch(cfg, s, device))
+    return dict(PDL=pdl.first(pdl_mode(cfg, s, device)))
 
 
 def reg_cap(n: int, num_warps: int) -> dict:
@@ -310,7 +354,8 @@ def row_stats_chunk(probs_ptr, row, chunk, vocab, n_chunks, n_groups, n_samples,
 def _row_stats_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                       chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr,
                       CHUNK: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
-                      WRITE_SAMPLE: tl.constexpr):
+                      WRITE_SAMPLE: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)  # the call's first launch (pdl.FIRST): a plain one that signals its dependent
     row_stats_chunk(probs_ptr, tl.program_id(0).to(tl.int64), tl.program_id(1), vocab, n_chunks, n_groups,
                     n_samples, chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, WRITE_SAMPLE)
 
@@ -320,6 +365,7 @@ def launch_row_stats(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormC
         probs, s.vocab, s.n_chunks, s.n_groups, s.n_samples,
         ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp,
         CHUNK=s.chunk, G=cfg.group, SG=cfg.sample_stride, WRITE_SAMPLE=with_sample,
+        PDL=pdl.first(pdl_mode(cfg, s, probs.device)),
         num_warps=cfg.pass_warps,
     )
 
@@ -329,7 +375,9 @@ def launch_row_stats(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormC
 @triton.jit
 def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slots_ptr,
                     CHUNK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr, PREFETCH: tl.constexpr,
-                    COPY_MODE: tl.constexpr, bmass_ptr=None, BINS: tl.constexpr = 0, BIN_SUB: tl.constexpr = 128):
+                    COPY_MODE: tl.constexpr, bmass_ptr=None, BINS: tl.constexpr = 0, BIN_SUB: tl.constexpr = 128,
+                    PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * CHUNK + tl.arange(0, CHUNK // G)[:, None] * G + tl.arange(0, G)[None, :]
@@ -408,7 +456,8 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
                            SUB: tl.constexpr, REG: tl.constexpr, G: tl.constexpr, COPY: tl.constexpr,
                            EXACT_SPAN: tl.constexpr,
                            bmass_ptr=None, BINS: tl.constexpr = 0, BIN_W: tl.constexpr = 0,
-                           BIN_STEP: tl.constexpr = 4096):
+                           BIN_STEP: tl.constexpr = 4096, PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     status = tl.load(plan_ptr + row * 4)
     if status >= 2:
@@ -486,6 +535,7 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
                                            False, False, G, SUB)
         tl.store(params_ptr + row * 4 + 2, t.to(tl.float32, bitcast=True))
         tl.store(params_ptr + row * 4 + 3, reciprocal_f32(kept))
+    pdl_exit(PDL)
 
 
 def exact_span(cfg: RenormConfig) -> int:
@@ -518,6 +568,7 @@ def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormCon
         probs, s.vocab, s.n_bchunks, ws.plan, ws.mhi, ws.cnt, ws.slots,
         CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=bool(cfg.bracket_prefetch),
         COPY_MODE=copy_mode(cfg), **bins_args(ws, cfg),
+        PDL=pdl_flag(cfg, s, probs.device), **pdl_launch(cfg, s, probs.device),
         num_warps=cfg.bracket_pass_warps or cfg.pass_warps,
         **reg_cap(cfg.bracket_pass_maxnreg or cfg.bracket_maxnreg, cfg.bracket_pass_warps or cfg.pass_warps),
     )
@@ -527,6 +578,7 @@ def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormCon
         CH_BLOCK=s.bch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg, G=cfg.group,
         COPY=max(1, min(8, 8192 // s.cap)), EXACT_SPAN=exact_span(cfg), num_warps=cfg.bracket_warps,
         **bins_args(ws, cfg, BIN_W=bins_window(cfg)),
+        PDL=pdl_flag(cfg, s, probs.device, late=True), **pdl_launch(cfg, s, probs.device),
         **reg_cap(cfg.bracket_maxnreg, cfg.bracket_warps),
     )
 
@@ -556,17 +608,25 @@ def write_value(x, thr1, r1, thr2, r2, live, fill):
 
 
 @triton.jit
-def _renorm_write_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, CHUNK: tl.constexpr):
+def _renorm_write_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, CHUNK: tl.constexpr,
+                         PDL: tl.constexpr = 0):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    thr1, r1, thr2, r2, live, fill = load_write_params(params_ptr, flag_ptr, row)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     mask = offs < vocab
+    # probs is the call's input, written by no launch of the call: loaded before the wait (PDL)
+    pdl_signal(PDL)
     x = tl.load(probs_ptr + row * vocab + offs, mask=mask, other=0.0)
+    pdl_wait(PDL)
+    thr1, r1, thr2, r2, live, fill = load_write_params(params_ptr, flag_ptr, row)
     tl.store(out_ptr + row * vocab + offs, write_value(x, thr1, r1, thr2, r2, live, fill), mask=mask)
 
 
-def launch_write(probs: torch.Tensor, out: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig) -> None:
+def launch_write(probs: torch.Tensor, out: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig,
+                 dependent: bool = False) -> None:
+    """The write pass. `dependent`: a later launch of a renorm call (write_pass); alone (the default) it is a
+    call's first launch: plain, and it waits for nothing before it loads `probs`."""
     _renorm_write_kernel[(s.rows, s.n_chunks)](
-        probs, out, s.vocab, ws.params, ws.flag, CHUNK=s.chunk, num_warps=cfg.pass_warps,
+        probs, out, s.vocab, ws.params, ws.flag, CHUNK=s.chunk, **pdl_write_args(cfg, s, probs.device, dependent),
+        num_warps=cfg.pass_warps,
     )

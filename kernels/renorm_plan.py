@@ -69,6 +69,14 @@ def _run_op(op: str, probs, k, p, cfg, fp, ws, out=None):
     return m.top_k_top_p_renorm_triton(probs, k, p, cfg, fp, workspace=ws, out=out)
 
 
+def _part_config(cfg: RenormConfig, rows: int) -> RenormConfig:
+    """The config of a split call's parts: PDL decided from the whole call's rows (RenormConfig.pdl_min_rows),
+    so the parts launch the kernel variants the eager warm-up of that call compiled (no compile in a capture)."""
+    if not cfg.pdl:
+        return cfg
+    return cfg.replace(pdl_min_rows=0) if rows >= cfg.pdl_min_rows else cfg.replace(pdl=0)
+
+
 def plan_allowed(capturing: bool) -> bool:
     """The capture rule: a plan (cached workspace, recorded launches) is used only outside CUDA
     graph capture, and only with plans switched on."""
@@ -243,7 +251,8 @@ def _run(op: str, probs: torch.Tensor, top_k, top_p, cfg: RenormConfig, fingerpr
     parts = row_split.parts_for(rows, cfg.graph_row_split) if probs.is_cuda and fingerprint_out is None else 1
     streams = row_split.side_streams(probs.device, parts, create=not capturing) if parts > 1 else None
     if capturing and streams:
-        return row_split.run_split(lambda x, k, p, out: _run_op(op, x, k, p, cfg, None, None, out),
+        part_cfg = _part_config(cfg, rows)
+        return row_split.run_split(lambda x, k, p, out: _run_op(op, x, k, p, part_cfg, None, None, out),
                                    probs, (top_k, top_p), parts, streams)
     if rows == 0 or not plan_allowed(capturing):
         return _run_op(op, probs, top_k, top_p, cfg, fingerprint_out, None)

@@ -31,11 +31,14 @@ from tpguard.kernels.radix_select import (
     search_start,
     upper_mass_any,
 )
+from tpguard.kernels.pdl import pdl_enter, pdl_exit
 from tpguard.kernels.renorm_passes import (
     DEFAULT_CONFIG,
     RenormConfig,
     launch_bracket,
     launch_row_stats,
+    pdl_flag,
+    pdl_launch,
     reg_cap,
     shapes_for,
     workspace_for,
@@ -77,8 +80,10 @@ def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                          HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
                          G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
                          NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
-                         TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
+                         TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr,
+                         PDL: tl.constexpr = 0):
     """The per-row top-k (+ top-p) plan (module doc): writes the row's plan, target and params."""
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     src = probs_ptr + row * vocab
     gid_row = gid_ptr + row * n_groups
@@ -153,6 +158,7 @@ def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
     tl.store(params_ptr + row * 4 + 1, r1)
     tl.store(params_ptr + row * 4 + 2, thr2.to(tl.float32, bitcast=True))
     tl.store(params_ptr + row * 4 + 3, r2)
+    pdl_exit(PDL)
 
 
 
@@ -190,7 +196,8 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
     blocks = dict(HAS_K_ARR=has_k, HAS_P_ARR=has_p, WITH_TOP_P=with_top_p,
                   G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, NS_BLOCK=s.ns_block,
                   SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
-                  CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first))
+                  CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first),
+                  PDL=pdl_flag(cfg, s, probs.device, late=True), **pdl_launch(cfg, s, probs.device))
     launch_row_stats(probs, s, ws, cfg, with_sample=full_top_p)
     _top_k_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
                                   **reg_cap(cfg.select_maxnreg, cfg.select_warps))

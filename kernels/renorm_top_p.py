@@ -33,11 +33,14 @@ from tpguard.kernels.radix_select import (
     upper_mass,
     upper_mass_any,
 )
+from tpguard.kernels.pdl import pdl_enter, pdl_exit
 from tpguard.kernels.renorm_passes import (
     DEFAULT_CONFIG,
     RenormConfig,
     launch_bracket,
     launch_row_stats,
+    pdl_flag,
+    pdl_launch,
     reg_cap,
     shapes_for,
     workspace_for,
@@ -378,11 +381,13 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                          CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, NS_BLOCK: tl.constexpr,
                          SUB: tl.constexpr, REG: tl.constexpr, TAU_GROUPS: tl.constexpr,
                          CSUB: tl.constexpr, MASS_FIRST: tl.constexpr, TPS_SHARED: tl.constexpr = False,
-                         NS_REM: tl.constexpr = 0, NG_REM: tl.constexpr = 0, HI_SAMPLES: tl.constexpr = 0):
+                         NS_REM: tl.constexpr = 0, NG_REM: tl.constexpr = 0, HI_SAMPLES: tl.constexpr = 0,
+                         PDL: tl.constexpr = 0):
     """The per-row top-p plan (module doc): writes the row's plan, target and params.
     NS_REM / NG_REM > 0 (RenormConfig.tps_split): the samples / the group maxima of the tau search as a
     main block plus a remainder block (sample_blocks): NS_BLOCK is then the samples' main block, NG_BLOCK // 2
     the group maxima's."""
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     ch = tl.arange(0, CH_BLOCK)
     chm = ch < n_chunks
@@ -427,6 +432,7 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
     tl.store(params_ptr + row * 4 + 1, 1.0)
     tl.store(params_ptr + row * 4 + 2, tl.where(full, 0.0, thr.to(tl.float32, bitcast=True)))
     tl.store(params_ptr + row * 4 + 3, tl.where(full, 0.0, reciprocal_f32(kept)))
+    pdl_exit(PDL)
 
 
 
@@ -482,7 +488,8 @@ def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[Renor
     blocks = dict(HAS_P_ARR=has_arr, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
                   NS_BLOCK=ns_main, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
                   CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), TPS_SHARED=bool(cfg.tps_shared),
-                  NS_REM=ns_rem, NG_REM=ng_rem, HI_SAMPLES=cfg.bracket_hi_samples)
+                  NS_REM=ns_rem, NG_REM=ng_rem, HI_SAMPLES=cfg.bracket_hi_samples,
+                  PDL=pdl_flag(cfg, s, probs.device, late=True), **pdl_launch(cfg, s, probs.device))
     launch_row_stats(probs, s, ws, cfg, with_sample=True)
     _top_p_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
                                   **reg_cap(cfg.select_maxnreg, cfg.select_warps))

@@ -26,7 +26,15 @@ import triton.language as tl
 
 from tpguard.kernels import fingerprint as fpk
 from tpguard.kernels.renorm import check_fingerprint_slot
-from tpguard.kernels.renorm_passes import launch_write, load_write_params, write_value
+from tpguard.kernels.pdl import pdl_enter
+from tpguard.kernels.renorm_passes import (
+    launch_write,
+    load_write_params,
+    pdl_flag,
+    pdl_launch,
+    pdl_write_args,
+    write_value,
+)
 
 ref = fpk.ref
 TAIL_BLOCK = 1024  # columns per step of a row's last, partial chunk
@@ -69,10 +77,11 @@ def _write_block_lanes(probs_ptr, out_ptr, row, offs, vocab, thr1, r1, thr2, r2,
 @triton.jit(do_not_specialize=["s_lo"])
 def _renorm_write_fp_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, partial_ptr, n_rows,
                             s_lo, CHUNK: tl.constexpr, TAIL: tl.constexpr,
-                            SHIFTS: tl.constexpr, POS_MULHI: tl.constexpr):
+                            SHIFTS: tl.constexpr, POS_MULHI: tl.constexpr, PDL: tl.constexpr = 0):
     """Grid (rows, chunks) of CHUNK columns, as `_renorm_write_kernel`; partial lane sums
     [chunks, rows, 2]. A row's last, partial chunk is walked in TAIL-column blocks (masked), so
     that its code needs no more registers than the full chunks' unmasked path."""
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     thr1, r1, thr2, r2, live, fill = load_write_params(params_ptr, flag_ptr, row)
@@ -98,13 +107,14 @@ def _renorm_write_fp_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, par
 
 def launch_write_fp(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg, *,
                     fp_out: torch.Tensor | None = None, rows_out: torch.Tensor | None = None,
-                    fp_config: fpk.KernelConfig | None = None) -> torch.Tensor | None:
+                    fp_config: fpk.KernelConfig | None = None, dependent: bool = False) -> torch.Tensor | None:
     """`launch_write` (same arguments, same `out` bit for bit) that also writes
     ``fingerprint(out)`` (int64 bits) into the 1-element int64 tensor `fp_out` and, if given,
     ``fingerprint_rows(out)`` into the int64 [rows] tensor `rows_out`. `out` must be the
     contiguous float32 [rows, vocab] tensor the caller receives: its dtype and shape are hashed.
     2 launches (3 above `fingerprint.KernelConfig.finalize_rows` rows), no host sync, graph
-    capturable (scratch from torch.empty). Returns `fp_out`."""
+    capturable (scratch from torch.empty). `dependent`: a later launch of a renorm call (write_pass; PDL as
+    `launch_write`'s). Returns `fp_out`."""
     if out.dim() != 2 or not out.is_contiguous() or out.dtype != torch.float32:
         raise ValueError("launch_write_fp: out must be a contiguous float32 [rows, vocab] tensor, "
                          f"got {out.dtype} {tuple(out.shape)}")
@@ -132,7 +142,7 @@ def launch_write_fp(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg, *,
     _renorm_write_fp_kernel[(rows, s.n_chunks)](
         probs, out, vocab, ws.params, ws.flag, partial, rows, s_lo,
         CHUNK=s.chunk, TAIL=min(s.chunk, TAIL_BLOCK), SHIFTS=shifts, POS_MULHI=True,
-        num_warps=cfg.pass_warps,
+        **pdl_write_args(cfg, s, probs.device, dependent), num_warps=cfg.pass_warps,
     )
     fuse_top = rows <= fcfg.finalize_rows
     fbr = fpk._next_pow2(rows) if fuse_top else fcfg.finalize_rows
@@ -140,6 +150,7 @@ def launch_write_fp(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg, *,
     fpk._finalize_kernel[(-(-rows // fbr),)](
         partial, rows_out, fp_out, rows, s.n_chunks, s_lo, s_hi, t_lo, t_hi,
         TOP=fuse_top, BR=fbr, BC=fbc, num_warps=fpk._warps(fbr * fbc, fcfg),
+        PDL=pdl_flag(cfg, s, probs.device), **pdl_launch(cfg, s, probs.device),
     )
     if not fuse_top:  # many rows: hash the row fingerprints as one row of words
         words = rows_out.view(torch.int32).view(1, 2 * rows)
@@ -162,9 +173,9 @@ def write_pass(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg,
     """The renorm pipelines' last pass: `launch_write`, or with `fingerprint_out` the fused write
     that also emits ``fingerprint(out)`` into that 1-element int64 tensor."""
     if fingerprint_out is None:
-        launch_write(probs, out, s, ws, cfg)
+        launch_write(probs, out, s, ws, cfg, dependent=True)
     else:
-        launch_write_fp(probs, out, s, ws, cfg, fp_out=fingerprint_out)
+        launch_write_fp(probs, out, s, ws, cfg, fp_out=fingerprint_out, dependent=True)
 
 
 __all__ = ["fill_fingerprint", "launch_write_fp", "write_pass"]
