@@ -460,14 +460,15 @@ case "$PHASES" in
       fingerprint; grep -E "^  KernelConfig|best|^main" /tmp/res/fingerprint/bench.log | cut -c1-220 | tee -a "$SUMMARY" )
     ;;
   call25)
-    # session 8's table (written in session 7; ~400 s on nvidia-h200, TAR_AT=570; carry .whl with the slim flashinfer
+    # session 8's table (written in session 7; ~480 s on nvidia-h200, TAR_AT=575; carry .whl with the slim flashinfer
     # + apache-tvm-ffi + orjson): the side-by-side table with flashinfer (its sampling JIT first, ~100 s), the
-    # 1,000-call audit
+    # 1,000-call audit, the host profile of eager 1-row calls
     ( mkdir -p /tmp/res/kernels
       timeout 300 python3 -m tpguard.bench.kernels --graphs --impls tpguard,flashinfer,flashinfer-det,torch --json /tmp/res/kernels/bench.json > /tmp/res/kernels/bench.log 2>&1
       say "kernels bench rc=$? $(grep '^targets' /tmp/res/kernels/bench.log)"
       timeout 150 python3 -m tpguard.audit --calls 1000 --device cuda --rows 256 --vocab 163840 > /tmp/res/kernels/audit.log 2>&1
-      say "kernels audit rc=$?" )
+      say "kernels audit rc=$?"
+      HP_TIMEOUT=80 hostprof )  # where an eager 1-row call's host time goes (the small-batch eager cells)
     ;;
   call26)
     # session 8's tests (written in session 7; ~480 s, TAR_AT=585): every GPU kernel test (incl. plans, row split,
