@@ -241,9 +241,20 @@ CASES = [  # (op, vocab, per-row parameter tensors, fingerprint slot); 151937: n
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--modes", default="1,2")
-    ap.add_argument("--ops", default="top_p,top_k,top_k_top_p,min_p")
+    def modes(text: str) -> list[int]:
+        if not all(m.strip() in ("1", "2") for m in text.split(",")):
+            raise argparse.ArgumentTypeError(f"modes are 1 and/or 2 (RenormConfig.pdl), got {text!r}")
+        return [int(m) for m in text.split(",")]
+
+    def ops(text: str) -> set:
+        known = {c[0] for c in CASES}
+        if not set(text.split(",")) <= known:
+            raise argparse.ArgumentTypeError(f"ops are some of {','.join(sorted(known))}, got {text!r}")
+        return set(text.split(","))
+
+    ap = argparse.ArgumentParser(prog="python -m tpguard.kernels.pdl_check")
+    ap.add_argument("--modes", default=[1, 2], type=modes, help="RenormConfig.pdl values, e.g. 1,2")
+    ap.add_argument("--ops", default={c[0] for c in CASES}, type=ops, help="e.g. top_p,top_k")
     ap.add_argument("--self-test", action="store_true", help="only: the check on a kernel that breaks the rule")
     a = ap.parse_args(argv)
     if interpreting():  # the kernels must be JIT functions (compiled), not interpreted ones
@@ -253,9 +264,8 @@ def main(argv=None) -> int:
         return self_test()
 
     seen, failures = set(), 0
-    ops_wanted = set(a.ops.split(","))
-    for mode in (int(m) for m in a.modes.split(",")):
-        for op, vocab, tensors, fp in (c for c in CASES if c[0] in ops_wanted):
+    for mode in a.modes:
+        for op, vocab, tensors, fp in (c for c in CASES if c[0] in a.ops):
             launches = record_launches(op, mode, vocab, tensor_params=tensors, fingerprint=fp)
             order = check_sequence(launches)
             failures += bool(order)
