@@ -28,16 +28,11 @@ import torch
 from tpguard.bench.timing import time_events, time_graph
 from tpguard.kernels import fingerprint as fpk
 from tpguard.kernels import renorm_plan
+from tpguard.kernels.gpu_sweep import probs as probs_for, recording
 from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
 
 CONFIGS = {"base": {"pdl": 0}, "pdl": {"pdl": 1, "pdl_min_rows": 1}, "pdl2": {"pdl": 2, "pdl_min_rows": 1},
            "default": {}}
-
-
-def probs_for(rows, vocab, scale, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    z = torch.randn(rows, vocab, generator=g, device="cuda").double() * scale
-    return torch.softmax(z, dim=-1).float().contiguous()
 
 
 def cases(vocab):
@@ -58,30 +53,10 @@ def cases(vocab):
 def fingerprint_passes(x, iters):
     """GPU us of each launch of one fingerprint(x) call (the lane launch, the finalize), each
     re-launched 10 times per graph replay (both are idempotent)."""
-    log = []
-    real = {n: getattr(fpk, n) for n in ("_rows_kernel", "_finalize_kernel")}
-
-    class Recorded:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            launch = real[self.name][grid]
-
-            def run(*args, **kwargs):
-                log.append((self.name, lambda: launch(*args, **kwargs)))
-                return launch(*args, **kwargs)
-
-            return run
-
     fpk.fingerprint_triton(x, config=fpk.SINGLE_TENSOR_CONFIG)
-    for n in real:
-        setattr(fpk, n, Recorded(n))
-    try:
+    log = []
+    with recording(log, [(fpk, "_rows_kernel"), (fpk, "_finalize_kernel")]):
         fpk.fingerprint_triton(x, config=fpk.SINGLE_TENSOR_CONFIG)
-    finally:
-        for n, k in real.items():
-            setattr(fpk, n, k)
     torch.cuda.synchronize()
     return {name.strip("_"): time_graph(relaunch, iters, per_replay=10, strict=False) for name, relaunch in log}
 

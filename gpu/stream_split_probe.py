@@ -25,15 +25,10 @@ import torch
 
 from tpguard.bench.timing import time_batched, time_graph
 from tpguard.kernels import renorm_plan, row_split
+from tpguard.kernels.gpu_sweep import probs as probs_for
 from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
 
 NO_SPLIT = DEFAULT_CONFIG.replace(graph_row_split=1)
-
-
-def probs_for(rows, vocab, scale, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    z = torch.randn(rows, vocab, generator=g, device="cuda").double() * scale
-    return torch.softmax(z, dim=-1).float().contiguous()
 
 
 def main():

@@ -113,9 +113,16 @@ def check(out, expect):
     return same, gap
 
 
+RENORM_KERNELS = [(renorm_passes, "_row_stats_kernel"), (renorm_passes, "_bracket_kernel"),
+                  (renorm_passes, "_bracket_select_kernel"), (renorm_passes, "_renorm_write_kernel"),
+                  (renorm_top_p, "_top_p_select_kernel"), (renorm_top_k, "_top_k_select_kernel"),
+                  (renorm_min_p, "_min_p_select_kernel")]
+
+
 @contextmanager
-def recording(log):
-    """Record every kernel launch of the renorm modules as (name, relaunch closure)."""
+def recording(log, kernels=None):
+    """Record every launch of the given (module, kernel name) pairs (default: the renorm passes) as
+    (name, relaunch closure)."""
     patched = []
 
     def wrap(mod, name):
@@ -134,10 +141,7 @@ def recording(log):
         setattr(mod, name, Recorded())
         patched.append((mod, name, kernel))
 
-    for mod, name in [(renorm_passes, "_row_stats_kernel"), (renorm_passes, "_bracket_kernel"),
-                      (renorm_passes, "_bracket_select_kernel"), (renorm_passes, "_renorm_write_kernel"),
-                      (renorm_top_p, "_top_p_select_kernel"), (renorm_top_k, "_top_k_select_kernel"),
-                      (renorm_min_p, "_min_p_select_kernel")]:
+    for mod, name in kernels or RENORM_KERNELS:
         wrap(mod, name)
     try:
         yield

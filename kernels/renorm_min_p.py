@@ -22,8 +22,7 @@ from tpguard.kernels.renorm_passes import (
     RenormConfig,
     launch_bracket,
     launch_row_stats,
-    pdl_flag,
-    pdl_launch,
+    pdl_args,
     reg_cap,
     shapes_for,
     workspace_for,
@@ -114,7 +113,7 @@ def min_p_renorm_triton(probs: torch.Tensor, min_p: MinP, config: Optional[Renor
         ws.params, ws.flag, ws.plan, ws.target,
         HAS_MP_ARR=has_arr, G=cfg.group, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, SUB=cfg.sub,
         REG=cfg.reg, MAX_GROUPS=cfg.min_p_groups, num_warps=cfg.select_warps,
-        PDL=pdl_flag(cfg, s, probs.device, late=True), **pdl_launch(cfg, s, probs.device),
+        **pdl_args(cfg, s, probs.device, late=True),
         **reg_cap(cfg.select_maxnreg, cfg.select_warps),
     )
     launch_bracket(probs, s, ws, cfg)

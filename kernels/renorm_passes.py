@@ -158,23 +158,16 @@ def pdl_mode(cfg: RenormConfig, s: "Shapes", device: torch.device) -> int:
     return int(cfg.pdl)
 
 
-def pdl_launch(cfg: RenormConfig, s: "Shapes", device: torch.device) -> dict:
-    """Launch options of a call's second and later launches."""
-    return pdl.launch_options(pdl_mode(cfg, s, device))
-
-
-def pdl_flag(cfg: RenormConfig, s: "Shapes", device: torch.device, late: bool = False) -> int:
-    """The PDL constexpr of a call's second and later launches (they wait before dependent work);
-    `late`: a per-row kernel (signals its dependents at its end under pdl=2)."""
-    return pdl.dependent(pdl_mode(cfg, s, device), late)
-
-
-def pdl_write_args(cfg: RenormConfig, s: "Shapes", device: torch.device, dependent: bool) -> dict:
-    """The write kernels' PDL constexpr and launch options: a dependent launch inside a call, else the
-    first (plain) launch of its own sequence."""
-    if dependent:
-        return dict(PDL=pdl_flag(cfg, s, device), **pdl_launch(cfg, s, device))
-    return dict(PDL=pdl.first(pdl_mode(cfg, s, device)))
+def pdl_args(cfg: RenormConfig, s: "Shapes", device: torch.device, *, first: bool = False,
+             late: bool = False) -> dict:
+    """A launch's PDL constexpr and options (kernels/pdl.py). `first`: the call's first launch (plain,
+    it only signals its dependent; also the write pass launched on its own); else a dependent launch
+    (the PDL attribute; it waits before dependent work). `late`: a per-row kernel (signals at its end
+    under pdl=2)."""
+    mode = pdl_mode(cfg, s, device)
+    if first:
+        return {"PDL": pdl.first(mode)}
+    return {"PDL": pdl.dependent(mode, late), **pdl.launch_options(mode)}
 
 
 def reg_cap(n: int, num_warps: int) -> dict:
@@ -365,7 +358,7 @@ def launch_row_stats(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormC
         probs, s.vocab, s.n_chunks, s.n_groups, s.n_samples,
         ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp,
         CHUNK=s.chunk, G=cfg.group, SG=cfg.sample_stride, WRITE_SAMPLE=with_sample,
-        PDL=pdl.first(pdl_mode(cfg, s, probs.device)),
+        **pdl_args(cfg, s, probs.device, first=True),
         num_warps=cfg.pass_warps,
     )
 
@@ -568,8 +561,7 @@ def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormCon
         probs, s.vocab, s.n_bchunks, ws.plan, ws.mhi, ws.cnt, ws.slots,
         CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=bool(cfg.bracket_prefetch),
         COPY_MODE=copy_mode(cfg), **bins_args(ws, cfg),
-        PDL=pdl_flag(cfg, s, probs.device), **pdl_launch(cfg, s, probs.device),
-        num_warps=cfg.bracket_pass_warps or cfg.pass_warps,
+        **pdl_args(cfg, s, probs.device), num_warps=cfg.bracket_pass_warps or cfg.pass_warps,
         **reg_cap(cfg.bracket_pass_maxnreg or cfg.bracket_maxnreg, cfg.bracket_pass_warps or cfg.pass_warps),
     )
     _bracket_select_kernel[(s.rows,)](
@@ -578,7 +570,7 @@ def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormCon
         CH_BLOCK=s.bch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg, G=cfg.group,
         COPY=max(1, min(8, 8192 // s.cap)), EXACT_SPAN=exact_span(cfg), num_warps=cfg.bracket_warps,
         **bins_args(ws, cfg, BIN_W=bins_window(cfg)),
-        PDL=pdl_flag(cfg, s, probs.device, late=True), **pdl_launch(cfg, s, probs.device),
+        **pdl_args(cfg, s, probs.device, late=True),
         **reg_cap(cfg.bracket_maxnreg, cfg.bracket_warps),
     )
 
@@ -627,6 +619,7 @@ def launch_write(probs: torch.Tensor, out: torch.Tensor, s: Shapes, ws: Workspac
     """The write pass. `dependent`: a later launch of a renorm call (write_pass); alone (the default) it is a
     call's first launch: plain, and it waits for nothing before it loads `probs`."""
     _renorm_write_kernel[(s.rows, s.n_chunks)](
-        probs, out, s.vocab, ws.params, ws.flag, CHUNK=s.chunk, **pdl_write_args(cfg, s, probs.device, dependent),
+        probs, out, s.vocab, ws.params, ws.flag, CHUNK=s.chunk,
+        **pdl_args(cfg, s, probs.device, first=not dependent),
         num_warps=cfg.pass_warps,
     )

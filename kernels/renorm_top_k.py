@@ -37,8 +37,7 @@ from tpguard.kernels.renorm_passes import (
     RenormConfig,
     launch_bracket,
     launch_row_stats,
-    pdl_flag,
-    pdl_launch,
+    pdl_args,
     reg_cap,
     shapes_for,
     workspace_for,
@@ -197,7 +196,7 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
                   G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, NS_BLOCK=s.ns_block,
                   SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
                   CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first),
-                  PDL=pdl_flag(cfg, s, probs.device, late=True), **pdl_launch(cfg, s, probs.device))
+                  **pdl_args(cfg, s, probs.device, late=True))
     launch_row_stats(probs, s, ws, cfg, with_sample=full_top_p)
     _top_k_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
                                   **reg_cap(cfg.select_maxnreg, cfg.select_warps))

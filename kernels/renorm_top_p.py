@@ -39,8 +39,7 @@ from tpguard.kernels.renorm_passes import (
     RenormConfig,
     launch_bracket,
     launch_row_stats,
-    pdl_flag,
-    pdl_launch,
+    pdl_args,
     reg_cap,
     shapes_for,
     workspace_for,
@@ -489,7 +488,7 @@ def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[Renor
                   NS_BLOCK=ns_main, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
                   CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), TPS_SHARED=bool(cfg.tps_shared),
                   NS_REM=ns_rem, NG_REM=ng_rem, HI_SAMPLES=cfg.bracket_hi_samples,
-                  PDL=pdl_flag(cfg, s, probs.device, late=True), **pdl_launch(cfg, s, probs.device))
+                  **pdl_args(cfg, s, probs.device, late=True))
     launch_row_stats(probs, s, ws, cfg, with_sample=True)
     _top_p_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
                                   **reg_cap(cfg.select_maxnreg, cfg.select_warps))

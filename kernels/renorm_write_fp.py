@@ -30,9 +30,7 @@ from tpguard.kernels.pdl import pdl_enter
 from tpguard.kernels.renorm_passes import (
     launch_write,
     load_write_params,
-    pdl_flag,
-    pdl_launch,
-    pdl_write_args,
+    pdl_args,
     write_value,
 )
 
@@ -142,7 +140,7 @@ def launch_write_fp(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg, *,
     _renorm_write_fp_kernel[(rows, s.n_chunks)](
         probs, out, vocab, ws.params, ws.flag, partial, rows, s_lo,
         CHUNK=s.chunk, TAIL=min(s.chunk, TAIL_BLOCK), SHIFTS=shifts, POS_MULHI=True,
-        **pdl_write_args(cfg, s, probs.device, dependent), num_warps=cfg.pass_warps,
+        **pdl_args(cfg, s, probs.device, first=not dependent), num_warps=cfg.pass_warps,
     )
     fuse_top = rows <= fcfg.finalize_rows
     fbr = fpk._next_pow2(rows) if fuse_top else fcfg.finalize_rows
@@ -150,7 +148,7 @@ def launch_write_fp(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg, *,
     fpk._finalize_kernel[(-(-rows // fbr),)](
         partial, rows_out, fp_out, rows, s.n_chunks, s_lo, s_hi, t_lo, t_hi,
         TOP=fuse_top, BR=fbr, BC=fbc, num_warps=fpk._warps(fbr * fbc, fcfg),
-        PDL=pdl_flag(cfg, s, probs.device), **pdl_launch(cfg, s, probs.device),
+        **pdl_args(cfg, s, probs.device),
     )
     if not fuse_top:  # many rows: hash the row fingerprints as one row of words
         words = rows_out.view(torch.int32).view(1, 2 * rows)

@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tpguard.kernels import pdl, renorm_plan as rp  # noqa: E402
-from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, pdl_mode, pdl_write_args, shapes_for  # noqa: E402
+from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, pdl_args, pdl_mode, shapes_for  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
 
@@ -48,8 +48,8 @@ def test_pdl_flags_and_launch_options():
     assert pdl_mode(DEFAULT_CONFIG.replace(pdl=0), s, dev) == 0
     assert not pdl.enabled(0) and pdl.launch_options(0) == {}
     # the write pass alone (bench, tests) is a sequence's first launch; inside a call a dependent
-    assert pdl_write_args(DEFAULT_CONFIG, s, dev, False) == {"PDL": pdl.FIRST}
-    assert pdl_write_args(DEFAULT_CONFIG, s, dev, True) == {"PDL": pdl.DEPENDENT, "launch_pdl": True}
+    assert pdl_args(DEFAULT_CONFIG, s, dev, first=True) == {"PDL": pdl.FIRST}
+    assert pdl_args(DEFAULT_CONFIG, s, dev) == {"PDL": pdl.DEPENDENT, "launch_pdl": True}
 
 
 def test_split_parts_launch_as_the_whole_call():
@@ -59,7 +59,7 @@ def test_split_parts_launch_as_the_whole_call():
     assert rp._part_config(cfg, 200) == cfg.replace(pdl_min_rows=0)
     assert rp._part_config(cfg, 100) == cfg.replace(pdl=0)
     assert rp._part_config(cfg.replace(pdl=0), 200) == cfg.replace(pdl=0)
-    assert pdl_write_args(cfg, shapes_for(200, 4096, cfg), torch.device("cpu"), True) == {"PDL": pdl.OFF}
+    assert pdl_args(cfg, shapes_for(200, 4096, cfg), torch.device("cpu")) == {"PDL": pdl.OFF}
 
 
 @pytest.mark.parametrize("mode", [1, 2] if DEVICE == "cuda" else [1])  # (CPU: PDL is off, one mode is enough)

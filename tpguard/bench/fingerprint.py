@@ -227,8 +227,8 @@ def sweep(iters: int, budget_s: float = 30.0, configs: list[str] | None = None,
     full = guard_sets()["full"]
     want = k.fingerprint_many_reference(full)
     print("full set (fingerprint_many, graph replay): " + ("the --full-set-configs" if full_configs is not None else
-          "the 3 fastest configs and FULL_SET_CONFIGS x long-row variants (many_long, maxnreg)") + "; "
-          "variants (many_long, maxnreg); target: <= 88 us (2 x 168 MB at 3.8 TB/s)")
+          "the 3 fastest configs and FULL_SET_CONFIGS x long-row variants (many_long, maxnreg)")
+          + "; target: <= 88 us (2 x 168 MB at 3.8 TB/s)")
     seen, best_full = set(), None
     if full_configs is not None:
         pairs = [(float("nan"), replace_from_text(k.KernelConfig(), text, "full set config")) for text in full_configs]
