@@ -442,10 +442,10 @@ def sample_blocks(n_samples: int, ns_block: int, split: int, min_rem: int = 16) 
     at most 3/4 of ns_block, ns_block / 2 + the remainder's power of two (>= min_rem; e.g. 5120 at
     vocab 163840: 4096 + 1024, not 8192); else (ns_block, 0): one block, the default kernel.
 
-    The select kernel passes min_rem = its thread count: on the H200 (run 23) the split tau search
-    of a test kernel with a 32-entry remainder block in 4 warps (each entry held by 4 threads)
-    differed from the one-block search, not diagnosed; the remainders the GPU checks validated
-    (1024 entries in 8 warps at vocab 163840) hold one or more entries per thread."""
+    The select kernel passes min_rem = its thread count, a rule from run 23's test failure; run 27
+    traced that failure to the test kernel (an import in its body), and the split search is exact
+    with a 32-entry remainder at 1-8 warps (gpu/tau_split_probe.py). The rule stays: it changes
+    nothing at vocab 163840 (4096 + 1024 in 8 warps), and smaller remainders were never timed."""
     main = ns_block // 2
     rem = max(min_rem, triton.next_power_of_2(max(1, n_samples - main)))
     if split and main >= 2 * rem and main < n_samples:
