@@ -35,6 +35,8 @@
 #   call25       session 8 (planned): the side-by-side table with flashinfer, the 1,000-call audit
 #   call26       session 8 (planned): every GPU kernel test next to the fingerprint/graph/heal tests
 #   call27       session 8: the tau-search probe (run 26's test failure), then call25 (table, audit, host profile)
+#   call30       (next) every GPU kernel test in one call: three pytest processes side by side (run 26's one
+#                process ran 168 of the 176 in 420 s: the compiles are CPU-bound, the machine has 16 cores)
 #   call28       session 8's last: the fixed tau test, the PDL tests run 26 did not reach, call24's fingerprint
 #                sweep, the guard on 1 GPU, the launch-gap probe (pdl 0 / 1 / 2)
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py
@@ -515,6 +517,20 @@ case "$PHASES" in
       G_TIMEOUT=80 guard1
       mkdir -p /tmp/res/probe; timeout 120 python3 -P gpu/launch_gap_probe.py --configs base,pdl,pdl2 --json /tmp/res/probe/gaps.json > /tmp/res/probe/gaps.log 2>&1
       say "launch gap probe rc=$?"; cut -c1-230 /tmp/res/probe/gaps.log | tee -a "$SUMMARY" )
+    ;;
+  call30)
+    # the next session's GPU test call (~330 s, TAR_AT=560; carry .whl, .gpu): every GPU test of the kernels
+    # (TPGUARD_RENORM_GPU_TESTS=all) in three processes, next to the fingerprint/graph/heal tests; -rfE: the names
+    # of failures even if the limit cuts a process
+    ( d=/tmp/res/tests30; mkdir -p $d; export TPGUARD_RENORM_GPU_TESTS=all
+      for part in "kernels:tests/test_renorm_kernels.py" \
+                  "rest:tests/test_renorm_reference.py tests/test_renorm_write_fp.py tests/test_renorm_plan.py tests/test_row_split.py" \
+                  "pdl:tests/test_pdl.py"; do
+        ( timeout 480 python3 -m pytest -q -rfE -p no:cacheprovider ${part#*:} > $d/${part%%:*}.log 2>&1
+          say "GPU tests ${part%%:*} rc=$? $(tail -1 $d/${part%%:*}.log)" ) &
+      done
+      ( FP_NO_BENCH=1 FP_PYTEST=330 fingerprint ) &
+      wait; grep -hE "^(FAILED|ERROR)" $d/*.log /tmp/res/fingerprint/pytest.log | cut -c1-200 | tee -a "$SUMMARY" )
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done
