@@ -492,10 +492,9 @@ case "$PHASES" in
     ;;
   call27)
     # session 8 (~520 s on nvidia-h200, TAR_AT=580; carry .whl, .gpu): run 26 failed
-    # test_tps_split_tau_search_exact[1]: which search is wrong, how often; then call25
+    # test_tps_split_tau_search_exact[1]: run 27 ran a probe here (both searches vs the exact pattern at 1-8 warps,
+    # 20 calls each; folded into that test since), then the test verbosely; then call25
     ( mkdir -p /tmp/res/tau_split
-      timeout 60 python3 -P gpu/tau_split_probe.py --dump /tmp/res/tau_split > /tmp/res/tau_split/log.txt 2>&1
-      say "tau split probe rc=$?"; grep -E "MISMATCH|FLAKY|probe" /tmp/res/tau_split/log.txt | head -30 | cut -c1-200 | tee -a "$SUMMARY"
       TPGUARD_RENORM_GPU_TESTS=all timeout 60 python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_renorm_kernels.py -k tau_search > /tmp/res/tau_split/pytest.log 2>&1
       say "tau search tests rc=$?"; grep -E "PASS|FAIL|XFAIL|XPASS|^E " /tmp/res/tau_split/pytest.log | head -12 | cut -c1-200 | tee -a "$SUMMARY" )
     table_audit

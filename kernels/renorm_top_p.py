@@ -444,7 +444,7 @@ def sample_blocks(n_samples: int, ns_block: int, split: int, min_rem: int = 16) 
 
     The select kernel passes min_rem = its thread count, a rule from run 23's test failure; run 27
     traced that failure to the test kernel (an import in its body), and the split search is exact
-    with a 32-entry remainder at 1-8 warps (gpu/tau_split_probe.py). The rule stays: it changes
+    with a 32-entry remainder at 1-8 warps (test_tps_split_tau_search_exact). The rule stays: it changes
     nothing at vocab 163840 (4096 + 1024 in 8 warps), and smaller remainders were never timed."""
     main = ns_block // 2
     rem = max(min_rem, triton.next_power_of_2(max(1, n_samples - main)))
