@@ -34,11 +34,11 @@
 #   call24       session 8 (planned in session 7): GPU tests, pdl 0 / 1 / 2, the fingerprint's launches apart, tile sweep
 #   call25       session 8 (planned): the side-by-side table with flashinfer, the 1,000-call audit
 #   call26       session 8 (planned): every GPU kernel test next to the fingerprint/graph/heal tests
-#   call27       session 8: the tau-search probe (run 26's test failure), then call25 (table, audit, host profile)
-#   call30       (next) every GPU kernel test in one call: three pytest processes side by side (run 26's one
-#                process ran 168 of the 176 in 420 s: the compiles are CPU-bound, the machine has 16 cores)
+#   call27       session 8: run 26's failing tau-search test verbosely, then call25 (table, audit, host profile)
 #   call28       session 8's last: the fixed tau test, the PDL tests run 26 did not reach, call24's fingerprint
 #                sweep, the guard on 1 GPU, the launch-gap probe (pdl 0 / 1 / 2)
+#   call30       (next) every GPU kernel test in one call: three pytest processes side by side (run 26's one
+#                process was cut at 420 s with 168 tests run: the compiles are CPU-bound, the machine has 16 cores)
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
