@@ -38,7 +38,8 @@
 #   call28       session 8's last: the fixed tau test, the PDL tests run 26 did not reach, call24's fingerprint
 #                sweep, the guard on 1 GPU, the launch-gap probe (pdl 0 / 1 / 2)
 #   call30       (next) every GPU kernel test in one call: three pytest processes side by side (run 26's one
-#                process was cut at 420 s with 168 tests run: the compiles are CPU-bound, the machine has 16 cores)
+#                process was cut at 420 s with 168 tests run: the compiles are CPU-bound, the machine has 16 cores),
+#                then the fingerprint with KernelConfig.last_finalize timed against the default
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
@@ -518,7 +519,7 @@ case "$PHASES" in
       say "launch gap probe rc=$?"; cut -c1-230 /tmp/res/probe/gaps.log | tee -a "$SUMMARY" )
     ;;
   call30)
-    # the next session's GPU test call (~330 s, TAR_AT=560; carry .whl, .gpu): every GPU test of the kernels
+    # the next session's GPU test call (~420 s, TAR_AT=570; carry .whl, .gpu): every GPU test of the kernels
     # (TPGUARD_RENORM_GPU_TESTS=all) in three processes, next to the fingerprint/graph/heal tests; -rfE: the names
     # of failures even if the limit cuts a process
     ( d=/tmp/res/tests30; mkdir -p $d; export TPGUARD_RENORM_GPU_TESTS=all
@@ -529,7 +530,12 @@ case "$PHASES" in
           say "GPU tests ${part%%:*} rc=$? $(tail -1 $d/${part%%:*}.log)" ) &
       done
       ( FP_NO_BENCH=1 FP_PYTEST=330 fingerprint ) &
-      wait; grep -hE "^(FAILED|ERROR)" $d/*.log /tmp/res/fingerprint/pytest.log | cut -c1-200 | tee -a "$SUMMARY" )
+      wait; grep -hE "^(FAILED|ERROR)" $d/*.log /tmp/res/fingerprint/pytest.log | cut -c1-200 | tee -a "$SUMMARY"
+      # then, alone on the GPU: the one-tensor fingerprint with its last program finalizing (KernelConfig.last_finalize,
+      # session 8, not yet timed; kernels/NOTES-fingerprint.md section 10) at the default and the one-row tile
+      w8=block_words=2048,num_warps=8,maxnreg=none; r1=rows_per_tile=1,chunk_words=32768
+      FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=80 FP_BENCH_ARGS="--shapes main --sweep --sweep-budget 40 --sweep-configs $w8|$w8,last_finalize=1|$w8,$r1|$w8,$r1,last_finalize=1" fingerprint
+      grep -E "^  block|best \(main|^main" /tmp/res/fingerprint/bench.log | cut -c1-200 | tee -a "$SUMMARY" )
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done

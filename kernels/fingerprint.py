@@ -16,7 +16,9 @@ Design (one read pass over the data, no host sync):
   adds up. Integer sums are order-independent: no atomics, and the result does not depend on the
   chunking.
 * The "top" hash over the row fingerprints is fused into the last kernel when all rows fit one
-  program; otherwise the row fingerprints are hashed as one long row of words.
+  program; otherwise the row fingerprints are hashed as one long row of words. With
+  ``KernelConfig.last_finalize`` (off: not yet timed on a GPU) the lane launch's last program to
+  finish does the finalize itself (``_last_to_arrive``: an acq_rel counter), one launch in all.
 * ``fingerprint_many_triton``: many tensors through a device table of segment records (address,
   rows, words, stride, seeds, output index, ...): lane launches for the segments that need
   partial sums (short rows of many rows: 1; long rows: 1 per (16-byte aligned or not, word size)
@@ -143,6 +145,10 @@ class KernelConfig:
     # at 14 (the 8-warp default: 48.3); the full set 114.0 / 100.3 us at 7 / 14 vs 93.5: an option, off
     # (kernels/NOTES-fingerprint.md, sections 7 and 8).
     fill_ctas_per_sm: int = 0
+    # 1: one tensor's lane launch also finalizes (its last program to finish, found through an int32
+    # counter zeroed per call: kernels/NOTES-fingerprint.md, section 10), one launch instead of two when
+    # the top hash fuses (rows <= finalize_rows). Written in session 8 without a GPU: off until measured.
+    last_finalize: int = 0
 
     def __post_init__(self):
         if self.many_long not in ("table", "rows"):
@@ -157,6 +163,8 @@ class KernelConfig:
             raise ValueError(f"KernelConfig.fill_ctas_per_sm must be >= 0, got {self.fill_ctas_per_sm}")
         if self.rows_per_tile > self.block_words:
             raise ValueError("KernelConfig.rows_per_tile must not exceed block_words")
+        if self.last_finalize not in (0, 1):
+            raise ValueError(f"KernelConfig.last_finalize must be 0 or 1, got {self.last_finalize}")
 
 
 DEFAULT_CONFIG = KernelConfig()  # fingerprint_many (the guard's sets)
@@ -342,14 +350,36 @@ if triton is not None:
 
     # Seed halves arrive as value + 2**32, so Triton always types them int64 (one compiled
     # variant per shape class, not per seed); `.to(tl.uint32)` keeps the low 32 bits.
+    @triton.jit
+    def _last_to_arrive(counter_ptr, NT: tl.constexpr):
+        """True in the one program that arrives last at the zeroed int32 counter, after which that
+        program may read every other program's stores. Each of the NT threads of a program (one
+        element each: the PTX has one `atom.acq_rel.gpu` per thread, ptxas may aggregate them per
+        warp) orders its own earlier stores with its own increment, so no thread's stores rest on a
+        barrier's cumulativity. Every RMW on the counter is acq_rel, so each one synchronises with
+        the one before it: a chain through all of them that needs no release-sequence rule. The
+        last program's threads then each add 0 (acq_rel again) to join the chain after its end."""
+        lane = tl.zeros([NT], dtype=tl.int32)
+        old = tl.atomic_add(counter_ptr + lane, lane + 1, sem="acq_rel", scope="gpu")
+        n_programs = tl.num_programs(0) * tl.num_programs(1)
+        last = tl.max(old, axis=0) == n_programs * NT - 1
+        if last:
+            tl.atomic_add(counter_ptr + lane, lane, sem="acq_rel", scope="gpu")
+        return last
+
     @triton.jit(do_not_specialize=["s_lo", "s_hi", "t_lo", "t_hi"])
     def _rows_kernel(words_ptr, rows_out_ptr, partial_ptr, top_ptr,
                      n_rows, n_words, row_stride,
                      s_lo, s_hi, t_lo, t_hi,
                      MODE: tl.constexpr, EB: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
-                     CHUNK_TILES: tl.constexpr, SHIFTS: tl.constexpr):
+                     CHUNK_TILES: tl.constexpr, SHIFTS: tl.constexpr,
+                     counter_ptr=None, LAST: tl.constexpr = 0, FBR: tl.constexpr = 1,
+                     FBC: tl.constexpr = 1, NT: tl.constexpr = 32):
         """MODE 0: partial lane sums [chunks, rows, 2]; 1: row fingerprints; 2: row fingerprints
-        and the top hash (a single program holds all rows)."""
+        and the top hash (a single program holds all rows). MODE 0 with LAST
+        (KernelConfig.last_finalize): the last program to finish (a zeroed int32 at counter_ptr,
+        NT threads per program) also runs `_finalize_kernel`'s work for all rows (FBR >= n_rows)
+        with the top hash, so the call is one launch."""
         rb = tl.program_id(0)
         c = tl.program_id(1)
         s_lo = s_lo.to(tl.uint32)
@@ -361,6 +391,10 @@ if triton is not None:
         l1, l2 = _tile_lane_sums(ptrs, pos, width // BN, width % BN, EB, BR, BN, SHIFTS)
         if MODE == 0:
             _store_partials(partial_ptr, c, n_rows, rows, row_ok, l1, l2)
+            if LAST:
+                if _last_to_arrive(counter_ptr, NT):
+                    _finish_rows(partial_ptr, rows_out_ptr, top_ptr, 0, n_rows, tl.num_programs(1),
+                                 s_lo, s_hi, t_lo, t_hi, True, FBR, FBC)
         else:
             fp = _row_fp(l1, l2, _seed64(s_lo, s_hi))
             tl.store(rows_out_ptr + rows, fp.to(tl.int64, bitcast=True), mask=row_ok)
@@ -385,18 +419,14 @@ if triton is not None:
             l2 += tl.sum(tl.load(p + 1, mask=m, other=0).to(tl.uint64, bitcast=True), axis=1)
         return l1, l2
 
-    @triton.jit(do_not_specialize=["s_lo", "s_hi", "t_lo", "t_hi"])
-    def _finalize_kernel(partial_ptr, rows_out_ptr, top_ptr, n_rows, n_chunks,
-                         s_lo, s_hi, t_lo, t_hi, TOP: tl.constexpr, BR: tl.constexpr,
-                         BC: tl.constexpr, PDL: tl.constexpr = 0):
-        """Partial lane sums [chunks, rows, 2] -> row fingerprints (and, if TOP, in a single
-        program, the top hash). PDL (kernels/pdl.py): as the renorm write pass's dependent."""
-        pdl_enter(PDL)
-        rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    @triton.jit
+    def _finish_rows(partial_ptr, rows_out_ptr, top_ptr, rb, n_rows, n_chunks,
+                     s_lo, s_hi, t_lo, t_hi, TOP: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+        """Rows rb * BR ... of the partial lane sums [chunks, rows, 2] -> row fingerprints (and,
+        if TOP, with all rows in this block, the top hash). s_lo, s_hi: uint32."""
+        rows = rb * BR + tl.arange(0, BR)
         row_ok = rows < n_rows
         l1, l2 = _partial_sums(partial_ptr, rows, row_ok, n_rows, n_chunks, BR, BC)
-        s_lo = s_lo.to(tl.uint32)
-        s_hi = s_hi.to(tl.uint32)
         fp = _row_fp(l1, l2, _seed64(s_lo, s_hi))
         tl.store(rows_out_ptr + rows, fp.to(tl.int64, bitcast=True), mask=row_ok)
         if TOP:
@@ -404,6 +434,16 @@ if triton is not None:
             t_hi = t_hi.to(tl.uint32)
             t1, t2 = _top_lane_sums(fp, rows, row_ok, t_lo)
             tl.store(top_ptr, _row_fp(t1, t2, _seed64(t_lo, t_hi)).to(tl.int64, bitcast=True))
+
+    @triton.jit(do_not_specialize=["s_lo", "s_hi", "t_lo", "t_hi"])
+    def _finalize_kernel(partial_ptr, rows_out_ptr, top_ptr, n_rows, n_chunks,
+                         s_lo, s_hi, t_lo, t_hi, TOP: tl.constexpr, BR: tl.constexpr,
+                         BC: tl.constexpr, PDL: tl.constexpr = 0):
+        """Partial lane sums [chunks, rows, 2] -> row fingerprints (and, if TOP, in a single
+        program, the top hash). PDL (kernels/pdl.py): as the renorm write pass's dependent."""
+        pdl_enter(PDL)
+        _finish_rows(partial_ptr, rows_out_ptr, top_ptr, tl.program_id(0), n_rows, n_chunks,
+                     s_lo.to(tl.uint32), s_hi.to(tl.uint32), t_lo, t_hi, TOP, BR, BC)
 
     @triton.jit
     def _segment_fields(meta):
@@ -707,9 +747,20 @@ def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
                                       w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=mode, **meta)
         return rows_out, (top if mode == 2 else None)
     partial = torch.empty((chunks, w.rows, 2), dtype=torch.int64, device=device)
+    fuse_top = want_top and w.rows <= cfg.finalize_rows
+    if cfg.last_finalize and fuse_top:
+        # one launch: its last program finalizes; the tail reads at most 8 partials per thread per
+        # step (it shares the lane loop's register allocation)
+        nt = 32 * meta["num_warps"]
+        fbr = _next_pow2(w.rows)
+        counter = torch.zeros(1, dtype=torch.int32, device=device)
+        _rows_kernel[(row_blocks, chunks)](w.data, rows_out, partial, top_arg, w.rows, w.n_words,
+                                           w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=0, counter_ptr=counter,
+                                           LAST=1, FBR=fbr, FBC=min(_next_pow2(chunks), max(1, 8 * nt // fbr)),
+                                           NT=nt, **meta)
+        return rows_out, top
     _rows_kernel[(row_blocks, chunks)](w.data, rows_out, partial, top_arg, w.rows, w.n_words,
                                        w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=0, **meta)
-    fuse_top = want_top and w.rows <= cfg.finalize_rows
     fbr = _next_pow2(w.rows) if fuse_top else min(cfg.finalize_rows, _next_pow2(w.rows))
     fbc = _finalize_chunks(fbr, chunks)
     _finalize_kernel[(-(-w.rows // fbr),)](partial, rows_out, top_arg, w.rows, chunks,

@@ -148,8 +148,13 @@ def fingerprint_knobs(overrides: list[str]) -> None:
         br, bn, chunk_tiles, _ = k._tile(256, 163840, cfg)
         warps = k._warps(br * bn, cfg)
         const = dict(MODE=0, EB=4, BR=br, BN=bn, CHUNK_TILES=chunk_tiles, SHIFTS=cfg.shifts)
-        res, sass, _, shared = compile_kernel(k._rows_kernel, sig, const, [0, 1, 2, 3, 5, 6], warps,
-                                                  cfg.maxnreg, "knobs")
+        sig_k = sig
+        if cfg.last_finalize:  # the fused finalize tail (its register share is the point of looking)
+            chunks = k._tile(256, 163840, cfg)[3]
+            const.update(LAST=1, FBR=256, FBC=min(k._next_pow2(chunks), max(1, 8 * 32 * warps // 256)), NT=32 * warps)
+            sig_k = {**sig, "counter_ptr": "*i32"}
+        res, sass, _, shared = compile_kernel(k._rows_kernel, sig_k, const, [0, 1, 2, 3, 5, 6], warps,
+                                              cfg.maxnreg, "knobs")
         regs = int(re.search(r"REG:(\d+)", res).group(1))
         stack = int(re.search(r"STACK:(\d+)", res).group(1))
         by_regs = 65536 // (((regs + 7) // 8 * 8) * 32 * warps)

@@ -165,7 +165,7 @@ def test_fingerprint_many_reference_path():
 # --- GPU: the compiled Triton kernels equal the reference ----------------------------------
 
 GPU_CHECK = textwrap.dedent("""
-    import importlib, torch
+    import dataclasses, importlib, torch
     ref = importlib.import_module("tpguard.fingerprint")
     from tpguard.kernels import fingerprint as k
     assert k.available() and not k.INTERPRET
@@ -210,6 +210,18 @@ GPU_CHECK = textwrap.dedent("""
         same(view)
     same(make((256, 163840), torch.float32))
     same(make((256, 163840), torch.float32), k.KernelConfig(block_words=2048, maxnreg=None, fill_ctas_per_sm=8))
+    # last_finalize: the lane launch's last program finalizes (cross-CTA acq_rel counter): the same bits,
+    # and 200 repeat calls at the benchmark shape (an ordering bug would show as a rare wrong value)
+    for cfg in (dataclasses.replace(k.SINGLE_TENSOR_CONFIG, last_finalize=1),
+                dataclasses.replace(k.SINGLE_TENSOR_CONFIG, rows_per_tile=1, chunk_words=32768, last_finalize=1),
+                dataclasses.replace(small, last_finalize=1)):
+        same(make((9, 7000), torch.float32), cfg)
+        same(make((16, 3000), torch.bfloat16), cfg)
+        big = make((256, 163840), torch.float32)
+        same(big, cfg)
+        big_cuda, want_big = big.cuda(), ref.fingerprint(big)
+        assert all(ref.to_unsigned(int(k.fingerprint_triton(big_cuda, config=cfg).item())) == want_big
+                   for _ in range(200)), cfg
 
     # fingerprint_many: kernels == reference, fixed launch count
     tensors = [make((256,), torch.int32), make((256,), torch.int64), make((32, 8), torch.int32),
@@ -255,8 +267,12 @@ GPU_CHECK = textwrap.dedent("""
     k.fingerprint_many_triton(small_set)  # second run: direct launches set up before capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
+    last = dataclasses.replace(k.SINGLE_TENSOR_CONFIG, last_finalize=1)
+    k.fingerprint_triton(x, config=last)
+    torch.cuda.synchronize()
     with torch.cuda.graph(graph):
         one = k.fingerprint_triton(x)
+        one_last = k.fingerprint_triton(x, config=last)  # its counter zeroed by a memset node per replay
         many = k.fingerprint_many_triton(small_set)
     for step in range(3):
         x.add_(1.0)
@@ -264,6 +280,7 @@ GPU_CHECK = textwrap.dedent("""
         graph.replay()
         torch.cuda.synchronize()
         assert ref.to_unsigned(int(one.item())) == ref.fingerprint(x.cpu()), step
+        assert int(one_last.item()) == int(one.item()), step
         assert torch.equal(many.cpu(), k.fingerprint_many_reference([t.cpu() for t in small_set])), step
     print("GPU OK")
 """)

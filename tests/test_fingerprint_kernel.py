@@ -119,6 +119,36 @@ def test_chunks_sized_to_fill_the_gpu():
         kfp.KernelConfig(fill_ctas_per_sm=-1)
 
 
+def test_last_program_finalizes():
+    """`last_finalize=1`: fingerprint() in one launch whose last program to arrive at the counter
+    finalizes, where the top hash fuses (chunked rows, up to finalize_rows); the same bits; the
+    two-launch path elsewhere (more rows than finalize_rows; fingerprint_rows); bad values: an error."""
+    last = dataclasses.replace(CHUNKY, last_finalize=1)
+    launches = []
+    real = kfp._finalize_kernel
+
+    class Spy:  # counts finalize launches
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return real[grid]
+
+    cases = [((3, 5000), torch.float32, 0), ((16, 2500), torch.bfloat16, 0), ((1, 7000), torch.int32, 0),
+             ((5, 1030), torch.int8, 0), ((20, 3000), torch.float32, 1), ((4, 100), torch.float32, 0)]
+    kfp._finalize_kernel = Spy()
+    try:
+        for shape, dtype, finalize_launches in cases:
+            t = make(shape, dtype, seed=shape[0])
+            launches.clear()
+            want = ref.combine_rows_reference(ref.fingerprint_rows_reference(t), t.dtype, tuple(t.shape))
+            assert top_value(t, last) == want, shape
+            assert len(launches) == finalize_launches, (shape, launches)
+            assert_matches(t, last)  # fingerprint_rows too
+    finally:
+        kfp._finalize_kernel = real
+    with pytest.raises(ValueError, match="last_finalize must be 0 or 1"):
+        kfp.KernelConfig(last_finalize=2)
+
+
 def test_one_ulp_permutation_dtype_and_shape_change_the_value():
     x = make((4, 1000), torch.float32)
     base_rows = kfp.fingerprint_rows_triton(x)
