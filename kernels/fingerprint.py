@@ -748,10 +748,10 @@ def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
         return rows_out, (top if mode == 2 else None)
     partial = torch.empty((chunks, w.rows, 2), dtype=torch.int64, device=device)
     fuse_top = want_top and w.rows <= cfg.finalize_rows
-    if cfg.last_finalize and fuse_top:
+    nt = 32 * meta["num_warps"]
+    if cfg.last_finalize and fuse_top and row_blocks * chunks * nt < 2**31:  # (the int32 count)
         # one launch: its last program finalizes; the tail reads at most 8 partials per thread per
         # step (it shares the lane loop's register allocation)
-        nt = 32 * meta["num_warps"]
         fbr = _next_pow2(w.rows)
         counter = torch.zeros(1, dtype=torch.int32, device=device)
         _rows_kernel[(row_blocks, chunks)](w.data, rows_out, partial, top_arg, w.rows, w.n_words,
