@@ -18,7 +18,7 @@ Design (one read pass over the data, no host sync):
 * The "top" hash over the row fingerprints is fused into the last kernel when all rows fit one
   program; otherwise the row fingerprints are hashed as one long row of words. With
   ``KernelConfig.last_finalize`` (off: not yet timed on a GPU) the lane launch's last program to
-  finish does the finalize itself (``_last_to_arrive``: an acq_rel counter), one launch in all.
+  finish does the finalize itself (``_last_to_arrive``: an acq_rel counter, zeroed by a fill).
 * ``fingerprint_many_triton``: many tensors through a device table of segment records (address,
   rows, words, stride, seeds, output index, ...): lane launches for the segments that need
   partial sums (short rows of many rows: 1; long rows: 1 per (16-byte aligned or not, word size)
@@ -145,9 +145,10 @@ class KernelConfig:
     # at 14 (the 8-warp default: 48.3); the full set 114.0 / 100.3 us at 7 / 14 vs 93.5: an option, off
     # (kernels/NOTES-fingerprint.md, sections 7 and 8).
     fill_ctas_per_sm: int = 0
-    # 1: one tensor's lane launch also finalizes (its last program to finish, found through an int32
-    # counter zeroed per call: kernels/NOTES-fingerprint.md, section 10), one launch instead of two when
-    # the top hash fuses (rows <= finalize_rows). Written in session 8 without a GPU: off until measured.
+    # 1: fingerprint() of one tensor whose lane launch has more than one program and whose top hash fuses
+    # (rows <= finalize_rows): the lane launch's last program to finish also finalizes (an int32 counter
+    # zeroed per call by a fill kernel: kernels/NOTES-fingerprint.md, section 10) instead of a finalize
+    # launch. Written in session 8 without a GPU: off until measured.
     last_finalize: int = 0
 
     def __post_init__(self):
@@ -748,11 +749,12 @@ def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
         return rows_out, (top if mode == 2 else None)
     partial = torch.empty((chunks, w.rows, 2), dtype=torch.int64, device=device)
     fuse_top = want_top and w.rows <= cfg.finalize_rows
-    nt = 32 * meta["num_warps"]
-    if cfg.last_finalize and fuse_top and row_blocks * chunks * nt < 2**31:  # (the int32 count)
-        # one launch: its last program finalizes; the tail reads at most 8 partials per thread per
-        # step (it shares the lane loop's register allocation)
-        fbr = _next_pow2(w.rows)
+    nt = 32 * meta["num_warps"]  # the kernel's NT: one counter element per thread, none replicated
+    fbr = _next_pow2(w.rows) if fuse_top else min(cfg.finalize_rows, _next_pow2(w.rows))
+    if cfg.last_finalize and fuse_top and fbr <= 8 * nt and row_blocks * chunks * nt < 2**31:
+        # the lane launch's last program finalizes (the int32 count must fit; the tail, which shares
+        # the lane loop's register allocation, reads at most 8 partials per thread per step). The
+        # counter's zero fill is a small kernel of its own: the saving is the finalize's gap and tail.
         counter = torch.zeros(1, dtype=torch.int32, device=device)
         _rows_kernel[(row_blocks, chunks)](w.data, rows_out, partial, top_arg, w.rows, w.n_words,
                                            w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=0, counter_ptr=counter,
@@ -761,7 +763,6 @@ def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
         return rows_out, top
     _rows_kernel[(row_blocks, chunks)](w.data, rows_out, partial, top_arg, w.rows, w.n_words,
                                        w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=0, **meta)
-    fbr = _next_pow2(w.rows) if fuse_top else min(cfg.finalize_rows, _next_pow2(w.rows))
     fbc = _finalize_chunks(fbr, chunks)
     _finalize_kernel[(-(-w.rows // fbr),)](partial, rows_out, top_arg, w.rows, chunks,
                                            s_lo, s_hi, t_lo, t_hi, TOP=fuse_top, BR=fbr, BC=fbc,

@@ -211,17 +211,21 @@ GPU_CHECK = textwrap.dedent("""
     same(make((256, 163840), torch.float32))
     same(make((256, 163840), torch.float32), k.KernelConfig(block_words=2048, maxnreg=None, fill_ctas_per_sm=8))
     # last_finalize: the lane launch's last program finalizes (cross-CTA acq_rel counter): the same bits,
-    # and 200 repeat calls at the benchmark shape (an ordering bug would show as a rare wrong value)
-    for cfg in (dataclasses.replace(k.SINGLE_TENSOR_CONFIG, last_finalize=1),
-                dataclasses.replace(k.SINGLE_TENSOR_CONFIG, rows_per_tile=1, chunk_words=32768, last_finalize=1),
-                dataclasses.replace(small, last_finalize=1)):
+    # then 200 calls alternating two inputs of one shape (the allocator hands back the same partial
+    # buffer, so a finalize that read stale partials would give the other input's value), on shapes
+    # that take the fused path (rows <= finalize_rows: 16 for `small`)
+    for cfg, shape in ((dataclasses.replace(k.SINGLE_TENSOR_CONFIG, last_finalize=1), (256, 163840)),
+                       (dataclasses.replace(k.SINGLE_TENSOR_CONFIG, rows_per_tile=1, chunk_words=32768,
+                                            last_finalize=1), (256, 163840)),
+                       (dataclasses.replace(small, last_finalize=1), (16, 163840))):
         same(make((9, 7000), torch.float32), cfg)
         same(make((16, 3000), torch.bfloat16), cfg)
-        big = make((256, 163840), torch.float32)
-        same(big, cfg)
-        big_cuda, want_big = big.cuda(), ref.fingerprint(big)
-        assert all(ref.to_unsigned(int(k.fingerprint_triton(big_cuda, config=cfg).item())) == want_big
-                   for _ in range(200)), cfg
+        pair = [make(shape, torch.float32), make(shape, torch.float32)]
+        same(pair[0], cfg)
+        wants = [ref.fingerprint(t) for t in pair]
+        pair = [t.cuda() for t in pair]
+        got = [ref.to_unsigned(int(k.fingerprint_triton(pair[i % 2], config=cfg).item())) for i in range(200)]
+        assert got == [wants[i % 2] for i in range(200)], (cfg, sum(g != wants[i % 2] for i, g in enumerate(got)))
 
     # fingerprint_many: kernels == reference, fixed launch count
     tensors = [make((256,), torch.int32), make((256,), torch.int64), make((32, 8), torch.int32),
@@ -272,7 +276,7 @@ GPU_CHECK = textwrap.dedent("""
     torch.cuda.synchronize()
     with torch.cuda.graph(graph):
         one = k.fingerprint_triton(x)
-        one_last = k.fingerprint_triton(x, config=last)  # its counter zeroed by a memset node per replay
+        one_last = k.fingerprint_triton(x, config=last)  # its counter zeroed by a fill node per replay
         many = k.fingerprint_many_triton(small_set)
     for step in range(3):
         x.add_(1.0)

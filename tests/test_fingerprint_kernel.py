@@ -120,31 +120,41 @@ def test_chunks_sized_to_fill_the_gpu():
 
 
 def test_last_program_finalizes():
-    """`last_finalize=1`: fingerprint() in one launch whose last program to arrive at the counter
-    finalizes, where the top hash fuses (chunked rows, up to finalize_rows); the same bits; the
-    two-launch path elsewhere (more rows than finalize_rows; fingerprint_rows); bad values: an error."""
+    """`last_finalize=1`: fingerprint() with no finalize launch where the top hash fuses and the lane
+    launch has more than one program (chunked rows, or one chunk in several row blocks; rows <=
+    finalize_rows); exactly one program runs the tail (the interpreter runs programs in order, so a
+    tail run by every program, or by the wrong one, would still give the right bits: counted here);
+    the same bits; the two-launch path elsewhere; a bad value is an error."""
     last = dataclasses.replace(CHUNKY, last_finalize=1)
-    launches = []
-    real = kfp._finalize_kernel
+    launches, tails = [], []
+    real_finalize, real_finish = kfp._finalize_kernel, kfp._finish_rows
 
     class Spy:  # counts finalize launches
         def __getitem__(self, grid):
             launches.append(grid)
-            return real[grid]
+            return real_finalize[grid]
 
-    cases = [((3, 5000), torch.float32, 0), ((16, 2500), torch.bfloat16, 0), ((1, 7000), torch.int32, 0),
-             ((5, 1030), torch.int8, 0), ((20, 3000), torch.float32, 1), ((4, 100), torch.float32, 0)]
-    kfp._finalize_kernel = Spy()
+    def counted_finish(*args, **kwargs):  # under the interpreter a called @jit function is Python
+        tails.append(1)
+        return real_finish(*args, **kwargs)
+
+    # (shape, dtype, finalize launches, _finish_rows runs) of one fingerprint() call
+    cases = [((3, 5000), torch.float32, 0, 1), ((16, 2500), torch.bfloat16, 0, 1), ((1, 7000), torch.int32, 0, 1),
+             ((5, 1030), torch.int8, 0, 1), ((16, 100), torch.float32, 0, 1),  # one chunk, 2 row blocks
+             ((20, 3000), torch.float32, 1, 2),  # more rows than finalize_rows: a finalize launch (2 programs)
+             ((4, 100), torch.float32, 0, 0)]  # one program: MODE 2, as without the option
+    kfp._finalize_kernel, kfp._finish_rows = Spy(), counted_finish
     try:
-        for shape, dtype, finalize_launches in cases:
+        for shape, dtype, finalize_launches, tail_runs in cases:
             t = make(shape, dtype, seed=shape[0])
             launches.clear()
+            tails.clear()
             want = ref.combine_rows_reference(ref.fingerprint_rows_reference(t), t.dtype, tuple(t.shape))
             assert top_value(t, last) == want, shape
-            assert len(launches) == finalize_launches, (shape, launches)
+            assert (len(launches), len(tails)) == (finalize_launches, tail_runs), (shape, launches, tails)
             assert_matches(t, last)  # fingerprint_rows too
     finally:
-        kfp._finalize_kernel = real
+        kfp._finalize_kernel, kfp._finish_rows = real_finalize, real_finish
     with pytest.raises(ValueError, match="last_finalize must be 0 or 1"):
         kfp.KernelConfig(last_finalize=2)
 
