@@ -534,7 +534,7 @@ case "$PHASES" in
       # then, alone on the GPU: the one-tensor fingerprint with its last program finalizing (KernelConfig.last_finalize,
       # session 8, not yet timed; kernels/NOTES-fingerprint.md section 10) at the default and the one-row tile
       w8=block_words=2048,num_warps=8,maxnreg=none; r1=rows_per_tile=1,chunk_words=32768
-      FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=80 FP_BENCH_ARGS="--shapes main --sweep --sweep-budget 40 --sweep-configs $w8|$w8,last_finalize=1|$w8,$r1|$w8,$r1,last_finalize=1" fingerprint
+      FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=80 FP_BENCH_ARGS="--shapes main --sweep --sweep-budget 40 --sweep-configs $w8|$w8,last_finalize=1|$w8,$r1|$w8,$r1,last_finalize=1|$w8,$r1,last_finalize=2" fingerprint
       grep -E "^  block|best \(main|^main" /tmp/res/fingerprint/bench.log | cut -c1-200 | tee -a "$SUMMARY" )
     ;;
   *)

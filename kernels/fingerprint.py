@@ -148,7 +148,8 @@ class KernelConfig:
     # 1: fingerprint() of one tensor whose lane launch has more than one program and whose top hash fuses
     # (rows <= finalize_rows): the lane launch's last program to finish also finalizes (an int32 counter
     # zeroed per call by a fill kernel: kernels/NOTES-fingerprint.md, section 10) instead of a finalize
-    # launch. Written in session 8 without a GPU: off until measured.
+    # launch; 2: the same with release-only arrivals (a timing variant: NOTES section 10). Written in
+    # session 8 without a GPU: off until measured.
     last_finalize: int = 0
 
     def __post_init__(self):
@@ -164,8 +165,8 @@ class KernelConfig:
             raise ValueError(f"KernelConfig.fill_ctas_per_sm must be >= 0, got {self.fill_ctas_per_sm}")
         if self.rows_per_tile > self.block_words:
             raise ValueError("KernelConfig.rows_per_tile must not exceed block_words")
-        if self.last_finalize not in (0, 1):
-            raise ValueError(f"KernelConfig.last_finalize must be 0 or 1, got {self.last_finalize}")
+        if self.last_finalize not in (0, 1, 2):
+            raise ValueError(f"KernelConfig.last_finalize must be 0, 1 or 2, got {self.last_finalize}")
 
 
 DEFAULT_CONFIG = KernelConfig()  # fingerprint_many (the guard's sets)
@@ -352,16 +353,21 @@ if triton is not None:
     # Seed halves arrive as value + 2**32, so Triton always types them int64 (one compiled
     # variant per shape class, not per seed); `.to(tl.uint32)` keeps the low 32 bits.
     @triton.jit
-    def _last_to_arrive(counter_ptr, NT: tl.constexpr):
+    def _last_to_arrive(counter_ptr, NT: tl.constexpr, RELEASE_ONLY: tl.constexpr = False):
         """True in the one program that arrives last at the zeroed int32 counter, after which that
         program may read every other program's stores. Each of the NT threads of a program (one
         element each: the PTX has one `atom.acq_rel.gpu` per thread, ptxas may aggregate them per
         warp) orders its own earlier stores with its own increment, so no thread's stores rest on a
         barrier's cumulativity. Every RMW on the counter is acq_rel, so each one synchronises with
         the one before it: a chain through all of them that needs no release-sequence rule. The
-        last program's threads then each add 0 (acq_rel again) to join the chain after its end."""
+        last program's threads then each add 0 (acq_rel again) to join the chain after its end.
+        RELEASE_ONLY (last_finalize=2, a timing variant): the arrivals only release, so only the last
+        program invalidates L1; that rests on RMWs continuing release sequences."""
         lane = tl.zeros([NT], dtype=tl.int32)
-        old = tl.atomic_add(counter_ptr + lane, lane + 1, sem="acq_rel", scope="gpu")
+        if RELEASE_ONLY:
+            old = tl.atomic_add(counter_ptr + lane, lane + 1, sem="release", scope="gpu")
+        else:
+            old = tl.atomic_add(counter_ptr + lane, lane + 1, sem="acq_rel", scope="gpu")
         n_programs = tl.num_programs(0) * tl.num_programs(1)
         last = tl.max(old, axis=0) == n_programs * NT - 1
         if last:
@@ -393,7 +399,7 @@ if triton is not None:
         if MODE == 0:
             _store_partials(partial_ptr, c, n_rows, rows, row_ok, l1, l2)
             if LAST:
-                if _last_to_arrive(counter_ptr, NT):
+                if _last_to_arrive(counter_ptr, NT, LAST == 2):
                     _finish_rows(partial_ptr, rows_out_ptr, top_ptr, 0, n_rows, tl.num_programs(1),
                                  s_lo, s_hi, t_lo, t_hi, True, FBR, FBC)
         else:
@@ -758,7 +764,7 @@ def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
         counter = torch.zeros(1, dtype=torch.int32, device=device)
         _rows_kernel[(row_blocks, chunks)](w.data, rows_out, partial, top_arg, w.rows, w.n_words,
                                            w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=0, counter_ptr=counter,
-                                           LAST=1, FBR=fbr, FBC=min(_next_pow2(chunks), max(1, 8 * nt // fbr)),
+                                           LAST=cfg.last_finalize, FBR=fbr, FBC=min(_next_pow2(chunks), max(1, 8 * nt // fbr)),
                                            NT=nt, **meta)
         return rows_out, top
     _rows_kernel[(row_blocks, chunks)](w.data, rows_out, partial, top_arg, w.rows, w.n_words,

@@ -217,6 +217,8 @@ GPU_CHECK = textwrap.dedent("""
     for cfg, shape in ((dataclasses.replace(k.SINGLE_TENSOR_CONFIG, last_finalize=1), (256, 163840)),
                        (dataclasses.replace(k.SINGLE_TENSOR_CONFIG, rows_per_tile=1, chunk_words=32768,
                                             last_finalize=1), (256, 163840)),
+                       (dataclasses.replace(k.SINGLE_TENSOR_CONFIG, rows_per_tile=1, chunk_words=32768,
+                                            last_finalize=2), (256, 163840)),
                        (dataclasses.replace(small, last_finalize=1), (16, 163840))):
         same(make((9, 7000), torch.float32), cfg)
         same(make((16, 3000), torch.bfloat16), cfg)
