@@ -350,8 +350,6 @@ if triton is not None:
         tl.store(p, l1.to(tl.int64, bitcast=True), mask=row_ok)
         tl.store(p + 1, l2.to(tl.int64, bitcast=True), mask=row_ok)
 
-    # Seed halves arrive as value + 2**32, so Triton always types them int64 (one compiled
-    # variant per shape class, not per seed); `.to(tl.uint32)` keeps the low 32 bits.
     @triton.jit
     def _last_to_arrive(counter_ptr, NT: tl.constexpr, RELEASE_ONLY: tl.constexpr = False):
         """True in the one program that arrives last at the zeroed int32 counter, after which that
@@ -374,6 +372,8 @@ if triton is not None:
             tl.atomic_add(counter_ptr + lane, lane, sem="acq_rel", scope="gpu")
         return last
 
+    # Seed halves arrive as value + 2**32, so Triton always types them int64 (one compiled
+    # variant per shape class, not per seed); `.to(tl.uint32)` keeps the low 32 bits.
     @triton.jit(do_not_specialize=["s_lo", "s_hi", "t_lo", "t_hi"])
     def _rows_kernel(words_ptr, rows_out_ptr, partial_ptr, top_ptr,
                      n_rows, n_words, row_stride,
@@ -386,7 +386,7 @@ if triton is not None:
         and the top hash (a single program holds all rows). MODE 0 with LAST
         (KernelConfig.last_finalize): the last program to finish (a zeroed int32 at counter_ptr,
         NT threads per program) also runs `_finalize_kernel`'s work for all rows (FBR >= n_rows)
-        with the top hash, so the call is one launch."""
+        with the top hash: no finalize launch."""
         rb = tl.program_id(0)
         c = tl.program_id(1)
         s_lo = s_lo.to(tl.uint32)
@@ -764,8 +764,8 @@ def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
         counter = torch.zeros(1, dtype=torch.int32, device=device)
         _rows_kernel[(row_blocks, chunks)](w.data, rows_out, partial, top_arg, w.rows, w.n_words,
                                            w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=0, counter_ptr=counter,
-                                           LAST=cfg.last_finalize, FBR=fbr, FBC=min(_next_pow2(chunks), max(1, 8 * nt // fbr)),
-                                           NT=nt, **meta)
+                                           LAST=cfg.last_finalize, FBR=fbr, NT=nt,
+                                           FBC=min(_next_pow2(chunks), max(1, 8 * nt // fbr)), **meta)
         return rows_out, top
     _rows_kernel[(row_blocks, chunks)](w.data, rows_out, partial, top_arg, w.rows, w.n_words,
                                        w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=0, **meta)

@@ -151,7 +151,8 @@ def fingerprint_knobs(overrides: list[str]) -> None:
         sig_k = sig
         if cfg.last_finalize:  # the fused finalize tail (its register share is the point of looking)
             chunks = k._tile(256, 163840, cfg)[3]
-            const.update(LAST=cfg.last_finalize, FBR=256, FBC=min(k._next_pow2(chunks), max(1, 8 * 32 * warps // 256)), NT=32 * warps)
+            const.update(LAST=cfg.last_finalize, FBR=256, NT=32 * warps,
+                         FBC=min(k._next_pow2(chunks), max(1, 8 * 32 * warps // 256)))
             sig_k = {**sig, "counter_ptr": "*i32"}
         res, sass, _, shared = compile_kernel(k._rows_kernel, sig_k, const, [0, 1, 2, 3, 5, 6], warps,
                                               cfg.maxnreg, "knobs")
