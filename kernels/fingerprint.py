@@ -430,11 +430,11 @@ if triton is not None:
     def _finish_rows(partial_ptr, rows_out_ptr, top_ptr, rb, n_rows, n_chunks,
                      s_lo, s_hi, t_lo, t_hi, TOP: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
         """Rows rb * BR ... of the partial lane sums [chunks, rows, 2] -> row fingerprints (and,
-        if TOP, with all rows in this block, the top hash). s_lo, s_hi: uint32."""
+        if TOP, with all rows in this block, the top hash)."""
         rows = rb * BR + tl.arange(0, BR)
         row_ok = rows < n_rows
         l1, l2 = _partial_sums(partial_ptr, rows, row_ok, n_rows, n_chunks, BR, BC)
-        fp = _row_fp(l1, l2, _seed64(s_lo, s_hi))
+        fp = _row_fp(l1, l2, _seed64(s_lo.to(tl.uint32), s_hi.to(tl.uint32)))
         tl.store(rows_out_ptr + rows, fp.to(tl.int64, bitcast=True), mask=row_ok)
         if TOP:
             t_lo = t_lo.to(tl.uint32)
@@ -450,7 +450,7 @@ if triton is not None:
         program, the top hash). PDL (kernels/pdl.py): as the renorm write pass's dependent."""
         pdl_enter(PDL)
         _finish_rows(partial_ptr, rows_out_ptr, top_ptr, tl.program_id(0), n_rows, n_chunks,
-                     s_lo.to(tl.uint32), s_hi.to(tl.uint32), t_lo, t_hi, TOP, BR, BC)
+                     s_lo, s_hi, t_lo, t_hi, TOP, BR, BC)
 
     @triton.jit
     def _segment_fields(meta):
