@@ -120,3 +120,24 @@ def test_killed_writer_keeps_every_completed_step(tmp_path, sig):
     warnings = []
     steps = [r.step for r in read_trace(path, warn=warnings.append) if r.type == "step"]
     assert len(steps) > 50 and steps == list(range(len(steps)))
+
+
+SIGTERM_INSIDE_WRITE = r"""
+import os, signal, sys, time
+from tpguard.records import Header, StepRecord
+from tpguard.trace import TraceWriter
+w = TraceWriter(sys.argv[1], Header(run_id="r", world_size=2, ranks=[0]))
+for i in range(3):
+    w.write(StepRecord(run_id="r", step=i, site="s", ranks=[0], fp={"coins": "%016x" % i}))
+with w._lock:  # where a write() is when SIGTERM lands in it
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+"""
+
+
+def test_sigterm_inside_a_write_still_kills(tmp_path):
+    """CI caught this once: the SIGTERM flush waited for the lock the interrupted write held."""
+    path = tmp_path / "t.jsonl"
+    p = subprocess.run([sys.executable, "-c", SIGTERM_INSIDE_WRITE, str(path)], timeout=20)
+    assert p.returncode == -signal.SIGTERM
+    assert [r.step for r in read_trace(path) if r.type == "step"] == [0, 1, 2]

@@ -33,9 +33,9 @@ _open_writers: "weakref.WeakSet[TraceWriter]" = weakref.WeakSet()
 _exit_hooks_installed = False
 
 
-def _flush_all() -> None:
+def _flush_all(lock_timeout: float = -1) -> None:
     for w in list(_open_writers):
-        w.flush()
+        w.flush(lock_timeout)
 
 
 def _install_exit_hooks() -> None:
@@ -50,7 +50,10 @@ def _install_exit_hooks() -> None:
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_sigterm(signum, frame):
-        _flush_all()
+        # The handler runs on the main thread, maybe inside a write() that holds a writer's lock:
+        # waiting for it would deadlock the dying process. Completed lines are already with the
+        # OS (line buffering), so a writer whose lock is busy can be skipped.
+        _flush_all(lock_timeout=0.2)
         if callable(previous):
             previous(signum, frame)
         else:
@@ -129,14 +132,20 @@ class TraceWriter:
         os.replace(self.path, self.path.with_name(f"{self.path.name}.{self._segment}"))
         self._open(self.path)
 
-    def flush(self) -> None:
-        with self._lock:
+    def flush(self, lock_timeout: float = -1) -> None:
+        """Flush and fsync. `lock_timeout` >= 0 gives up (flushing nothing) if the lock stays
+        busy that long: the SIGTERM path, where the busy holder may be the interrupted frame."""
+        if not self._lock.acquire(timeout=lock_timeout):
+            return
+        try:
             if not self._file.closed:
                 self._file.flush()
                 try:
                     os.fsync(self._file.fileno())
                 except OSError:
                     pass
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         with self._lock:
