@@ -40,6 +40,9 @@
 #   call30       (next) every GPU kernel test in one call: three pytest processes side by side (run 26's one
 #                process was cut at 420 s with 168 tests run: the compiles are CPU-bound, the machine has 16 cores),
 #                then the fingerprint with KernelConfig.last_finalize timed against the default
+#   call31       (next, after call30) the launch trims of session 9 (kernels/direct_launch.py): host time per
+#                eager call with templates as Triton hands them and trimmed, the plan GPU test, the host
+#                profile, the batch-size cells beside flashinfer, the guard on 1 GPU (eager host time per step)
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
@@ -536,6 +539,17 @@ case "$PHASES" in
       w8=block_words=2048,num_warps=8,maxnreg=none; r1=rows_per_tile=1,chunk_words=32768
       FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=80 FP_BENCH_ARGS="--shapes main --sweep --sweep-budget 40 --sweep-configs $w8|$w8,last_finalize=1|$w8,$r1|$w8,$r1,last_finalize=1|$w8,$r1,last_finalize=2" fingerprint
       grep -E "^  block|best \(main|^main" /tmp/res/fingerprint/bench.log | cut -c1-200 | tee -a "$SUMMARY" )
+    ;;
+  call31)
+    # ~300 s (TAR_AT=500; carry .whl, .gpu): does trimming the direct launches' templates win the eager small-batch
+    # cells (run 27: top-k 1 / 8 rows 57 / 89 us vs flashinfer's 46, top-p 1 row 113 vs 88; host-bound)?
+    PL_BATCHES=1,8,256 PL_BENCH=200 plans
+    HP_TIMEOUT=80 hostprof
+    ( d=/tmp/res/kernels31; mkdir -p $d
+      timeout 200 python3 -m tpguard.bench.kernels --graphs --impls tpguard,flashinfer --vocabs 163840 --logits flat \
+        --ops top_p,top_k,top_k_top_p --json $d/bench.json > $d/bench.log 2>&1
+      say "kernels bench (batch sizes) rc=$?"; tail -30 $d/bench.log | cut -c1-200 | tee -a "$SUMMARY" )
+    G_TIMEOUT=80 guard1
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done

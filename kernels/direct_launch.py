@@ -18,7 +18,13 @@ kernel up on every call (tens of us per launch). Here:
    launch metadata, enter/exit hooks, then one argument per kernel parameter in signature
    order) with no launch hooks installed (profilers: `hooks_idle`).
 3. A later call copies the template, sets the current stream and the roles, and calls the
-   launcher. Triton specialises a pointer on its 16-byte alignment and an int on ``== 1`` and
+   launcher. The template is trimmed of per-call work Triton's launcher would repeat (host time,
+   kernels/NOTES.md "Launcher arguments"): the workspace tensors become their addresses (the C
+   launcher otherwise calls each one's ``data_ptr()`` and ``cuPointerGetAttribute`` per launch),
+   substituted tensors are passed as addresses too, the idle hook chains become None (the C
+   launcher calls a hook unless it is None), and where `CudaLauncher.__call__` is the Triton 3.6
+   one read for this (`C_LAUNCHER_CALL_SHA256`) its C ``launch`` is called directly: that
+   ``__call__`` only allocates scratch our kernels do not have. Triton specialises a pointer on its 16-byte alignment and an int on ``== 1`` and
    ``% 16 == 0``: `LaunchSet.accepts` says no (the caller then takes Triton's path) when a role
    differs from the recorded one in those.
 4. `validate_once` runs a set directly once per compiled variant per process and compares with
@@ -33,7 +39,10 @@ fingerprint.py's `_Launch` (the fingerprint plans, the guard's comparison, the h
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import inspect
 import os
+import textwrap
 import threading
 from dataclasses import dataclass, field
 
@@ -53,6 +62,15 @@ def interpreting() -> bool:
 INTERPRET = interpreting()
 FAST_LAUNCH = os.environ.get("TPGUARD_FAST_LAUNCH", "1") != "0"  # 0: always Triton's launch
 FAILURES: dict[str, str] = {}  # kernel names -> why a direct set was refused (benchmarks print it)
+# sha256 of the dedented source of Triton 3.6.0's CudaLauncher.__call__ (triton/backends/nvidia/driver.py):
+# scratch allocation (none when sizes are 0), then self.launch(gridX, gridY, gridZ, stream, function,
+# self.launch_cooperative_grid, self.launch_pdl, global_scratch, profile_scratch, *args)
+C_LAUNCHER_CALL_SHA256 = "ead77febd3d441d474bb8bc0126006c821d25c5ba32235acd60673c9cb83cc78"
+_C_LAUNCH_OK: dict[type, bool] = {}  # launcher class -> its __call__ is the one above
+LAUNCHERS = {"c": 0, "triton": 0}  # recorded launches by how they are called (benchmarks print it)
+# 0: record templates as Triton hands them (tensors, hook chains, CudaLauncher.__call__): the
+# benchmark's baseline for the trims (tpguard.bench.renorm_host --gpu times both); read at record time
+TRIM = os.environ.get("TPGUARD_LAUNCH_TRIM", "1") != "0"
 _VALIDATED: dict[str, bool] = {}  # compiled variant -> a direct run equal to Triton's (this process)
 # aten ops that do no GPU work (allocations, views): anything else in a captured run is refused
 _NO_WORK = frozenset({
@@ -112,6 +130,26 @@ def device_guard(device: torch.device):
     if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
         return _NO_GUARD
     return torch.cuda.device(device)
+
+
+def c_launch(real):
+    """(the C launch function, its 4 extra leading values) when `real` (a compiled kernel's
+    launcher) is Triton 3.6's CudaLauncher with no scratch, so calling it adds only those; else None."""
+    cls = type(real)
+    ok = _C_LAUNCH_OK.get(cls)
+    if ok is None:
+        try:
+            src = textwrap.dedent(inspect.getsource(cls.__call__))
+            ok = hashlib.sha256(src.encode()).hexdigest() == C_LAUNCHER_CALL_SHA256
+        except Exception:  # noqa: BLE001 - no source (a C or other launcher): call it as it is
+            ok = False
+        _C_LAUNCH_OK[cls] = ok
+    if not ok or getattr(real, "global_scratch_size", 1) != 0 or getattr(real, "profile_scratch_size", 1) != 0:
+        return None
+    try:
+        return real.launch, (real.launch_cooperative_grid, real.launch_pdl, None, None)
+    except AttributeError:
+        return None
 
 
 def int_class(v: int) -> tuple:
@@ -175,13 +213,17 @@ class DirectLaunch:
     """One recorded launch: the launcher's argument template, with `slots` [(index, role)] that
     each call fills from its role values."""
 
-    __slots__ = ("kernel", "grid", "args", "meta", "compiled", "run", "template", "slots", "refusal")
+    __slots__ = ("kernel", "grid", "args", "meta", "compiled", "run", "template", "slots", "refusal",
+                 "hooks", "keep", "trimmed")
 
     def __init__(self, kernel, grid: tuple, args: tuple, meta: dict, compiled=None):
         self.kernel, self.grid, self.args, self.meta, self.compiled = kernel, grid, args, meta, compiled
         self.run = self.template = None
-        self.slots: tuple = ()
+        self.slots: tuple = ()  # (template index, role, pass the role's address rather than the value)
         self.refusal = ""
+        self.hooks: tuple = (None, None)  # Triton's enter / exit hooks at recording (hooks_idle)
+        self.keep: list = []  # the tensors whose addresses the template holds (kept alive)
+        self.trimmed = False
 
     @property
     def name(self) -> str:
@@ -189,7 +231,8 @@ class DirectLaunch:
 
     @property
     def variant(self) -> str:
-        return f"{self.name}:{getattr(self.compiled, 'hash', '')}"
+        # trimmed or not: each way is checked against Triton's launch on its own (validate_once)
+        return f"{self.name}:{getattr(self.compiled, 'hash', '')}:{'trim' if self.trimmed else 'as-is'}"
 
     def record(self, tensors: dict, scalars: dict, keep_args: bool = False, args: tuple | None = None,
                views_ok: bool = False) -> bool:
@@ -251,14 +294,35 @@ class DirectLaunch:
             tmpl[i] = None  # the recorded call's probs / out are not kept alive
         if not keep_args:
             self.args = None
-        self.run, self.template, self.slots = real, tmpl, tuple(slots)
+        self.hooks = (tmpl[7], tmpl[8])
+        self.trimmed = TRIM
+        keep, ptr, direct = [], set(), None
+        if TRIM:
+            tmpl[7] = tmpl[8] = None  # idle (checked above; callers check hooks_idle(*hooks) per call)
+            for i in range(HEAD, len(tmpl)):
+                if i not in taken and isinstance(tmpl[i], torch.Tensor) and tmpl[i].is_cuda:
+                    keep.append(tmpl[i])
+                    tmpl[i] = tmpl[i].data_ptr()
+            # a role is a tensor (found by identity) or a scalar (by name), never both
+            ptr = {role for role, t in tensors.items() if t.is_cuda}
+            direct = c_launch(real)
+        else:
+            keep = [a for a in tmpl[HEAD:] if isinstance(a, torch.Tensor)]
+        slots = [(i, role, role in ptr) for i, role in slots]
+        run = real
+        if direct is not None:  # grid x3, stream, function, then the 4 values CudaLauncher adds
+            run, extra = direct
+            tmpl[5:5] = list(extra)
+            slots = [(i + len(extra), role, as_ptr) for i, role, as_ptr in slots]
+        LAUNCHERS["c" if direct is not None else "triton"] += 1
+        self.run, self.template, self.slots, self.keep = run, tmpl, tuple(slots), keep
         return True
 
     def launch(self, stream: int, values) -> None:
         args = self.template.copy()
         args[3] = stream
-        for i, role in self.slots:
-            args[i] = values[role]
+        for i, role, as_ptr in self.slots:
+            args[i] = values[role].data_ptr() if as_ptr else values[role]
         self.run(*args)
 
 
@@ -296,11 +360,12 @@ class LaunchSet:
         ints = tuple((r, int_class(values[r])) for r in sorted(set(scalar_names.values()))
                      if isinstance(values[r], int))
         return cls(launches, tuple((r, t.data_ptr() % 16) for r, t in tensors.items()), ints,
-                   tuple(launches[0].template[7:9]))
+                   launches[0].hooks)
 
     def accepts(self, values) -> bool:
         for r, align in self.tensor_roles:
-            if values[r].data_ptr() % 16 != align:
+            # is_cuda: Triton's launcher refuses a host tensor; given its address it would not
+            if values[r].data_ptr() % 16 != align or not values[r].is_cuda:
                 return False
         for r, cls in self.int_roles:
             if int_class(values[r]) != cls:
@@ -338,5 +403,6 @@ def validate_once(launches: LaunchSet, rerun) -> bool:
     return ok
 
 
-__all__ = ["Captured", "DirectLaunch", "FAILURES", "LaunchSet", "capture_launches", "current_stream", "device_guard",
-           "enabled", "hooks_idle", "int_class", "interpreting", "validate_once"]
+__all__ = ["C_LAUNCHER_CALL_SHA256", "Captured", "DirectLaunch", "FAILURES", "LAUNCHERS", "LaunchSet", "TRIM", "c_launch",
+           "capture_launches", "current_stream", "device_guard", "enabled", "hooks_idle", "int_class", "interpreting",
+           "validate_once"]

@@ -860,8 +860,9 @@ class _Launch(DirectLaunch):
 
     def __call__(self, out=None, fast: bool = False):
         # direct only with `out` at the recorded alignment and no launch hook added since (profilers)
-        if fast and self.run is not None and (out is None or out.data_ptr() % 16 == self._out_align) \
-                and hooks_idle(self.template[7], self.template[8]):
+        if fast and self.run is not None and (out is None or (out.data_ptr() % 16 == self._out_align
+                                                              and out.is_cuda)) \
+                and hooks_idle(*self.hooks):
             return self.launch(current_stream(), [out])
         return self.normal(out)
 
@@ -881,7 +882,7 @@ class _Launch(DirectLaunch):
         return True
 
     def forget(self) -> None:
-        self.run, self.template, self.slots = None, None, ()
+        self.run, self.template, self.slots, self.keep = None, None, (), []
 
 
 _FAST_VALIDATED: dict[str, bool] = {}  # compiled variant -> direct launch equal to Triton's (process)

@@ -195,7 +195,7 @@ class RenormPlan:
 
         if dl.validate_once(launches, rerun):
             self.direct, self.state = launches, "on"
-            self.nbytes += _storage_bytes((a for x in launches.launches for a in x.template), self._seen)
+            self.nbytes += _storage_bytes((a for x in launches.launches for a in x.keep), self._seen)
         else:
             self.state, self.refusal = "off", dl.FAILURES.get(launches.names, "validation failed")
         return out

@@ -9,8 +9,9 @@ launches. Plans on, under the interpreter, means the cached workspace only (no d
     TRITON_INTERPRET=1 python -m tpguard.bench.renorm_host [--vocab 163840] [--calls 2000]
 
 GPU (``--gpu``, no TRITON_INTERPRET): host time per eager call (no sync in the loop) of each op
-at each batch size, plans off (Triton's launches into a fresh workspace) and on (cached
-workspace + direct launches), the plans' state and memory, a check that both give the same
+at each batch size, plans off (Triton's launches into a fresh workspace), on with the launch
+templates as Triton hands them (``direct_launch.TRIM = False``) and on (cached workspace + trimmed
+direct launches: addresses, no hook chains, Triton 3.6's C launch), the plans' state and memory, a check that both give the same
 bits (and the same fingerprint slot), and that a CUDA graph captured with plans on replays
 those bits (capture takes the fresh-workspace path).
 
@@ -86,22 +87,27 @@ def gpu(args) -> int:
             fp = torch.zeros((), dtype=torch.int64, device="cuda") if with_fp else None
             for name, fn in _calls(renorm, x, fp).items():
                 res = {}
-                for plans in (0, on):
+                # plans off; plans with templates as Triton hands them; plans with trimmed templates
+                for mode, plans, trim in (("off", 0, True), ("as-is", on, False), ("on", on, True)):
                     renorm_plan.MAX_PLANS = plans
+                    direct_launch.TRIM = trim
                     renorm.clear_plans()
                     for _ in range(3):  # compile, plan, record + check
                         out = fn()
                     torch.cuda.synchronize()
-                    res[plans] = (out, int(fp) if with_fp else None, time_host(fn, args.calls))
+                    res[mode] = (out, int(fp) if with_fp else None, time_host(fn, args.calls))
                     if plans:
                         state = [(p.state, p.refusal, p.nbytes) for _, p in renorm_plan.plans()]
-                (o0, f0, t0), (o1, f1, t1) = res[0], res[on]
-                same = torch.equal(o0.view(torch.int32), o1.view(torch.int32)) and f0 == f1
+                direct_launch.TRIM = True
+                o0, f0, t0 = res["off"]
+                same = all(torch.equal(o0.view(torch.int32), o.view(torch.int32)) and f0 == f
+                           for o, f, _ in res.values())
                 bad += not same
                 st = state[-1] if state else ("none", "", 0)
+                t_as, t1 = res["as-is"][2], res["on"][2]
                 print(f"{rows:4d} x {args.vocab} {name:12s} fp={'y' if with_fp else 'n'}: host us/call plans off "
-                      f"{t0:7.1f}  on {t1:7.1f}  ({t0 - t1:+.1f})  bits {'same' if same else 'DIFFER'}  plan "
-                      f"{st[0]} {st[2] / 2**20:.2f} MiB {st[1]}")
+                      f"{t0:7.1f}  on, untrimmed {t_as:7.1f}  on {t1:7.1f}  ({t0 - t1:+.1f}, trims {t_as - t1:+.1f})  "
+                      f"bits {'same' if same else 'DIFFER'}  plan {st[0]} {st[2] / 2**20:.2f} MiB {st[1]}")
         # capture with plans on: the fresh-workspace path; replays give the eager bits
         renorm_plan.MAX_PLANS = on
         renorm.clear_plans()
@@ -116,6 +122,7 @@ def gpu(args) -> int:
         bad += not same
         print(f"{rows:4d} x {args.vocab} top_p in a CUDA graph (plans on): replay bits "
               f"{'same' if same else 'DIFFER'}, plans made {n_plans} (1: the eager and warm-up calls' plan)")
+    print("recorded launches by launcher (c: Triton 3.6's C launch called directly):", direct_launch.LAUNCHERS)
     if direct_launch.FAILURES:
         print("direct launch refused:", direct_launch.FAILURES)
     print("all bits equal" if not bad else f"{bad} CHECKS DIFFER")
