@@ -40,9 +40,10 @@
 #   call30       (next) every GPU kernel test in one call: three pytest processes side by side (run 26's one
 #                process was cut at 420 s with 168 tests run: the compiles are CPU-bound, the machine has 16 cores),
 #                then the fingerprint with KernelConfig.last_finalize timed against the default
-#   call31       (next, after call30) the launch trims of session 9 (kernels/direct_launch.py): host time per
-#                eager call with templates as Triton hands them and trimmed, the plan GPU test, the host
-#                profile, the batch-size cells beside flashinfer, the guard on 1 GPU (eager host time per step)
+#   call31       (next, after call30) session 9's host-time work: per eager call with launch templates as Triton
+#                hands them, trimmed (kernels/direct_launch.py), and replayed from the plan's own graph
+#                (kernels/renorm_graph.py); the plan GPU tests, the host profile, the batch-size cells beside
+#                flashinfer (plan graphs at <= 64 rows)
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
@@ -541,15 +542,16 @@ case "$PHASES" in
       grep -E "^  block|best \(main|^main" /tmp/res/fingerprint/bench.log | cut -c1-200 | tee -a "$SUMMARY" )
     ;;
   call31)
-    # ~300 s (TAR_AT=500; carry .whl, .gpu): does trimming the direct launches' templates win the eager small-batch
-    # cells (run 27: top-k 1 / 8 rows 57 / 89 us vs flashinfer's 46, top-p 1 row 113 vs 88; host-bound)?
-    PL_BATCHES=1,8,256 PL_BENCH=200 plans
+    # <= 580 s (TAR_AT=560; carry .whl, .gpu): do the trimmed templates, or the plans' own graphs, win the eager
+    # small-batch cells (run 27: top-k 1 / 8 rows 57 / 89 us vs flashinfer's 46, top-p 1 row 113 vs 88; host-bound)?
+    # (plans' own graphs, kernels/renorm_graph.py: off by default; the host bench times them at every batch size,
+    # the table's eager batch-size cells below run with them at <= 64 rows)
+    PL_BATCHES=1,8,64 PL_BENCH=150 plans
     HP_TIMEOUT=80 hostprof
     ( d=/tmp/res/kernels31; mkdir -p $d
-      timeout 200 python3 -m tpguard.bench.kernels --graphs --impls tpguard,flashinfer --vocabs 163840 --logits flat \
-        --ops top_p,top_k,top_k_top_p --json $d/bench.json > $d/bench.log 2>&1
+      TPGUARD_RENORM_GRAPH_ROWS=64 timeout 200 python3 -m tpguard.bench.kernels --graphs --impls tpguard,flashinfer \
+        --vocabs 163840 --logits flat --json $d/bench.json > $d/bench.log 2>&1
       say "kernels bench (batch sizes) rc=$?"; tail -30 $d/bench.log | cut -c1-200 | tee -a "$SUMMARY" )
-    G_TIMEOUT=80 guard1
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done

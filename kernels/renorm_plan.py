@@ -18,6 +18,8 @@ directly with probs, out, the parameters and the fingerprint slot substituted.
   ``k == 1`` and ``k % 16 == 0`` into the kernel, so those (and ``k >= vocab``, which changes the
   launches) are part of the key. Tensors must keep the recorded 16-byte alignment (Triton
   specialises pointers on it), else that call takes Triton's launch with the plan's workspace.
+* Small batches (``TPGUARD_RENORM_GRAPH_ROWS``, off by default): the recorded launches captured
+  once into a CUDA graph the plan owns and replayed per call (kernels/renorm_graph.py).
 * Bounded: at most ``TPGUARD_RENORM_PLANS`` plans (default 4, 0 = no plans: today's path) and
   ``TPGUARD_RENORM_PLAN_MB`` MiB of plan memory (default 256; a plan larger than that alone is
   used for its one call and dropped), least recently used evicted first; `clear_plans()`.
@@ -34,7 +36,7 @@ from dataclasses import fields
 import torch
 
 from tpguard.kernels import direct_launch as dl
-from tpguard.kernels import row_split
+from tpguard.kernels import renorm_graph, row_split
 from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, RenormConfig, shapes_for, workspace_for
 
 MAX_PLANS = int(os.environ.get("TPGUARD_RENORM_PLANS", "4"))
@@ -132,6 +134,8 @@ class RenormPlan:
         self.state = "untested" if (dl.enabled() and device.type == "cuda") else "off"
         self.refusal = ""
         self.calls = 0
+        self.graphs: renorm_graph.PlanGraphs | None = None  # small batches: replays (renorm_graph.py)
+        self.rows = rows
         # a fingerprint slot with more rows than one finalize program hashes takes a torch copy
         # after the launches (renorm_write_fp.launch_write_fp): Triton's launches there
         if fp_present and self.state == "untested":
@@ -142,6 +146,13 @@ class RenormPlan:
 
     def __call__(self, probs, k, p, fp):
         if self.state == "on":
+            if self.graphs is None and self.rows <= renorm_graph.GRAPH_ROWS:
+                self.graphs = renorm_graph.PlanGraphs(self.op, self.direct, probs, k, p, fp)
+                self.nbytes += self.graphs.nbytes
+            if self.graphs is not None:
+                out = self.graphs(probs, k, p, fp)
+                if out is not None:
+                    return out
             values = [probs, torch.empty_like(probs), k, p, fp]
             if self.direct.accepts(values):
                 self.direct(values)
@@ -184,7 +195,7 @@ class RenormPlan:
 
         def rerun() -> bool:
             self.poison()
-            direct = [probs, torch.full_like(out, float("nan")), k, p, _aligned_like(fp)]
+            direct = [probs, torch.full_like(out, float("nan")), k, p, renorm_graph.aligned_like(fp)]
             if fp is not None:
                 direct[FP].copy_(fp).bitwise_not_()  # a finalize that wrote nothing shows
             if not launches.accepts(direct):
@@ -199,17 +210,6 @@ class RenormPlan:
         else:
             self.state, self.refusal = "off", dl.FAILURES.get(launches.names, "validation failed")
         return out
-
-
-def _aligned_like(t):
-    """A scratch tensor like `t` (1-element int64) at the same address mod 16, or None."""
-    if t is None:
-        return None
-    buf = torch.empty(t.numel() + 2, dtype=t.dtype, device=t.device)
-    for i in range(3):
-        if buf[i:].data_ptr() % 16 == t.data_ptr() % 16:
-            return buf[i:i + t.numel()].view(t.shape)
-    return buf[:t.numel()].view(t.shape)
 
 
 def _evict(newest) -> None:

@@ -28,7 +28,7 @@ def _fresh_plans(monkeypatch, request):
     # on a GPU every block shape is a compile: only the direct-launch test runs there unless
     # TPGUARD_RENORM_GPU_TESTS=all (as in test_renorm_kernels.py)
     if DEVICE == "cuda" and not GPU_ALL \
-            and request.node.name != "test_direct_launches_on_gpu":
+            and request.node.name not in ("test_direct_launches_on_gpu", "test_graph_replays_on_gpu"):
         pytest.skip("GPU: direct-launch test only (TPGUARD_RENORM_GPU_TESTS=all runs every test)")
     monkeypatch.setattr(rp, "MAX_PLANS", 4)
     monkeypatch.setattr(rp, "MAX_BYTES", 256 << 20)
@@ -215,3 +215,71 @@ def test_direct_launches_on_gpu():
                 assert not dl.TRIM or not any(isinstance(a, torch.Tensor) for a in launch.template), launch.name
             if dl.TRIM and triton.__version__ == "3.6.0":  # the GPU machine's: its C launch, called directly
                 assert all(launch.run is not launch.compiled.run for launch in plan.direct.launches), dl.LAUNCHERS
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.int64, torch.uint8])
+def test_aligned_like_keeps_the_16_byte_alignment(dtype):
+    """The plan's scratch copies (the direct launches' check, the graphs' buffers) sit at the
+    caller's address mod 16: the recorded launches accept only the alignment Triton compiled for."""
+    from tpguard.kernels.renorm_graph import aligned_like
+
+    base = torch.zeros(64, dtype=dtype)
+    for off in range(16 // base.element_size()):
+        for shape in ((), (1,), (5,), (2, 3)):
+            n = max(1, int(torch.tensor(shape).prod()))
+            t = base[off:off + n].view(shape)
+            a = aligned_like(t)
+            assert a.shape == t.shape and a.dtype == t.dtype and a.device == t.device
+            assert a.data_ptr() % 16 == t.data_ptr() % 16, (dtype, off, shape)
+            assert a.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+    assert aligned_like(None) is None
+
+@pytest.mark.skipif(DEVICE != "cuda" or not dl.enabled(), reason="plan graphs replay direct launches: CUDA")
+def test_graph_replays_on_gpu(monkeypatch):
+    """Small-batch plans replaying their own CUDA graph (kernels/renorm_graph.py): the fresh path's
+    bits for every op and parameter kind, new scalar values (a graph each), tensor parameters refilled
+    in place, the fingerprint slot; outputs never alias each other; a user's capture still takes
+    the fresh-workspace path."""
+    from tpguard.kernels import renorm_graph
+
+    monkeypatch.setattr(renorm_graph, "GRAPH_ROWS", 64)
+    x = batch(2)
+    for op in rp.OPS:
+        for tensor, fp in ((False, None), (True, slot()), (False, slot())):
+            k, p = params(op, tensor)
+            fp_fresh = slot() if fp is not None else None
+            expect = fresh(op, x, k, p, fp_fresh)
+            outs = [rp.run(op, x, k, p, SMALL, fp) for _ in range(5)]
+            for out in outs:
+                assert torch.equal(bits(out), bits(expect)), op
+            assert len({out.data_ptr() for out in outs}) == len(outs)
+            if fp is not None:
+                assert int(fp) == int(fp_fresh)
+            plan = rp.plans()[-1][1]
+            assert plan.graphs is not None and plan.graphs.state == "on", (op, plan.graphs and plan.graphs.refusal)
+            assert plan.graphs.captures == 1
+            if tensor:  # the same tensors refilled: copied in per call
+                if p is not None:
+                    p.fill_(0.3 if op != "min_p" else 0.03)
+                if k is not None:
+                    k.fill_(9)
+                assert torch.equal(bits(rp.run(op, x, k, p, SMALL, fp)), bits(fresh(op, x, k, p))), op
+            else:  # a new scalar value: a graph of its own
+                k2, p2 = params(op, False, 7, 0.5)
+                for _ in range(2):
+                    assert torch.equal(bits(rp.run(op, x, k2, p2, SMALL, fp)), bits(fresh(op, x, k2, p2))), op
+                assert plan.graphs.captures == 2
+    # a capture of the caller's own never replays (or builds) a plan graph
+    k, p = params("top_p", False)
+    expect = fresh("top_p", x, k, p)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    holder = {}
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        rp.run("top_p", x, k, p, SMALL)  # warm-up on the capture stream: a plan of that stream
+        with torch.cuda.graph(graph, stream=side):
+            holder["out"] = rp.run("top_p", x, k, p, SMALL)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(bits(holder["out"]), bits(expect))

@@ -11,7 +11,9 @@ launches. Plans on, under the interpreter, means the cached workspace only (no d
 GPU (``--gpu``, no TRITON_INTERPRET): host time per eager call (no sync in the loop) of each op
 at each batch size, plans off (Triton's launches into a fresh workspace), on with the launch
 templates as Triton hands them (``direct_launch.TRIM = False``) and on (cached workspace + trimmed
-direct launches: addresses, no hook chains, Triton 3.6's C launch), the plans' state and memory, a check that both give the same
+direct launches: addresses, no hook chains, Triton 3.6's C launch) and replaying the plan's own CUDA
+graph (kernels/renorm_graph.py, at every batch size here whatever TPGUARD_RENORM_GRAPH_ROWS says),
+the plans' state and memory, a check that both give the same
 bits (and the same fingerprint slot), and that a CUDA graph captured with plans on replays
 those bits (capture takes the fresh-workspace path).
 
@@ -69,7 +71,7 @@ def gpu(args) -> int:
     import torch
 
     from tpguard.bench.timing import capture, time_host
-    from tpguard.kernels import direct_launch, renorm, renorm_plan
+    from tpguard.kernels import direct_launch, renorm, renorm_graph, renorm_plan
 
     if not torch.cuda.is_available():
         print("renorm_host --gpu: no CUDA device here")
@@ -80,6 +82,7 @@ def gpu(args) -> int:
           f"{torch.cuda.get_device_name()}, vocab {args.vocab}, {args.calls} calls; plans on = "
           f"{on} plans, {renorm_plan.MAX_BYTES >> 20} MiB; direct launches {direct}")
     bad = 0
+    graph_rows0 = renorm_graph.GRAPH_ROWS
     for rows in args.batch_sizes:
         g = torch.Generator(device="cuda").manual_seed(rows)
         x = torch.softmax(torch.randn(rows, args.vocab, device="cuda", generator=g), -1)
@@ -87,27 +90,34 @@ def gpu(args) -> int:
             fp = torch.zeros((), dtype=torch.int64, device="cuda") if with_fp else None
             for name, fn in _calls(renorm, x, fp).items():
                 res = {}
-                # plans off; plans with templates as Triton hands them; plans with trimmed templates
-                for mode, plans, trim in (("off", 0, True), ("as-is", on, False), ("on", on, True)):
+                # plans off; plans with templates as Triton hands them; plans with trimmed templates;
+                # plans replaying their own CUDA graph (renorm_graph.py)
+                for mode, plans, trim, graph_rows in (("off", 0, True, 0), ("as-is", on, False, 0),
+                                                      ("on", on, True, 0), ("graph", on, True, rows)):
                     renorm_plan.MAX_PLANS = plans
                     direct_launch.TRIM = trim
+                    renorm_graph.GRAPH_ROWS = graph_rows
                     renorm.clear_plans()
-                    for _ in range(3):  # compile, plan, record + check
+                    for _ in range(4):  # compile, plan, record + check, graph capture + check
                         out = fn()
                     torch.cuda.synchronize()
                     res[mode] = (out, int(fp) if with_fp else None, time_host(fn, args.calls))
-                    if plans:
+                    if plans and not graph_rows:
                         state = [(p.state, p.refusal, p.nbytes) for _, p in renorm_plan.plans()]
-                direct_launch.TRIM = True
+                    if graph_rows:
+                        pg = [p.graphs for _, p in renorm_plan.plans() if p.graphs is not None]
+                        g_state = f"{pg[-1].state} {pg[-1].refusal}".strip() if pg else "no graph"
+                direct_launch.TRIM, renorm_graph.GRAPH_ROWS = True, graph_rows0
                 o0, f0, t0 = res["off"]
                 same = all(torch.equal(o0.view(torch.int32), o.view(torch.int32)) and f0 == f
                            for o, f, _ in res.values())
                 bad += not same
                 st = state[-1] if state else ("none", "", 0)
-                t_as, t1 = res["as-is"][2], res["on"][2]
+                t_as, t1, t_g = res["as-is"][2], res["on"][2], res["graph"][2]
                 print(f"{rows:4d} x {args.vocab} {name:12s} fp={'y' if with_fp else 'n'}: host us/call plans off "
                       f"{t0:7.1f}  on, untrimmed {t_as:7.1f}  on {t1:7.1f}  ({t0 - t1:+.1f}, trims {t_as - t1:+.1f})  "
-                      f"bits {'same' if same else 'DIFFER'}  plan {st[0]} {st[2] / 2**20:.2f} MiB {st[1]}")
+                      f"graph {t_g:7.1f} ({g_state})  bits {'same' if same else 'DIFFER'}  plan {st[0]} "
+                      f"{st[2] / 2**20:.2f} MiB {st[1]}")
         # capture with plans on: the fresh-workspace path; replays give the eager bits
         renorm_plan.MAX_PLANS = on
         renorm.clear_plans()
