@@ -44,7 +44,9 @@
 #                hands them, trimmed (kernels/direct_launch.py), and replayed from the plan's own graph
 #                (kernels/renorm_graph.py); the plan GPU tests, the host profile, the batch-size cells beside
 #                flashinfer (plan graphs at <= 64 rows)
-#   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py
+#   call32       (next) the guard on 1 GPU with fingerprint_many's fused finish (TPGUARD_FP_CONFIG=last_finalize=1)
+#                against the default (full mode: 2 fingerprint launches -> 1)
+#   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py (TPGUARD_FP_CONFIG applies there too)
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
 #        sglang 0.5.23's hooked modules import (docs/benchmarks.md says how they were fetched)
@@ -538,8 +540,10 @@ case "$PHASES" in
       # then, alone on the GPU: the one-tensor fingerprint with its last program finalizing (KernelConfig.last_finalize,
       # session 8, not yet timed; kernels/NOTES-fingerprint.md section 10) at the default and the one-row tile
       w8=block_words=2048,num_warps=8,maxnreg=none; r1=rows_per_tile=1,chunk_words=32768
-      FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=80 FP_BENCH_ARGS="--shapes main --sweep --sweep-budget 40 --sweep-configs $w8|$w8,last_finalize=1|$w8,$r1|$w8,$r1,last_finalize=1|$w8,$r1,last_finalize=2" fingerprint
-      grep -E "^  block|best \(main|^main" /tmp/res/fingerprint/bench.log | cut -c1-200 | tee -a "$SUMMARY" )
+      # and (session 9) fingerprint_many's full set with its finish fused into the lane launch (last_finalize on
+      # the many config: per-record counters, NOTES-fingerprint section 11) against the default's two launches
+      FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=120 FP_BENCH_ARGS="--shapes main --sweep --sweep-budget 40 --sweep-configs $w8|$w8,last_finalize=1|$w8,$r1|$w8,$r1,last_finalize=1|$w8,$r1,last_finalize=2 --full-set-configs many_long=table|last_finalize=1|last_finalize=2" fingerprint
+      grep -E "^  block|best \(main|^main|last_finalize|many_long" /tmp/res/fingerprint/bench.log | cut -c1-200 | tee -a "$SUMMARY" )
     ;;
   call31)
     # <= 580 s (TAR_AT=560; carry .whl, .gpu): do the trimmed templates, or the plans' own graphs, win the eager
@@ -552,6 +556,12 @@ case "$PHASES" in
       TPGUARD_RENORM_GRAPH_ROWS=64 timeout 200 python3 -m tpguard.bench.kernels --graphs --impls tpguard,flashinfer \
         --vocabs 163840 --logits flat --json $d/bench.json > $d/bench.log 2>&1
       say "kernels bench (batch sizes) rc=$?"; tail -30 $d/bench.log | cut -c1-200 | tee -a "$SUMMARY" )
+    ;;
+  call32)
+    # ~300 s (TAR_AT=500): the guard on 1 GPU with fingerprint_many's finish fused into its lane launch (full mode in
+    # one fingerprint launch; TPGUARD_FP_CONFIG=last_finalize=1) against the default, in one call
+    G_TIMEOUT=70 guard1; mv /tmp/res/guard1 /tmp/res/guard1_default
+    TPGUARD_FP_CONFIG=last_finalize=1 G_TIMEOUT=70 guard1
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done

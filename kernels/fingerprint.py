@@ -26,7 +26,10 @@ Design (one read pass over the data, no host sync):
   launch that finalizes those and reads each small tensor (rows of <= 64 words, <= 16384 words)
   whole in one program. The guard's decisions set is 1 launch, its full set 2; each value is
   stored straight into the caller's vector slot (``out_index``), and the guard's step counter
-  is bumped by the same launch (``bump_index``).
+  is bumped by the same launch (``bump_index``). With ``last_finalize`` on the many config
+  (``TPGUARD_FP_CONFIG=last_finalize=1``; off: not yet timed on a GPU) there is no finish launch:
+  each record's last lane program finalizes it (a plan-owned int32 counter per record, reset by
+  that program), the small tensors and the bump ride in the first lane launch: the full set is 1.
 * Host time: a plan records the arguments that Triton passes to each compiled kernel's launcher
   and then calls the launcher directly (`_Launch`; checked bit for bit against Triton's own
   launch once per kernel per process; ``TPGUARD_FAST_LAUNCH=0`` turns it off).
@@ -169,7 +172,15 @@ class KernelConfig:
             raise ValueError(f"KernelConfig.last_finalize must be 0, 1 or 2, got {self.last_finalize}")
 
 
-DEFAULT_CONFIG = KernelConfig()  # fingerprint_many (the guard's sets)
+def _config_from_env(text: str) -> KernelConfig:
+    """``TPGUARD_FP_CONFIG="last_finalize=1"``: fingerprint_many's config (the guard's sets) for the
+    process; the values never depend on it, only the speed (benchmarks time variants this way)."""
+    from tpguard.config import replace_from_text
+
+    return replace_from_text(KernelConfig(), text, "TPGUARD_FP_CONFIG")
+
+
+DEFAULT_CONFIG = _config_from_env(os.environ.get("TPGUARD_FP_CONFIG", ""))  # fingerprint_many (the guard's sets)
 # One tensor (fingerprint / fingerprint_rows): fp/2's sweep (run 14, H200, 256 x 163840 fp32 graph) 50.3 us
 # vs 56.0 at the defaults: 16 words per thread uncapped take 64 registers, so 8 CTAs per SM hold the 640
 # programs of [8 rows, 8192 words] in one wave (the defaults: 528 slots, 1.2 waves). fingerprint_many's
@@ -351,7 +362,7 @@ if triton is not None:
         tl.store(p + 1, l2.to(tl.int64, bitcast=True), mask=row_ok)
 
     @triton.jit
-    def _last_to_arrive(counter_ptr, NT: tl.constexpr, RELEASE_ONLY: tl.constexpr = False):
+    def _last_to_arrive(counter_ptr, n_programs, NT: tl.constexpr, RELEASE_ONLY: tl.constexpr = False):
         """True in the one program that arrives last at the zeroed int32 counter, after which that
         program may read every other program's stores. Each of the NT threads of a program (one
         element each: the PTX has one `atom.acq_rel.gpu` per thread, ptxas may aggregate them per
@@ -360,13 +371,13 @@ if triton is not None:
         the one before it: a chain through all of them that needs no release-sequence rule. The
         last program's threads then each add 0 (acq_rel again) to join the chain after its end.
         RELEASE_ONLY (last_finalize=2, a timing variant): the arrivals only release, so only the last
-        program invalidates L1; that rests on RMWs continuing release sequences."""
+        program invalidates L1; that rests on RMWs continuing release sequences. `n_programs`: the
+        programs that arrive at this counter."""
         lane = tl.zeros([NT], dtype=tl.int32)
         if RELEASE_ONLY:
             old = tl.atomic_add(counter_ptr + lane, lane + 1, sem="release", scope="gpu")
         else:
             old = tl.atomic_add(counter_ptr + lane, lane + 1, sem="acq_rel", scope="gpu")
-        n_programs = tl.num_programs(0) * tl.num_programs(1)
         last = tl.max(old, axis=0) == n_programs * NT - 1
         if last:
             tl.atomic_add(counter_ptr + lane, lane, sem="acq_rel", scope="gpu")
@@ -399,7 +410,7 @@ if triton is not None:
         if MODE == 0:
             _store_partials(partial_ptr, c, n_rows, rows, row_ok, l1, l2)
             if LAST:
-                if _last_to_arrive(counter_ptr, NT, LAST == 2):
+                if _last_to_arrive(counter_ptr, tl.num_programs(0) * tl.num_programs(1), NT, LAST == 2):
                     _finish_rows(partial_ptr, rows_out_ptr, top_ptr, 0, n_rows, tl.num_programs(1),
                                  s_lo, s_hi, t_lo, t_hi, True, FBR, FBC)
         else:
@@ -484,39 +495,63 @@ if triton is not None:
         return _tile_lane_sums(ptrs, pos, width // BN, width % BN, EB, BR, BN, SHIFTS)
 
     @triton.jit
-    def _many_lanes_kernel(table_ptr, partial_ptr, rec0, n_recs,
-                           BR: tl.constexpr, BN: tl.constexpr, CHUNK_TILES: tl.constexpr,
-                           ALIGNED: tl.constexpr, EB: tl.constexpr, SHIFTS: tl.constexpr):
+    def _many_lanes_kernel(table_ptr, partial_ptr, rec0, n_recs, out_ptr, counter_ptr, small0, n_small,
+                           bump_index, BR: tl.constexpr, BN: tl.constexpr, CHUNK_TILES: tl.constexpr,
+                           ALIGNED: tl.constexpr, EB: tl.constexpr, SHIFTS: tl.constexpr,
+                           LAST: tl.constexpr = 0, NT: tl.constexpr = 32, FBR: tl.constexpr = 1,
+                           FBC: tl.constexpr = 1, HAS_SMALL: tl.constexpr = False,
+                           SBR: tl.constexpr = 1, SBN: tl.constexpr = 1, BUMP: tl.constexpr = False):
         """One work item (segment, row block, chunk) per program, over the records
         rec0 .. rec0 + n_recs - 1 of the table (sorted by first item); writes partial lane sums.
-        EB: bytes per word of every segment of the launch, or 0: each record says (short rows)."""
+        EB: bytes per word of every segment of the launch, or 0: each record says (short rows).
+        out_ptr, counter_ptr: None (and small0, n_small, bump_index 0) unless LAST.
+        LAST (KernelConfig.last_finalize on a fingerprint_many config: no finish launch): each
+        record's last program to finish (an int32 per record at counter_ptr, zero between runs:
+        that program resets it) finalizes the record into out; HAS_SMALL: the first n_small
+        programs each hash small record small0 + pid whole; BUMP: program 0 adds 1 to
+        out[bump_index] (what the finish launch does otherwise)."""
         pid = tl.program_id(0)
-        rec = rec0
-        for i in range(1, n_recs):
-            first = tl.load(table_ptr + (rec0 + i) * _REC + _F_ITEM0)
-            rec = tl.where(pid >= first, rec0 + i, rec)
-        meta = table_ptr + rec * _REC
-        addr, n_rows, n_words, row_stride, eb, seed = _segment_fields(meta)
-        part = tl.load(meta + _F_PART)
-        n_chunks = tl.load(meta + _F_CHUNKS).to(tl.int32)
-        local = pid - tl.load(meta + _F_ITEM0).to(tl.int32)
-        rb = local // n_chunks
-        c = local % n_chunks
-        s_lo = (seed & _M32).to(tl.uint32)
-        rows, row_ok, rows_ld, col0, width = _tile_origin(rb, c, n_rows, n_words, BR, BN, CHUNK_TILES)
-        if EB != 0:  # one word size for the whole launch: one copy of the loop, fewer registers
-            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
-                                        EB, BR, BN, ALIGNED, SHIFTS)
-        elif eb == 4:
-            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
-                                        4, BR, BN, ALIGNED, SHIFTS)
-        elif eb == 2:
-            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
-                                        2, BR, BN, ALIGNED, SHIFTS)
-        else:
-            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
-                                        1, BR, BN, ALIGNED, SHIFTS)
-        _store_partials(partial_ptr + part, c, n_rows, rows, row_ok, l1, l2)
+        if HAS_SMALL:
+            if pid < n_small:
+                _small_record(table_ptr, out_ptr, small0 + pid, SBR, SBN)
+        if BUMP:
+            if pid == 0:
+                tl.store(out_ptr + bump_index, tl.load(out_ptr + bump_index) + 1)
+        item = pid - n_small
+        if item >= 0:
+            rec = rec0
+            for i in range(1, n_recs):
+                first = tl.load(table_ptr + (rec0 + i) * _REC + _F_ITEM0)
+                rec = tl.where(item >= first, rec0 + i, rec)
+            meta = table_ptr + rec * _REC
+            addr, n_rows, n_words, row_stride, eb, seed = _segment_fields(meta)
+            part = tl.load(meta + _F_PART)
+            n_chunks = tl.load(meta + _F_CHUNKS).to(tl.int32)
+            local = item - tl.load(meta + _F_ITEM0).to(tl.int32)
+            rb = local // n_chunks
+            c = local % n_chunks
+            s_lo = (seed & _M32).to(tl.uint32)
+            rows, row_ok, rows_ld, col0, width = _tile_origin(rb, c, n_rows, n_words, BR, BN, CHUNK_TILES)
+            if EB != 0:  # one word size for the whole launch: one copy of the loop, fewer registers
+                l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
+                                            EB, BR, BN, ALIGNED, SHIFTS)
+            elif eb == 4:
+                l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
+                                            4, BR, BN, ALIGNED, SHIFTS)
+            elif eb == 2:
+                l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
+                                            2, BR, BN, ALIGNED, SHIFTS)
+            else:
+                l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
+                                            1, BR, BN, ALIGNED, SHIFTS)
+            _store_partials(partial_ptr + part, c, n_rows, rows, row_ok, l1, l2)
+            if LAST:
+                n_items = tl.cdiv(n_rows, BR) * n_chunks
+                if _last_to_arrive(counter_ptr + rec, n_items, NT, LAST == 2):
+                    _finalize_record(table_ptr, partial_ptr, out_ptr, rec, FBR, FBC)
+                    # zero for the next run: no other program of this launch touches it any more,
+                    # and the next launch is ordered after this one on the plan's stream
+                    tl.store(counter_ptr + rec, 0)
 
     @triton.jit
     def _finalize_record(table_ptr, partial_ptr, out_ptr, rec, BR: tl.constexpr, BC: tl.constexpr):
@@ -1060,28 +1095,51 @@ class ManyPlan:
         self._partial = torch.empty(self.partial_size, dtype=torch.int64, device=device)
 
         self._kernel_launches: list[_Launch] = []
-        for spec in lane_specs:
-            if spec[0] == "table":
-                _, grid, rec0, n_recs, meta = spec
-                self._kernel_launches.append(_Launch(_many_lanes_kernel, grid,
-                                                     (self.table, self._partial, rec0, n_recs), meta))
-            else:
-                _, grid, args, meta = spec
-                self._kernel_launches.append(_Launch(_seg_lanes_kernel, grid,
-                                                     (args[0], self._partial) + args[1:], meta))
-        sbr = sbn = 1
-        if small:
-            sbn = _next_pow2(max(max((w.n_words for _, _, w in small), default=1), 1))
-            sbr = max(1, min(SMALL_TILE // sbn, _next_pow2(max(w.rows for _, _, w in small))))
         bump = bump_index is not None
-        self._kernel_launches.append(_Launch(
-            _many_finish_kernel, (self.n_records,),
-            (self.table, self._partial, None, self.n_lane_records, bump_index if bump else 0),
-            dict(FBR=self._fbr, FBC=self._fbc, SBR=sbr, SBN=sbn, HAS_LANE=self.n_lane_records > 0,
-                 HAS_SMALL=bool(small), BUMP=bump,
-                 num_warps=max(_warps(self._fbr * self._fbc, cfg) if self.n_lane_records else 1,
-                               _warps(sbr * sbn, cfg) if small else 1)),
-            out_pos=2))
+        sbn = _next_pow2(max(max((w.n_words for _, _, w in small), default=1), 1))
+        small_rows = _next_pow2(max((w.rows for _, _, w in small), default=1))
+        # last_finalize: each record's last lane program finalizes it, the small records and the bump
+        # ride in the first lane launch: no finish launch (kernels/NOTES-fingerprint.md, section 11)
+        self.fused_finish = bool(cfg.last_finalize) and bool(lane_specs) and \
+            all(spec[0] == "table" for spec in lane_specs) and \
+            all(spec[1][0] * 32 * spec[4]["num_warps"] < 2**31 for spec in lane_specs)
+        if self.fused_finish:
+            self._counter = torch.zeros(self.n_lane_records, dtype=torch.int32, device=device)
+            for n, (_, grid, rec0, n_recs, meta) in enumerate(lane_specs):
+                nt = 32 * meta["num_warps"]  # the tails read at most 8 partials (small words) per thread per step
+                extra = dict(LAST=cfg.last_finalize, NT=nt, FBR=self._fbr,
+                             FBC=max(1, min(_next_pow2(max_chunks), 8 * nt // self._fbr)))
+                n_small = len(small) if n == 0 else 0
+                if n_small:
+                    extra.update(HAS_SMALL=True, SBN=sbn, SBR=max(1, min(8 * nt // sbn, small_rows)))
+                if n == 0 and bump:
+                    extra.update(BUMP=True)
+                self._kernel_launches.append(_Launch(
+                    _many_lanes_kernel, (grid[0] + n_small,),
+                    (self.table, self._partial, rec0, n_recs, None, self._counter, self.n_lane_records, n_small,
+                     bump_index if (n == 0 and bump) else 0), {**meta, **extra}, out_pos=4))
+        else:
+            for spec in lane_specs:
+                if spec[0] == "table":
+                    _, grid, rec0, n_recs, meta = spec
+                    self._kernel_launches.append(_Launch(
+                        _many_lanes_kernel, grid, (self.table, self._partial, rec0, n_recs, None, None, 0, 0, 0),
+                        meta))
+                else:
+                    _, grid, args, meta = spec
+                    self._kernel_launches.append(_Launch(_seg_lanes_kernel, grid,
+                                                         (args[0], self._partial) + args[1:], meta))
+            if not small:
+                sbn = 1
+            sbr = max(1, min(SMALL_TILE // sbn, small_rows)) if small else 1
+            self._kernel_launches.append(_Launch(
+                _many_finish_kernel, (self.n_records,),
+                (self.table, self._partial, None, self.n_lane_records, bump_index if bump else 0),
+                dict(FBR=self._fbr, FBC=self._fbc, SBR=sbr, SBN=sbn, HAS_LANE=self.n_lane_records > 0,
+                     HAS_SMALL=bool(small), BUMP=bump,
+                     num_warps=max(_warps(self._fbr * self._fbc, cfg) if self.n_lane_records else 1,
+                                   _warps(sbr * sbn, cfg) if small else 1)),
+                out_pos=2))
         # fast launches: "untested" until the second run outside capture sets them up
         self._runs = 0
         self._fast = "untested" if (fast_launch_enabled() and device.type == "cuda") else "off"

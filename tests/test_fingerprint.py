@@ -265,6 +265,42 @@ GPU_CHECK = textwrap.dedent("""
         want = k.fingerprint_many_reference([t.cpu() for t in cuda])
         assert torch.equal(vec[1::2].cpu(), want) and int(vec[0]) == step + 1, (step, plan.fast_launch)
     print("direct launches:", plan.fast_launch, k.FAST_LAUNCH_FAILURES or "")
+    # last_finalize on fingerprint_many: no finish launch (per-record counters, reset by their last
+    # program): the same values, 200 runs alternating the data of the guard's full set at the budget
+    # shape (a stale partial or a counter left non-zero would give a wrong value), direct launches
+    # from the second run, then a capture replayed with new data
+    fused_cfg = dataclasses.replace(k.DEFAULT_CONFIG, last_finalize=1)
+    for cfg in (fused_cfg, dataclasses.replace(k.DEFAULT_CONFIG, last_finalize=2)):
+        assert torch.equal(k.fingerprint_many_triton(extra_cuda, config=cfg).cpu(),
+                           k.fingerprint_many_reference(extra)), cfg
+    full = [make((256, 163840), torch.float32).cuda(), make((256, 163840), torch.float32).cuda()] + \
+        [t.cuda() for t in decisions]
+    plan = k.ManyPlan(full, fused_cfg, out_index=[i + 1 for i in range(len(full))], bump_index=0)
+    assert plan.fused_finish and plan.launches == 1, plan.launches
+    vec = torch.zeros(len(full) + 1, dtype=torch.int64, device="cuda")
+    other = [full[0].clone(), full[1].clone()]
+    other[0][7, 99] += 1.0
+    wants = [k.fingerprint_many_reference([t.cpu() for t in full])]
+    saved = [full[0].clone(), full[1].clone()]
+    full[0].copy_(other[0]); full[1].copy_(other[1])
+    wants.append(k.fingerprint_many_reference([t.cpu() for t in full]))
+    bad = 0
+    for step in range(200):
+        src = saved if step % 2 == 0 else other
+        full[0].copy_(src[0]); full[1].copy_(src[1])
+        plan.run(out=vec)
+        bad += not torch.equal(vec[1:].cpu(), wants[step % 2])
+    assert bad == 0 and int(vec[0]) == 200 and not plan._counter.any(), (bad, int(vec[0]), plan.fast_launch)
+    print("fused finish direct launches:", plan.fast_launch)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(out=vec)
+    for step in range(4):
+        src = saved if step % 2 == 0 else other
+        full[0].copy_(src[0]); full[1].copy_(src[1])
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(vec[1:].cpu(), wants[step % 2]), ("graph", step)
 
     # CUDA graphs: capture single and many launchers, change data in place, replay
     x = make((64, 20000), torch.float32).cuda()

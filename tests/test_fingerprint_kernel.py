@@ -275,6 +275,53 @@ def test_fingerprint_many_writes_in_place_and_bumps():
     assert plan.fast_launch == "off"  # interpreter: Triton's own launch
 
 
+def test_fingerprint_many_last_program_finalizes():
+    """`last_finalize` on a fingerprint_many config: no finish launch; each lane record finalized by
+    exactly one program (its last to arrive: counted, since the interpreter runs programs in order
+    and any program finalizing would give the right bits), the small records and the bump in the
+    first lane launch; the counters back at zero after every run (a plan run again, new data at
+    the same addresses); the same values at given slots. Sets without lane records keep their one
+    launch; many_long="rows" keeps the finish launch."""
+    tensors = guard_like_set() + [make((5000, 4), torch.int32, 12)]  # + short rows of many rows
+    want = kfp.fingerprint_many_reference(tensors)
+    finalized = []
+    real_finalize = kfp._finalize_record
+
+    def counted_finalize(table_ptr, partial_ptr, out_ptr, rec, *args, **kwargs):
+        finalized.append(int(rec))
+        return real_finalize(table_ptr, partial_ptr, out_ptr, rec, *args, **kwargs)
+
+    kfp._finalize_record = counted_finalize
+    try:
+        for last in (1, 2):
+            cfg = dataclasses.replace(CHUNKY, last_finalize=last)
+            plan = kfp.ManyPlan(tensors, cfg)
+            base = kfp.ManyPlan(tensors, CHUNKY)
+            assert plan.fused_finish and plan.launches == base.launches - 1
+            n = len(tensors)
+            vec = torch.full((n + 3,), 5, dtype=torch.int64)
+            slots = list(range(n + 2, 2, -1))[:n]
+            plan = kfp.ManyPlan(tensors, cfg, out_index=slots, bump_index=1)
+            for step in range(3):
+                if step == 2:
+                    tensors[0].add_(1)  # new data at the same addresses
+                    tensors[-1].mul_(3)
+                    want = kfp.fingerprint_many_reference(tensors)
+                finalized.clear()
+                plan.run(out=vec)
+                assert sorted(finalized) == list(range(plan.n_lane_records)), (last, step, finalized)
+                assert vec[slots].tolist() == want.tolist(), (last, step)
+                assert int(vec[1]) == 5 + step + 1 and int(vec[0]) == 5
+                assert not plan._counter.any()  # every record's last program zeroed its counter
+    finally:
+        kfp._finalize_record = real_finalize
+    small_only = kfp.ManyPlan(guard_like_set()[:4], dataclasses.replace(CHUNKY, last_finalize=1))
+    assert not small_only.fused_finish and small_only.launches == 1
+    rows_cfg = dataclasses.replace(CHUNKY, last_finalize=1, many_long="rows")
+    per_tensor = kfp.ManyPlan(tensors, rows_cfg)
+    assert not per_tensor.fused_finish
+    assert torch.equal(per_tensor.run(), kfp.fingerprint_many_reference(tensors))
+
 def test_bad_input_gets_clear_errors():
     with pytest.raises(TypeError, match="torch.Tensor"):
         kfp.fingerprint_triton([1, 2, 3])
