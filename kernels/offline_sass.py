@@ -18,6 +18,8 @@ shapes for 256 x 163840.
 `bins VARIANTS...` (sweep variant names of kernels/gpu_sweep.py, e.g. default bins16 bins8):
 the bracket pass and bracket_select of each RenormConfig variant at 256 x 163840 (kernels/NOTES.md,
 "Sub-bracket bins (session 4)"), with the SASS of each loop (between a backward branch and its target).
+`many [NAME=VALUE,...]...`: fingerprint_many's launches for the guard's full set at the default many
+config with each override (default: "" and ``last_finalize=1``; NOTES-fingerprint.md section 11).
 `topp_select [VARIANTS...]`: the top-p select kernel of each sweep variant (default: "default") at 256 x 163840
 (scalar p): registers, stack, SASS counts, its loops (kernels/NOTES.md, "Top-p select rounds (session 4)";
 `tps_split`: "Top-p select: padded rounds split (session 5)");
@@ -276,6 +278,51 @@ def topp_select(variants: list[str]) -> None:
         report(f"{name}: top-p select ({cfg.select_warps} warps)", res, sass, "FADD")
 
 
+def many_full(overrides: list[str]) -> None:
+    """fingerprint_many's launches for the guard's full set (2 x 256 x 163840 fp32 + the decisions set)
+    at the default many config with each override (e.g. ``last_finalize=1``): each launch's
+    registers, stack, CTAs per SM and its main loop's size (the fused finish's register share)."""
+    from tpguard.bench.guard import make_tensors
+    from tpguard.config import replace_from_text
+    from tpguard.kernels import fingerprint as k
+
+    tensors = list(make_tensors(64, 4, 163840, __import__("torch").device("cpu")).values())  # 256 rows
+    k._check_tensor = lambda t, who: t  # CPU tensors: the plan is built for its launch shapes only
+    for text in overrides:
+        cfg = replace_from_text(k.KernelConfig(), text, "offline_sass many")
+        plan = k.ManyPlan(tensors, cfg)
+        print(f"many {text or '(default)'}: {plan.launches} launches, fused finish {plan.fused_finish}")
+        for launch in plan._kernel_launches:
+            fn = launch.kernel
+            names = list(launch.kernel.signature.parameters)
+            meta = dict(launch.meta)
+            warps = meta.pop("num_warps")
+            maxnreg = meta.pop("maxnreg", None)
+            sig, const, aligned = {}, dict(meta), []
+            for i, (name, value) in enumerate(zip(names, launch.args)):
+                if i == launch.out_pos:  # `out`, substituted per run (None in the recorded arguments)
+                    sig[name] = "*i64"
+                    aligned.append(i)
+                elif value is None:
+                    const[name] = None
+                elif hasattr(value, "dtype"):
+                    sig[name] = {"torch.int64": "*i64", "torch.int32": "*i32"}[str(value.dtype)]
+                    aligned.append(i)
+                else:
+                    sig[name] = "i32"
+            sig = {n: sig[n] for n in names if n in sig}
+            res, sass, _, shared = compile_kernel(fn, sig, const, aligned, warps, maxnreg, "many")
+            regs = int(re.search(r"REG:(\d+)", res).group(1))
+            stack = int(re.search(r"STACK:(\d+)", res).group(1))
+            ctas = min(65536 // (((regs + 7) // 8 * 8) * 32 * warps), 32, 64 // warps)
+            ins = instructions(sass)
+            sizes = [sum(c.values()) for _, _, c in loops(ins)]
+            ldg = [c["LDG"] for _, _, c in loops(ins)]
+            print(f"  {fn.fn.__name__} grid {launch.grid} x {warps} warps (maxnreg {maxnreg}): REG {regs} STACK {stack} "
+                  f"-> {ctas} CTAs/SM; {len(ins)} SASS; loops (SASS, LDG): "
+                  f"{', '.join(f'{n}/{m}' for n, m in zip(sizes, ldg))}")
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else ""
     values = [int(v) for v in sys.argv[2:]] if what in ("fingerprint", "bracket") else []
@@ -289,6 +336,8 @@ if __name__ == "__main__":
         topp_select(sys.argv[2:] or ["default"])
     elif what == "bins":
         bins(sys.argv[2:] or ["default", "bins16"])
+    elif what == "many":
+        many_full(sys.argv[2:] or ["", "last_finalize=1"])
     else:
         sys.exit("usage: python kernels/offline_sass.py fingerprint SHIFTS... | knobs [NAME=VALUE,...]... "
-                 "| bracket MODES... | bins VARIANTS... | topp_select [VARIANTS...]")
+                 "| bracket MODES... | bins VARIANTS... | topp_select [VARIANTS...] | many [NAME=VALUE,...]...")
