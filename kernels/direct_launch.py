@@ -80,6 +80,11 @@ _NO_WORK = frozenset({
 })
 
 
+def _device_tensor(t) -> bool:
+    """A tensor whose address the launcher may take as it is (CUDA memory)."""
+    return t.is_cuda
+
+
 def enabled() -> bool:
     return FAST_LAUNCH and not INTERPRET and triton is not None
 
@@ -300,11 +305,11 @@ class DirectLaunch:
         if TRIM:
             tmpl[7] = tmpl[8] = None  # idle (checked above; callers check hooks_idle(*hooks) per call)
             for i in range(HEAD, len(tmpl)):
-                if i not in taken and isinstance(tmpl[i], torch.Tensor) and tmpl[i].is_cuda:
+                if i not in taken and isinstance(tmpl[i], torch.Tensor) and _device_tensor(tmpl[i]):
                     keep.append(tmpl[i])
                     tmpl[i] = tmpl[i].data_ptr()
             # a role is a tensor (found by identity) or a scalar (by name), never both
-            ptr = {role for role, t in tensors.items() if t.is_cuda}
+            ptr = {role for role, t in tensors.items() if _device_tensor(t)}
             direct = c_launch(real)
         else:
             keep = [a for a in tmpl[HEAD:] if isinstance(a, torch.Tensor)]
@@ -353,7 +358,7 @@ class LaunchSet:
         for launch in launches:
             if not launch.record(tensors, scalars):
                 return f"{launch.name}: {launch.refusal}"
-            found.update(role for _, role in launch.slots)
+            found.update(slot[1] for slot in launch.slots)
         missing = (set(tensors) | set(scalar_names.values())) - found
         if missing:
             return f"roles {sorted(missing)} not found among the launchers' arguments"
@@ -365,7 +370,7 @@ class LaunchSet:
     def accepts(self, values) -> bool:
         for r, align in self.tensor_roles:
             # is_cuda: Triton's launcher refuses a host tensor; given its address it would not
-            if values[r].data_ptr() % 16 != align or not values[r].is_cuda:
+            if values[r].data_ptr() % 16 != align or not _device_tensor(values[r]):
                 return False
         for r, cls in self.int_roles:
             if int_class(values[r]) != cls:

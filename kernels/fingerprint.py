@@ -378,10 +378,21 @@ if triton is not None:
             old = tl.atomic_add(counter_ptr + lane, lane + 1, sem="release", scope="gpu")
         else:
             old = tl.atomic_add(counter_ptr + lane, lane + 1, sem="acq_rel", scope="gpu")
-        last = tl.max(old, axis=0) == n_programs * NT - 1
+        # modulo: a plan-owned counter is rewound by its last program (`_rewind`), so after two runs
+        # that overlapped by mistake (one plan on two streams) it is still a multiple of the count
+        total = n_programs * NT
+        last = tl.max((old % total == total - 1).to(tl.int32), axis=0) == 1
         if last:
             tl.atomic_add(counter_ptr + lane, lane, sem="acq_rel", scope="gpu")
         return last
+
+    @triton.jit
+    def _rewind(counter_ptr, n_programs, NT: tl.constexpr):
+        """The last program takes one run's arrivals (n_programs x NT) off the counter again, one
+        atomic per thread as they arrived: zero between runs without a fill, and a multiple of
+        the count even after runs that overlapped (their values are wrong; later runs are not)."""
+        lane = tl.zeros([NT], dtype=tl.int32)
+        tl.atomic_add(counter_ptr + lane, lane - n_programs, sem="relaxed", scope="gpu")
 
     # Seed halves arrive as value + 2**32, so Triton always types them int64 (one compiled
     # variant per shape class, not per seed); `.to(tl.uint32)` keeps the low 32 bits.
@@ -507,7 +518,7 @@ if triton is not None:
         out_ptr, counter_ptr: None (and small0, n_small, bump_index 0) unless LAST.
         LAST (KernelConfig.last_finalize on a fingerprint_many config: no finish launch): each
         record's last program to finish (an int32 per record at counter_ptr, zero between runs:
-        that program resets it) finalizes the record into out; HAS_SMALL: the first n_small
+        that program rewinds it) finalizes the record into out; HAS_SMALL: the first n_small
         programs each hash small record small0 + pid whole; BUMP: program 0 adds 1 to
         out[bump_index] (what the finish launch does otherwise)."""
         pid = tl.program_id(0)
@@ -549,9 +560,7 @@ if triton is not None:
                 n_items = tl.cdiv(n_rows, BR) * n_chunks
                 if _last_to_arrive(counter_ptr + rec, n_items, NT, LAST == 2):
                     _finalize_record(table_ptr, partial_ptr, out_ptr, rec, FBR, FBC)
-                    # zero for the next run: no other program of this launch touches it any more,
-                    # and the next launch is ordered after this one on the plan's stream
-                    tl.store(counter_ptr + rec, 0)
+                    _rewind(counter_ptr + rec, n_items, NT)  # zero for the next run (its launch comes after)
 
     @triton.jit
     def _finalize_record(table_ptr, partial_ptr, out_ptr, rec, BR: tl.constexpr, BC: tl.constexpr):

@@ -15,11 +15,13 @@ host time dominates.
 * Same kernels with the same arguments but for the buffers' addresses (at the recorded 16-byte
   alignments): the same bits, checked once per graph against the direct launches (one sync).
 * A scalar parameter is baked into a graph: one graph per scalar value, at most
-  GRAPHS_PER_PLAN per plan (least recently used dropped); tensor parameters are copied in.
+  GRAPHS_PER_PLAN per plan (least recently used dropped; after GRAPHS_PER_PLAN drops the plan's
+  graphs go off: values that keep changing would cost a capture and a sync each); tensor
+  parameters are copied in.
 * Captured on a side stream in thread-local capture mode, with no allocation inside (the
   workspace is the plan's); replayed on the caller's current stream, the plan's stream.
-* Any failure (capture refused, bits differ): the plan keeps its direct launches
-  (`direct_launch.FAILURES` says why).
+* Any failure (capture refused, bits differ): the plan keeps its direct launches and frees the
+  buffers (`direct_launch.FAILURES` says why).
 """
 
 from __future__ import annotations
@@ -36,17 +38,20 @@ GRAPHS_PER_PLAN = 4
 PROBS, OUT, K, P, FP = range(5)  # the roles of renorm_plan's values
 
 
-def aligned_like(t: torch.Tensor | None) -> torch.Tensor | None:
-    """An uninitialised tensor like `t` (shape, dtype, device) at the same address mod 16: Triton
-    specialises pointers on 16-byte alignment, and a recorded launch accepts only its own."""
-    if t is None:
-        return None
+def aligned_to(t: torch.Tensor, residue: int) -> torch.Tensor:
+    """An uninitialised tensor like `t` (shape, dtype, device) at an address = residue mod 16:
+    Triton specialises pointers on 16-byte alignment, and a recorded launch accepts only its own."""
     per = max(1, 16 // t.element_size())
     buf = torch.empty(t.numel() + per, dtype=t.dtype, device=t.device)
     for i in range(per):
-        if buf[i:].data_ptr() % 16 == t.data_ptr() % 16:
+        if buf[i:].data_ptr() % 16 == residue:
             return buf[i:i + t.numel()].view(t.shape)
     return buf[:t.numel()].view(t.shape)
+
+
+def aligned_like(t: torch.Tensor | None) -> torch.Tensor | None:
+    """`aligned_to(t, t's own address mod 16)`, or None."""
+    return None if t is None else aligned_to(t, t.data_ptr() % 16)
 
 
 class PlanGraphs:
@@ -54,13 +59,21 @@ class PlanGraphs:
 
     def __init__(self, op: str, direct: dl.LaunchSet, probs, k, p, fp):
         self.op, self.direct = op, direct
-        self.bufs = [aligned_like(probs), aligned_like(probs),
-                     aligned_like(k) if isinstance(k, torch.Tensor) else None,
-                     aligned_like(p) if isinstance(p, torch.Tensor) else None, aligned_like(fp)]
+        # each buffer at the alignment its role was recorded with (the recorded out: a fresh empty_like)
+        residue = dict(direct.tensor_roles)
+        like = [probs, probs, k, p, fp]
+        self.bufs = [aligned_to(like[r], residue[r]) if r in residue else None for r in range(5)]
+        self.bufs[OUT] = torch.empty_like(probs) if self.bufs[OUT] is None else self.bufs[OUT]
         self.nbytes = sum(b.untyped_storage().nbytes() for b in self.bufs if b is not None)
         self.graphs: OrderedDict = OrderedDict()
         self.state, self.refusal = "on", ""
-        self.captures = 0
+        self.captures = self.evictions = 0
+
+    def release(self) -> None:
+        """Off for good (a failed capture, scalar values that keep changing): the buffers go."""
+        self.state = "off"
+        self.graphs.clear()
+        self.bufs, self.nbytes = [None] * 5, 0
 
     def __call__(self, probs, k, p, fp):
         """The call's output from a graph replay, or None (the caller launches directly)."""
@@ -70,7 +83,7 @@ class PlanGraphs:
         key = (None if bufs[K] is not None else k, None if bufs[P] is not None else p)
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self._capture(key, k, p)
+            graph = self._capture(key, probs, k, p)
             if graph is None:
                 return None
         else:
@@ -90,9 +103,15 @@ class PlanGraphs:
         return [b[PROBS], b[OUT] if out is None else out, b[K] if b[K] is not None else k,
                 b[P] if b[P] is not None else p, b[FP] if fp is None else fp]
 
-    def _capture(self, key, k, p):
+    def _capture(self, key, probs, k, p):
         """Capture the direct launches over the buffers for this scalar key, then check one
-        replay against a direct run, bit for bit (one sync). None (and state off) on failure."""
+        replay against a direct run on the call's own data, bit for bit (one sync). None (and
+        the graphs released) on failure; also when scalar values keep changing (each new one
+        would cost a capture and a sync)."""
+        if self.evictions >= GRAPHS_PER_PLAN:
+            self.refusal = f"{self.evictions} graphs dropped for new scalar values: graphs off"
+            self.release()
+            return None
         try:
             values = self._values(k, p)
             if not self.direct.accepts(values):
@@ -106,13 +125,13 @@ class PlanGraphs:
                 finally:
                     graph.capture_end()
             self.captures += 1
-            # the check: the same probs through the direct launches and through a replay
-            self.bufs[PROBS].normal_()
+            # the check: the call's probs through the direct launches and through a replay (no
+            # random data: a draw here would move the process's CUDA generator)
+            self.bufs[PROBS].copy_(probs)
             if self.bufs[K] is not None:
                 self.bufs[K].copy_(k)
             if self.bufs[P] is not None:
                 self.bufs[P].copy_(p)
-            self.bufs[PROBS].abs_().div_(self.bufs[PROBS].sum(-1, keepdim=True))
             want_out = aligned_like(self.bufs[OUT])
             want_fp = aligned_like(self.bufs[FP])
             self.direct(self._values(k, p, want_out, want_fp))
@@ -125,14 +144,15 @@ class PlanGraphs:
             if not same:
                 raise RuntimeError("a graph replay differs from the direct launches")
         except Exception as e:  # noqa: BLE001 - any failure: the direct launches, as before
-            self.state, self.refusal = "off", f"{type(e).__name__}: {e}"[:300]
-            self.graphs.clear()
+            self.refusal = f"{type(e).__name__}: {e}"[:300]
             dl.FAILURES[f"renorm graph {self.op}"] = self.refusal
+            self.release()
             return None
         self.graphs[key] = graph
         while len(self.graphs) > GRAPHS_PER_PLAN:
             self.graphs.popitem(last=False)
+            self.evictions += 1
         return graph
 
 
-__all__ = ["GRAPHS_PER_PLAN", "GRAPH_ROWS", "PlanGraphs", "aligned_like"]
+__all__ = ["GRAPHS_PER_PLAN", "GRAPH_ROWS", "PlanGraphs", "aligned_like", "aligned_to"]

@@ -135,6 +135,7 @@ class RenormPlan:
         self.refusal = ""
         self.calls = 0
         self.graphs: renorm_graph.PlanGraphs | None = None  # small batches: replays (renorm_graph.py)
+        self.graphs_bytes = 0  # counted in nbytes
         self.rows = rows
         # a fingerprint slot with more rows than one finalize program hashes takes a torch copy
         # after the launches (renorm_write_fp.launch_write_fp): Triton's launches there
@@ -148,11 +149,15 @@ class RenormPlan:
         if self.state == "on":
             if self.graphs is None and self.rows <= renorm_graph.GRAPH_ROWS:
                 self.graphs = renorm_graph.PlanGraphs(self.op, self.direct, probs, k, p, fp)
-                self.nbytes += self.graphs.nbytes
+                self.graphs_bytes = self.graphs.nbytes
+                self.nbytes += self.graphs_bytes
             if self.graphs is not None:
                 out = self.graphs(probs, k, p, fp)
                 if out is not None:
                     return out
+                if self.graphs.state == "off" and self.graphs_bytes:  # released: its buffers are gone
+                    self.nbytes -= self.graphs_bytes
+                    self.graphs_bytes = 0
             values = [probs, torch.empty_like(probs), k, p, fp]
             if self.direct.accepts(values):
                 self.direct(values)

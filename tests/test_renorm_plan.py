@@ -269,17 +269,37 @@ def test_graph_replays_on_gpu(monkeypatch):
                 for _ in range(2):
                     assert torch.equal(bits(rp.run(op, x, k2, p2, SMALL, fp)), bits(fresh(op, x, k2, p2))), op
                 assert plan.graphs.captures == 2
-    # a capture of the caller's own never replays (or builds) a plan graph
+    # probs 4 bytes off 16-byte alignment: the buffers take the recorded alignments
     k, p = params("top_p", False)
+    buf = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
+    x_off = buf[1:].view(x.shape)
+    x_off.copy_(x)
+    expect = fresh("top_p", x_off, k, p)
+    for _ in range(4):
+        assert torch.equal(bits(rp.run("top_p", x_off, k, p, SMALL)), bits(expect))
+    plan = rp.plans()[-1][1]
+    assert plan.graphs is not None and plan.graphs.state == "on", plan.graphs and plan.graphs.refusal
+    # a capture of the caller's own never replays (or builds) a plan graph: the capture stream's plan
+    # has its graph from the warm-up, and the capture leaves it alone
     expect = fresh("top_p", x, k, p)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     holder = {}
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(side):
-        rp.run("top_p", x, k, p, SMALL)  # warm-up on the capture stream: a plan of that stream
+        for _ in range(4):  # warm-up on the capture stream: plan, direct launches, plan graph
+            rp.run("top_p", x, k, p, SMALL)
+        side_plan = rp.plans()[-1][1]
+        assert side_plan.graphs is not None and side_plan.graphs.captures == 1
         with torch.cuda.graph(graph, stream=side):
             holder["out"] = rp.run("top_p", x, k, p, SMALL)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(bits(holder["out"]), bits(expect))
+    assert side_plan.graphs.captures == 1
+    # scalar values that keep changing: the graphs go off (and their buffers) after 4 are dropped
+    for i in range(12):
+        rp.run("top_p", x, k, 0.3 + i / 100, SMALL)
+    plan = rp.plans()[-1][1]
+    assert plan.graphs.state == "off" and plan.graphs_bytes == 0, plan.graphs.refusal
+    assert torch.equal(bits(rp.run("top_p", x, k, 0.5, SMALL)), bits(fresh("top_p", x, k, 0.5)))
