@@ -991,6 +991,9 @@ class ManyPlan:
     `out` that each run adds 1 to (the guard's device step counter), done by the finish launch.
     """
 
+    # ordinary tensors even when made under inference mode: each run copies into the scratch of
+    # non-contiguous tensors, maybe outside it
+    @torch.inference_mode(False)
     def __init__(self, tensors: list[torch.Tensor], config: KernelConfig | None = None, *,
                  keep_tensors: bool = True, out_index: list[int] | None = None,
                  bump_index: int | None = None):

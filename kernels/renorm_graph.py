@@ -18,8 +18,12 @@ host time dominates.
   GRAPHS_PER_PLAN per plan (least recently used dropped; after GRAPHS_PER_PLAN drops the plan's
   graphs go off: values that keep changing would cost a capture and a sync each); tensor
   parameters are copied in.
-* Captured on a side stream in thread-local capture mode, with no allocation inside (the
-  workspace is the plan's); replayed on the caller's current stream, the plan's stream.
+* Captured on a side stream in thread-local capture mode through the driver API
+  (kernels/driver_graph.py: torch's CUDAGraph would tie the process's CUDA generator to each
+  graph and refill its state before every replay), with no allocation inside (the workspace is
+  the plan's); launched on the caller's current stream, the plan's stream.
+* The buffers are ordinary tensors even when the plan is made under `torch.inference_mode()`
+  (a later call outside it copies into them).
 * Any failure (capture refused, bits differ): the plan keeps its direct launches and frees the
   buffers (`direct_launch.FAILURES` says why).
 """
@@ -32,6 +36,7 @@ from collections import OrderedDict
 import torch
 
 from tpguard.kernels import direct_launch as dl
+from tpguard.kernels.driver_graph import DriverGraph
 
 GRAPH_ROWS = int(os.environ.get("TPGUARD_RENORM_GRAPH_ROWS", "0"))
 GRAPHS_PER_PLAN = 4
@@ -62,8 +67,9 @@ class PlanGraphs:
         # each buffer at the alignment its role was recorded with (the recorded out: a fresh empty_like)
         residue = dict(direct.tensor_roles)
         like = [probs, probs, k, p, fp]
-        self.bufs = [aligned_to(like[r], residue[r]) if r in residue else None for r in range(5)]
-        self.bufs[OUT] = torch.empty_like(probs) if self.bufs[OUT] is None else self.bufs[OUT]
+        with torch.inference_mode(False):  # copied into per call, maybe outside inference mode
+            self.bufs = [aligned_to(like[r], residue[r]) if r in residue else None for r in range(5)]
+            self.bufs[OUT] = torch.empty_like(probs) if self.bufs[OUT] is None else self.bufs[OUT]
         self.nbytes = sum(b.untyped_storage().nbytes() for b in self.bufs if b is not None)
         self.graphs: OrderedDict = OrderedDict()
         self.state, self.refusal = "on", ""
@@ -88,12 +94,12 @@ class PlanGraphs:
                 return None
         else:
             self.graphs.move_to_end(key)
-        bufs[PROBS].copy_(probs)
+        bufs[PROBS].copy_(probs.detach() if probs.requires_grad else probs)
         if bufs[K] is not None:
             bufs[K].copy_(k)
         if bufs[P] is not None:
-            bufs[P].copy_(p)
-        graph.replay()
+            bufs[P].copy_(p.detach() if p.requires_grad else p)
+        graph.launch(dl.current_stream())
         if fp is not None:
             fp.view(1).copy_(bufs[FP].view(1))  # a 0-d slot or a [1] view: one element either way
         return bufs[OUT].clone()
@@ -116,29 +122,24 @@ class PlanGraphs:
             values = self._values(k, p)
             if not self.direct.accepts(values):
                 raise RuntimeError("the graph's buffers are refused by the recorded launches (alignment)")
-            graph = torch.cuda.CUDAGraph()
             side = torch.cuda.Stream(device=self.bufs[PROBS].device)
-            with torch.cuda.stream(side):
-                graph.capture_begin(capture_error_mode="thread_local")
-                try:
-                    self.direct(values)
-                finally:
-                    graph.capture_end()
+            with torch.cuda.stream(side):  # the direct launches go to the current stream: the side one
+                graph = DriverGraph.capture(lambda: self.direct(values), side.cuda_stream)
             self.captures += 1
             # the check: the call's probs through the direct launches and through a replay (no
             # random data: a draw here would move the process's CUDA generator)
-            self.bufs[PROBS].copy_(probs)
+            self.bufs[PROBS].copy_(probs.detach())
             if self.bufs[K] is not None:
                 self.bufs[K].copy_(k)
             if self.bufs[P] is not None:
-                self.bufs[P].copy_(p)
+                self.bufs[P].copy_(p.detach())
             want_out = aligned_like(self.bufs[OUT])
             want_fp = aligned_like(self.bufs[FP])
             self.direct(self._values(k, p, want_out, want_fp))
             self.bufs[OUT].fill_(float("nan"))
             if want_fp is not None:
                 self.bufs[FP].copy_(want_fp).bitwise_not_()  # a replay that wrote no fingerprint shows
-            graph.replay()
+            graph.launch(dl.current_stream())
             same = torch.equal(self.bufs[OUT].view(torch.int32), want_out.view(torch.int32)) and \
                 (want_fp is None or torch.equal(self.bufs[FP], want_fp))
             if not same:

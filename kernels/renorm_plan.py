@@ -122,6 +122,9 @@ def _storage_bytes(tensors, seen: set) -> int:
 class RenormPlan:
     """One cached call shape: its workspace and (GPU) its recorded launches."""
 
+    # ordinary tensors even when made under inference mode: the one-time check fills them in place,
+    # maybe outside it
+    @torch.inference_mode(False)
     def __init__(self, op: str, rows: int, vocab: int, cfg: RenormConfig, device: torch.device, k, p,
                  fp_present: bool):
         self.op, self.cfg, self.device = op, cfg, device
@@ -136,6 +139,7 @@ class RenormPlan:
         self.calls = 0
         self.graphs: renorm_graph.PlanGraphs | None = None  # small batches: replays (renorm_graph.py)
         self.graphs_bytes = 0  # counted in nbytes
+        self.graphs_tried = False  # made once per plan, or refused for good
         self.rows = rows
         # a fingerprint slot with more rows than one finalize program hashes takes a torch copy
         # after the launches (renorm_write_fp.launch_write_fp): Triton's launches there
@@ -147,10 +151,9 @@ class RenormPlan:
 
     def __call__(self, probs, k, p, fp):
         if self.state == "on":
-            if self.graphs is None and self.rows <= renorm_graph.GRAPH_ROWS:
-                self.graphs = renorm_graph.PlanGraphs(self.op, self.direct, probs, k, p, fp)
-                self.graphs_bytes = self.graphs.nbytes
-                self.nbytes += self.graphs_bytes
+            if not self.graphs_tried and self.rows <= renorm_graph.GRAPH_ROWS:
+                self.graphs_tried = True
+                self._new_graphs(probs, k, p, fp)
             if self.graphs is not None:
                 out = self.graphs(probs, k, p, fp)
                 if out is not None:
@@ -167,6 +170,22 @@ class RenormPlan:
             if self.calls >= 2:  # a plan used once (a passing shape) never pays for the set-up
                 return self._record(probs, k, p, fp)
         return _run_op(self.op, probs, k, p, self.cfg, fp, self.ws)
+
+    def _new_graphs(self, probs, k, p, fp) -> None:
+        """The plan's graphs (renorm_graph.py), if their buffers fit the plan memory cap without
+        evicting anything (a plan that evicted others, or itself, for its graphs would be rebuilt
+        and capture again and again); else, or if the buffers cannot be made, none for good."""
+        need = 2 * probs.numel() * probs.element_size() + 4096
+        if self.nbytes + need > MAX_BYTES or plan_bytes() + need > MAX_BYTES:
+            dl.FAILURES[f"renorm graph {self.op}"] = f"{need >> 20} MiB of graph buffers over the plan memory cap"
+            return
+        try:
+            self.graphs = renorm_graph.PlanGraphs(self.op, self.direct, probs, k, p, fp)
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory: the direct launches serve
+            dl.FAILURES[f"renorm graph {self.op}"] = f"{type(e).__name__}: {e}"[:300]
+            return
+        self.graphs_bytes = self.graphs.nbytes
+        self.nbytes += self.graphs_bytes
 
     def poison(self) -> None:
         """Garbage in every workspace buffer (NaN floats, zero ints): a later call must not

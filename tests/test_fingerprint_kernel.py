@@ -399,3 +399,13 @@ def test_direct_launch_falls_back_to_triton_launch():
     assert not kfp.prepare_fast([launch], out, lambda: True) and not launch.ready
     launch(out, fast=True)
     assert torch.equal(out, kfp.fingerprint_many_reference(tensors))
+
+
+def test_plan_made_under_inference_mode_runs_outside_it():
+    """A plan built inside torch.inference_mode() (SGLang runs its forward there) and run outside it:
+    its scratch (the copy of a non-contiguous tensor) is an ordinary tensor, so the copy works."""
+    tensors = [make((6, 4), torch.float32, 6).t(), make((3, 5000), torch.float32, 4)]
+    with torch.inference_mode():
+        plan = kfp.ManyPlan(tensors, CHUNKY)
+        assert torch.equal(plan.run(), kfp.fingerprint_many_reference(tensors))
+    assert torch.equal(plan.run(), kfp.fingerprint_many_reference(tensors))

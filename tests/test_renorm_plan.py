@@ -297,9 +297,31 @@ def test_graph_replays_on_gpu(monkeypatch):
     torch.cuda.synchronize()
     assert torch.equal(bits(holder["out"]), bits(expect))
     assert side_plan.graphs.captures == 1
+    # a plan (and its graph buffers) made under inference mode, then called outside it
+    rp.clear_plans()
+    k, p = params("top_k", True)
+    with torch.inference_mode():
+        for _ in range(4):
+            rp.run("top_k", x, k, p, SMALL)
+    out = rp.run("top_k", x, k, p, SMALL)
+    assert torch.equal(bits(out), bits(fresh("top_k", x, k, p)))
+    assert rp.plans()[-1][1].graphs.state == "on"
     # scalar values that keep changing: the graphs go off (and their buffers) after 4 are dropped
+    k, p = params("top_p", False)
     for i in range(12):
         rp.run("top_p", x, k, 0.3 + i / 100, SMALL)
     plan = rp.plans()[-1][1]
     assert plan.graphs.state == "off" and plan.graphs_bytes == 0, plan.graphs.refusal
     assert torch.equal(bits(rp.run("top_p", x, k, 0.5, SMALL)), bits(fresh("top_p", x, k, 0.5)))
+
+
+def test_plan_made_under_inference_mode_is_used_outside_it():
+    """SGLang samples under torch.inference_mode(): a plan made there keeps ordinary workspace
+    tensors, which the direct launches' one-time check fills in place (`poison`), maybe outside it."""
+    x = batch()
+    k, p = params("top_p", False)
+    with torch.inference_mode():
+        rp.run("top_p", x, k, p, SMALL)
+    plan = rp.plans()[-1][1]
+    plan.poison()
+    assert torch.equal(bits(rp.run("top_p", x, k, p, SMALL)), bits(fresh("top_p", x, k, p)))
