@@ -25,8 +25,8 @@ kernel up on every call (tens of us per launch). Here:
    launcher calls a hook unless it is None), and where `CudaLauncher.__call__` is the Triton 3.6
    one read for this (`C_LAUNCHER_CALL_SHA256`) its C ``launch`` is called directly: that
    ``__call__`` only allocates scratch our kernels do not have. Triton specialises a pointer on
-   its 16-byte alignment and an int on ``== 1`` and ``% 16 == 0``: `LaunchSet.accepts` says no (the caller then takes Triton's path) when a role
-   differs from the recorded one in those.
+   its 16-byte alignment and an int on ``== 1`` and ``% 16 == 0``: `LaunchSet.accepts` says no
+   (the caller then takes Triton's path) when a role differs from the recorded one in those.
 4. `validate_once` runs a set directly once per compiled variant per process and compares with
    Triton's result bit for bit (the caller's `rerun`).
 
