@@ -183,9 +183,12 @@ def run(rows=256, vocabs=(128256, 163840), logits=("flat", "peaky"), iters=50, r
     print(f"# top_p={top_p} top_k={top_k} min_p={min_p}, median of {iters} calls (CUDA events), "
           f"determinism over {repeats} calls on one input")
     if "tpguard" in impls:
+        from tpguard.kernels import renorm_graph
         from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
 
         print(f"# tpguard block shapes: {DEFAULT_CONFIG}")
+        print(f"# tpguard eager calls of <= {renorm_graph.GRAPH_ROWS} rows replay their plan's graph "
+              f"(TPGUARD_RENORM_GRAPH_ROWS; 0: none)")
     cells: list[Cell] = []
     floors = {}
     main_cells = []
@@ -242,6 +245,11 @@ def run(rows=256, vocabs=(128256, 163840), logits=("flat", "peaky"), iters=50, r
             summary.append(f"{op}: {got} (target <= {target} us)")
     if summary:
         print("\ntargets at 256 x 163840 flat: " + "; ".join(summary))
+    if "tpguard" in impls:
+        from tpguard.kernels import direct_launch
+
+        # what the eager tpguard cells ran through (a refused direct launch or plan graph shows here)
+        print(f"direct launches by launcher: {direct_launch.LAUNCHERS}; refused: {direct_launch.FAILURES or 'none'}")
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"floors_us": {f"{r}x{v}": t for (r, v), t in floors.items()},
