@@ -363,7 +363,8 @@ if triton is not None:
 
     @triton.jit
     def _last_to_arrive(counter_ptr, n_programs, NT: tl.constexpr, RELEASE_ONLY: tl.constexpr = False):
-        """True in the one program that arrives last at the zeroed int32 counter, after which that
+        """True in the one program that arrives last at the int32 counter (zero, or a multiple of
+        n_programs x NT: `_rewind`), after which that
         program may read every other program's stores. Each of the NT threads of a program (one
         element each: the PTX has one `atom.acq_rel.gpu` per thread, ptxas may aggregate them per
         warp) orders its own earlier stores with its own increment, so no thread's stores rest on a
@@ -801,18 +802,17 @@ def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
     fuse_top = want_top and w.rows <= cfg.finalize_rows
     nt = 32 * meta["num_warps"]  # the kernel's NT: one counter element per thread, none replicated
     fbr = _next_pow2(w.rows) if fuse_top else min(cfg.finalize_rows, _next_pow2(w.rows))
+    last = {}
     if cfg.last_finalize and fuse_top and fbr <= 8 * nt and row_blocks * chunks * nt < 2**31:
         # the lane launch's last program finalizes (the int32 count must fit; the tail, which shares
         # the lane loop's register allocation, reads at most 8 partials per thread per step). The
         # counter's zero fill is a small kernel of its own: the saving is the finalize's gap and tail.
-        counter = torch.zeros(1, dtype=torch.int32, device=device)
-        _rows_kernel[(row_blocks, chunks)](w.data, rows_out, partial, top_arg, w.rows, w.n_words,
-                                           w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=0, counter_ptr=counter,
-                                           LAST=cfg.last_finalize, FBR=fbr, NT=nt,
-                                           FBC=min(_next_pow2(chunks), max(1, 8 * nt // fbr)), **meta)
-        return rows_out, top
+        last = dict(counter_ptr=torch.zeros(1, dtype=torch.int32, device=device), LAST=cfg.last_finalize,
+                    FBR=fbr, NT=nt, FBC=min(_next_pow2(chunks), max(1, 8 * nt // fbr)))
     _rows_kernel[(row_blocks, chunks)](w.data, rows_out, partial, top_arg, w.rows, w.n_words,
-                                       w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=0, **meta)
+                                       w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=0, **last, **meta)
+    if last:
+        return rows_out, top
     fbc = _finalize_chunks(fbr, chunks)
     _finalize_kernel[(-(-w.rows // fbr),)](partial, rows_out, top_arg, w.rows, chunks,
                                            s_lo, s_hi, t_lo, t_hi, TOP=fuse_top, BR=fbr, BC=fbc,
@@ -1141,9 +1141,7 @@ class ManyPlan:
                     _, grid, args, meta = spec
                     self._kernel_launches.append(_Launch(_seg_lanes_kernel, grid,
                                                          (args[0], self._partial) + args[1:], meta))
-            if not small:
-                sbn = 1
-            sbr = max(1, min(SMALL_TILE // sbn, small_rows)) if small else 1
+            sbr = max(1, min(SMALL_TILE // sbn, small_rows))  # 1 x 1 without small tensors
             self._kernel_launches.append(_Launch(
                 _many_finish_kernel, (self.n_records,),
                 (self.table, self._partial, None, self.n_lane_records, bump_index if bump else 0),

@@ -94,15 +94,20 @@ class PlanGraphs:
                 return None
         else:
             self.graphs.move_to_end(key)
-        bufs[PROBS].copy_(probs.detach() if probs.requires_grad else probs)
-        if bufs[K] is not None:
-            bufs[K].copy_(k)
-        if bufs[P] is not None:
-            bufs[P].copy_(p.detach() if p.requires_grad else p)
+        self._copy_in(probs, k, p)
         graph.launch(dl.current_stream())
         if fp is not None:
             fp.view(1).copy_(bufs[FP].view(1))  # a 0-d slot or a [1] view: one element either way
         return bufs[OUT].clone()
+
+    def _copy_in(self, probs, k, p) -> None:
+        """The call's probs and tensor parameters into the graph's buffers."""
+        b = self.bufs  # (detach only where needed: it costs host time on every call)
+        b[PROBS].copy_(probs.detach() if probs.requires_grad else probs)
+        if b[K] is not None:
+            b[K].copy_(k)
+        if b[P] is not None:
+            b[P].copy_(p.detach() if p.requires_grad else p)
 
     def _values(self, k, p, out=None, fp=None) -> list:
         b = self.bufs
@@ -128,11 +133,7 @@ class PlanGraphs:
             self.captures += 1
             # the check: the call's probs through the direct launches and through a replay (no
             # random data: a draw here would move the process's CUDA generator)
-            self.bufs[PROBS].copy_(probs.detach())
-            if self.bufs[K] is not None:
-                self.bufs[K].copy_(k)
-            if self.bufs[P] is not None:
-                self.bufs[P].copy_(p.detach())
+            self._copy_in(probs, k, p)
             want_out = aligned_like(self.bufs[OUT])
             want_fp = aligned_like(self.bufs[FP])
             self.direct(self._values(k, p, want_out, want_fp))
