@@ -16,9 +16,7 @@ Design (one read pass over the data, no host sync):
   adds up. Integer sums are order-independent: no atomics, and the result does not depend on the
   chunking.
 * The "top" hash over the row fingerprints is fused into the last kernel when all rows fit one
-  program; otherwise the row fingerprints are hashed as one long row of words. With
-  ``KernelConfig.last_finalize`` (off: not yet timed on a GPU) the lane launch's last program to
-  finish does the finalize itself (``_last_to_arrive``: an acq_rel counter, zeroed by a fill).
+  program; otherwise the row fingerprints are hashed as one long row of words.
 * ``fingerprint_many_triton``: many tensors through a device table of segment records (address,
   rows, words, stride, seeds, output index, ...): lane launches for the segments that need
   partial sums (short rows of many rows: 1; long rows: 1 per (16-byte aligned or not, word size)
@@ -26,10 +24,7 @@ Design (one read pass over the data, no host sync):
   launch that finalizes those and reads each small tensor (rows of <= 64 words, <= 16384 words)
   whole in one program. The guard's decisions set is 1 launch, its full set 2; each value is
   stored straight into the caller's vector slot (``out_index``), and the guard's step counter
-  is bumped by the same launch (``bump_index``). With ``last_finalize`` on the many config
-  (``TPGUARD_FP_CONFIG=last_finalize=1``; off: not yet timed on a GPU) there is no finish launch:
-  each record's last lane program finalizes it (a plan-owned int32 counter per record, reset by
-  that program), the small tensors and the bump ride in the first lane launch: the full set is 1.
+  is bumped by the same launch (``bump_index``).
 * Host time: a plan records the arguments that Triton passes to each compiled kernel's launcher
   and then calls the launcher directly (`_Launch`; checked bit for bit against Triton's own
   launch once per kernel per process; ``TPGUARD_FAST_LAUNCH=0`` turns it off).
@@ -148,12 +143,6 @@ class KernelConfig:
     # at 14 (the 8-warp default: 48.3); the full set 114.0 / 100.3 us at 7 / 14 vs 93.5: an option, off
     # (kernels/NOTES-fingerprint.md, sections 7 and 8).
     fill_ctas_per_sm: int = 0
-    # 1: fingerprint() of one tensor whose lane launch has more than one program and whose top hash fuses
-    # (rows <= finalize_rows): the lane launch's last program to finish also finalizes (an int32 counter
-    # zeroed per call by a fill kernel: kernels/NOTES-fingerprint.md, section 10) instead of a finalize
-    # launch; 2: the same with release-only arrivals (a timing variant: NOTES section 10). Written in
-    # session 8 without a GPU: off until measured.
-    last_finalize: int = 0
 
     def __post_init__(self):
         if self.many_long not in ("table", "rows"):
@@ -168,13 +157,12 @@ class KernelConfig:
             raise ValueError(f"KernelConfig.fill_ctas_per_sm must be >= 0, got {self.fill_ctas_per_sm}")
         if self.rows_per_tile > self.block_words:
             raise ValueError("KernelConfig.rows_per_tile must not exceed block_words")
-        if self.last_finalize not in (0, 1, 2):
-            raise ValueError(f"KernelConfig.last_finalize must be 0, 1 or 2, got {self.last_finalize}")
 
 
 def _config_from_env(text: str) -> KernelConfig:
-    """``TPGUARD_FP_CONFIG="last_finalize=1"``: fingerprint_many's config (the guard's sets) for the
-    process; the values never depend on it, only the speed (benchmarks time variants this way)."""
+    """``TPGUARD_FP_CONFIG="many_long=rows"`` (any KernelConfig fields, ``NAME=VALUE,...``):
+    fingerprint_many's config (the guard's sets) for the process; the values never depend on it,
+    only the speed (benchmarks time variants this way)."""
     from tpguard.config import replace_from_text
 
     return replace_from_text(KernelConfig(), text, "TPGUARD_FP_CONFIG")
@@ -361,40 +349,6 @@ if triton is not None:
         tl.store(p, l1.to(tl.int64, bitcast=True), mask=row_ok)
         tl.store(p + 1, l2.to(tl.int64, bitcast=True), mask=row_ok)
 
-    @triton.jit
-    def _last_to_arrive(counter_ptr, n_programs, NT: tl.constexpr, RELEASE_ONLY: tl.constexpr = False):
-        """True in the one program that arrives last at the int32 counter (zero, or a multiple of
-        n_programs x NT: `_rewind`), after which that
-        program may read every other program's stores. Each of the NT threads of a program (one
-        element each: the PTX has one `atom.acq_rel.gpu` per thread, ptxas may aggregate them per
-        warp) orders its own earlier stores with its own increment, so no thread's stores rest on a
-        barrier's cumulativity. Every RMW on the counter is acq_rel, so each one synchronises with
-        the one before it: a chain through all of them that needs no release-sequence rule. The
-        last program's threads then each add 0 (acq_rel again) to join the chain after its end.
-        RELEASE_ONLY (last_finalize=2, a timing variant): the arrivals only release, so only the last
-        program invalidates L1; that rests on RMWs continuing release sequences. `n_programs`: the
-        programs that arrive at this counter."""
-        lane = tl.zeros([NT], dtype=tl.int32)
-        if RELEASE_ONLY:
-            old = tl.atomic_add(counter_ptr + lane, lane + 1, sem="release", scope="gpu")
-        else:
-            old = tl.atomic_add(counter_ptr + lane, lane + 1, sem="acq_rel", scope="gpu")
-        # modulo: a plan-owned counter is rewound by its last program (`_rewind`), so after two runs
-        # that overlapped by mistake (one plan on two streams) it is still a multiple of the count
-        total = n_programs * NT
-        last = tl.max((old % total == total - 1).to(tl.int32), axis=0) == 1
-        if last:
-            tl.atomic_add(counter_ptr + lane, lane, sem="acq_rel", scope="gpu")
-        return last
-
-    @triton.jit
-    def _rewind(counter_ptr, n_programs, NT: tl.constexpr):
-        """The last program takes one run's arrivals (n_programs x NT) off the counter again, one
-        atomic per thread as they arrived: zero between runs without a fill, and a multiple of
-        the count even after runs that overlapped (their values are wrong; later runs are not)."""
-        lane = tl.zeros([NT], dtype=tl.int32)
-        tl.atomic_add(counter_ptr + lane, lane - n_programs, sem="relaxed", scope="gpu")
-
     # Seed halves arrive as value + 2**32, so Triton always types them int64 (one compiled
     # variant per shape class, not per seed); `.to(tl.uint32)` keeps the low 32 bits.
     @triton.jit(do_not_specialize=["s_lo", "s_hi", "t_lo", "t_hi"])
@@ -402,14 +356,9 @@ if triton is not None:
                      n_rows, n_words, row_stride,
                      s_lo, s_hi, t_lo, t_hi,
                      MODE: tl.constexpr, EB: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
-                     CHUNK_TILES: tl.constexpr, SHIFTS: tl.constexpr,
-                     counter_ptr=None, LAST: tl.constexpr = 0, FBR: tl.constexpr = 1,
-                     FBC: tl.constexpr = 1, NT: tl.constexpr = 32):
+                     CHUNK_TILES: tl.constexpr, SHIFTS: tl.constexpr):
         """MODE 0: partial lane sums [chunks, rows, 2]; 1: row fingerprints; 2: row fingerprints
-        and the top hash (a single program holds all rows). MODE 0 with LAST
-        (KernelConfig.last_finalize): the last program to finish (a zeroed int32 at counter_ptr,
-        NT threads per program) also runs `_finalize_kernel`'s work for all rows (FBR >= n_rows)
-        with the top hash: no finalize launch."""
+        and the top hash (a single program holds all rows)."""
         rb = tl.program_id(0)
         c = tl.program_id(1)
         s_lo = s_lo.to(tl.uint32)
@@ -421,10 +370,6 @@ if triton is not None:
         l1, l2 = _tile_lane_sums(ptrs, pos, width // BN, width % BN, EB, BR, BN, SHIFTS)
         if MODE == 0:
             _store_partials(partial_ptr, c, n_rows, rows, row_ok, l1, l2)
-            if LAST:
-                if _last_to_arrive(counter_ptr, tl.num_programs(0) * tl.num_programs(1), NT, LAST == 2):
-                    _finish_rows(partial_ptr, rows_out_ptr, top_ptr, 0, n_rows, tl.num_programs(1),
-                                 s_lo, s_hi, t_lo, t_hi, True, FBR, FBC)
         else:
             fp = _row_fp(l1, l2, _seed64(s_lo, s_hi))
             tl.store(rows_out_ptr + rows, fp.to(tl.int64, bitcast=True), mask=row_ok)
@@ -507,61 +452,39 @@ if triton is not None:
         return _tile_lane_sums(ptrs, pos, width // BN, width % BN, EB, BR, BN, SHIFTS)
 
     @triton.jit
-    def _many_lanes_kernel(table_ptr, partial_ptr, rec0, n_recs, out_ptr, counter_ptr, small0, n_small,
-                           bump_index, BR: tl.constexpr, BN: tl.constexpr, CHUNK_TILES: tl.constexpr,
-                           ALIGNED: tl.constexpr, EB: tl.constexpr, SHIFTS: tl.constexpr,
-                           LAST: tl.constexpr = 0, NT: tl.constexpr = 32, FBR: tl.constexpr = 1,
-                           FBC: tl.constexpr = 1, HAS_SMALL: tl.constexpr = False,
-                           SBR: tl.constexpr = 1, SBN: tl.constexpr = 1, BUMP: tl.constexpr = False):
+    def _many_lanes_kernel(table_ptr, partial_ptr, rec0, n_recs,
+                           BR: tl.constexpr, BN: tl.constexpr, CHUNK_TILES: tl.constexpr,
+                           ALIGNED: tl.constexpr, EB: tl.constexpr, SHIFTS: tl.constexpr):
         """One work item (segment, row block, chunk) per program, over the records
         rec0 .. rec0 + n_recs - 1 of the table (sorted by first item); writes partial lane sums.
-        EB: bytes per word of every segment of the launch, or 0: each record says (short rows).
-        out_ptr, counter_ptr: None (and small0, n_small, bump_index 0) unless LAST.
-        LAST (KernelConfig.last_finalize on a fingerprint_many config: no finish launch): each
-        record's last program to finish (an int32 per record at counter_ptr, zero between runs:
-        that program rewinds it) finalizes the record into out; HAS_SMALL: the first n_small
-        programs each hash small record small0 + pid whole; BUMP: program 0 adds 1 to
-        out[bump_index] (what the finish launch does otherwise)."""
+        EB: bytes per word of every segment of the launch, or 0: each record says (short rows)."""
         pid = tl.program_id(0)
-        if HAS_SMALL:
-            if pid < n_small:
-                _small_record(table_ptr, out_ptr, small0 + pid, SBR, SBN)
-        if BUMP:
-            if pid == 0:
-                tl.store(out_ptr + bump_index, tl.load(out_ptr + bump_index) + 1)
-        item = pid - n_small
-        if item >= 0:
-            rec = rec0
-            for i in range(1, n_recs):
-                first = tl.load(table_ptr + (rec0 + i) * _REC + _F_ITEM0)
-                rec = tl.where(item >= first, rec0 + i, rec)
-            meta = table_ptr + rec * _REC
-            addr, n_rows, n_words, row_stride, eb, seed = _segment_fields(meta)
-            part = tl.load(meta + _F_PART)
-            n_chunks = tl.load(meta + _F_CHUNKS).to(tl.int32)
-            local = item - tl.load(meta + _F_ITEM0).to(tl.int32)
-            rb = local // n_chunks
-            c = local % n_chunks
-            s_lo = (seed & _M32).to(tl.uint32)
-            rows, row_ok, rows_ld, col0, width = _tile_origin(rb, c, n_rows, n_words, BR, BN, CHUNK_TILES)
-            if EB != 0:  # one word size for the whole launch: one copy of the loop, fewer registers
-                l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
-                                            EB, BR, BN, ALIGNED, SHIFTS)
-            elif eb == 4:
-                l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
-                                            4, BR, BN, ALIGNED, SHIFTS)
-            elif eb == 2:
-                l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
-                                            2, BR, BN, ALIGNED, SHIFTS)
-            else:
-                l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
-                                            1, BR, BN, ALIGNED, SHIFTS)
-            _store_partials(partial_ptr + part, c, n_rows, rows, row_ok, l1, l2)
-            if LAST:
-                n_items = tl.cdiv(n_rows, BR) * n_chunks
-                if _last_to_arrive(counter_ptr + rec, n_items, NT, LAST == 2):
-                    _finalize_record(table_ptr, partial_ptr, out_ptr, rec, FBR, FBC)
-                    _rewind(counter_ptr + rec, n_items, NT)  # zero for the next run (its launch comes after)
+        rec = rec0
+        for i in range(1, n_recs):
+            first = tl.load(table_ptr + (rec0 + i) * _REC + _F_ITEM0)
+            rec = tl.where(pid >= first, rec0 + i, rec)
+        meta = table_ptr + rec * _REC
+        addr, n_rows, n_words, row_stride, eb, seed = _segment_fields(meta)
+        part = tl.load(meta + _F_PART)
+        n_chunks = tl.load(meta + _F_CHUNKS).to(tl.int32)
+        local = pid - tl.load(meta + _F_ITEM0).to(tl.int32)
+        rb = local // n_chunks
+        c = local % n_chunks
+        s_lo = (seed & _M32).to(tl.uint32)
+        rows, row_ok, rows_ld, col0, width = _tile_origin(rb, c, n_rows, n_words, BR, BN, CHUNK_TILES)
+        if EB != 0:  # one word size for the whole launch: one copy of the loop, fewer registers
+            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
+                                        EB, BR, BN, ALIGNED, SHIFTS)
+        elif eb == 4:
+            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
+                                        4, BR, BN, ALIGNED, SHIFTS)
+        elif eb == 2:
+            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
+                                        2, BR, BN, ALIGNED, SHIFTS)
+        else:
+            l1, l2 = _segment_lane_sums(addr, rows_ld, row_stride, col0, width, s_lo,
+                                        1, BR, BN, ALIGNED, SHIFTS)
+        _store_partials(partial_ptr + part, c, n_rows, rows, row_ok, l1, l2)
 
     @triton.jit
     def _finalize_record(table_ptr, partial_ptr, out_ptr, rec, BR: tl.constexpr, BC: tl.constexpr):
@@ -800,19 +723,9 @@ def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
         return rows_out, (top if mode == 2 else None)
     partial = torch.empty((chunks, w.rows, 2), dtype=torch.int64, device=device)
     fuse_top = want_top and w.rows <= cfg.finalize_rows
-    nt = 32 * meta["num_warps"]  # the kernel's NT: one counter element per thread, none replicated
     fbr = _next_pow2(w.rows) if fuse_top else min(cfg.finalize_rows, _next_pow2(w.rows))
-    last = {}
-    if cfg.last_finalize and fuse_top and fbr <= 8 * nt and row_blocks * chunks * nt < 2**31:
-        # the lane launch's last program finalizes (the int32 count must fit; the tail, which shares
-        # the lane loop's register allocation, reads at most 8 partials per thread per step). The
-        # counter's zero fill is a small kernel of its own: the saving is the finalize's gap and tail.
-        last = dict(counter_ptr=torch.zeros(1, dtype=torch.int32, device=device), LAST=cfg.last_finalize,
-                    FBR=fbr, NT=nt, FBC=min(_next_pow2(chunks), max(1, 8 * nt // fbr)))
     _rows_kernel[(row_blocks, chunks)](w.data, rows_out, partial, top_arg, w.rows, w.n_words,
-                                       w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=0, **last, **meta)
-    if last:
-        return rows_out, top
+                                       w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=0, **meta)
     fbc = _finalize_chunks(fbr, chunks)
     _finalize_kernel[(-(-w.rows // fbr),)](partial, rows_out, top_arg, w.rows, chunks,
                                            s_lo, s_hi, t_lo, t_hi, TOP=fuse_top, BR=fbr, BC=fbc,
@@ -1110,46 +1023,24 @@ class ManyPlan:
         bump = bump_index is not None
         sbn = _next_pow2(max(max((w.n_words for _, _, w in small), default=1), 1))
         small_rows = _next_pow2(max((w.rows for _, _, w in small), default=1))
-        # last_finalize: each record's last lane program finalizes it, the small records and the bump
-        # ride in the first lane launch: no finish launch (kernels/NOTES-fingerprint.md, section 11)
-        self.fused_finish = bool(cfg.last_finalize) and bool(lane_specs) and \
-            all(spec[0] == "table" for spec in lane_specs) and \
-            all(spec[1][0] * 32 * spec[4]["num_warps"] < 2**31 for spec in lane_specs)
-        if self.fused_finish:
-            self._counter = torch.zeros(self.n_lane_records, dtype=torch.int32, device=device)
-            for n, (_, grid, rec0, n_recs, meta) in enumerate(lane_specs):
-                nt = 32 * meta["num_warps"]  # the tails read at most 8 partials (small words) per thread per step
-                extra = dict(LAST=cfg.last_finalize, NT=nt, FBR=self._fbr,
-                             FBC=max(1, min(_next_pow2(max_chunks), 8 * nt // self._fbr)))
-                n_small = len(small) if n == 0 else 0
-                if n_small:
-                    extra.update(HAS_SMALL=True, SBN=sbn, SBR=max(1, min(8 * nt // sbn, small_rows)))
-                if n == 0 and bump:
-                    extra.update(BUMP=True)
-                self._kernel_launches.append(_Launch(
-                    _many_lanes_kernel, (grid[0] + n_small,),
-                    (self.table, self._partial, rec0, n_recs, None, self._counter, self.n_lane_records, n_small,
-                     bump_index if (n == 0 and bump) else 0), {**meta, **extra}, out_pos=4))
-        else:
-            for spec in lane_specs:
-                if spec[0] == "table":
-                    _, grid, rec0, n_recs, meta = spec
-                    self._kernel_launches.append(_Launch(
-                        _many_lanes_kernel, grid, (self.table, self._partial, rec0, n_recs, None, None, 0, 0, 0),
-                        meta))
-                else:
-                    _, grid, args, meta = spec
-                    self._kernel_launches.append(_Launch(_seg_lanes_kernel, grid,
-                                                         (args[0], self._partial) + args[1:], meta))
-            sbr = max(1, min(SMALL_TILE // sbn, small_rows))  # 1 x 1 without small tensors
-            self._kernel_launches.append(_Launch(
-                _many_finish_kernel, (self.n_records,),
-                (self.table, self._partial, None, self.n_lane_records, bump_index if bump else 0),
-                dict(FBR=self._fbr, FBC=self._fbc, SBR=sbr, SBN=sbn, HAS_LANE=self.n_lane_records > 0,
-                     HAS_SMALL=bool(small), BUMP=bump,
-                     num_warps=max(_warps(self._fbr * self._fbc, cfg) if self.n_lane_records else 1,
-                                   _warps(sbr * sbn, cfg) if small else 1)),
-                out_pos=2))
+        for spec in lane_specs:
+            if spec[0] == "table":
+                _, grid, rec0, n_recs, meta = spec
+                self._kernel_launches.append(_Launch(_many_lanes_kernel, grid,
+                                                     (self.table, self._partial, rec0, n_recs), meta))
+            else:
+                _, grid, args, meta = spec
+                self._kernel_launches.append(_Launch(_seg_lanes_kernel, grid,
+                                                     (args[0], self._partial) + args[1:], meta))
+        sbr = max(1, min(SMALL_TILE // sbn, small_rows))  # 1 x 1 without small tensors
+        self._kernel_launches.append(_Launch(
+            _many_finish_kernel, (self.n_records,),
+            (self.table, self._partial, None, self.n_lane_records, bump_index if bump else 0),
+            dict(FBR=self._fbr, FBC=self._fbc, SBR=sbr, SBN=sbn, HAS_LANE=self.n_lane_records > 0,
+                 HAS_SMALL=bool(small), BUMP=bump,
+                 num_warps=max(_warps(self._fbr * self._fbc, cfg) if self.n_lane_records else 1,
+                               _warps(sbr * sbn, cfg) if small else 1)),
+            out_pos=2))
         # fast launches: "untested" until the second run outside capture sets them up
         self._runs = 0
         self._fast = "untested" if (fast_launch_enabled() and device.type == "cuda") else "off"

@@ -19,7 +19,7 @@ shapes for 256 x 163840.
 the bracket pass and bracket_select of each RenormConfig variant at 256 x 163840 (kernels/NOTES.md,
 "Sub-bracket bins (session 4)"), with the SASS of each loop (between a backward branch and its target).
 `many [NAME=VALUE,...]...`: fingerprint_many's launches for the guard's full set at the default many
-config with each override (default: "" and ``last_finalize=1``; NOTES-fingerprint.md section 11).
+config with each override (e.g. ``many_long=rows``; default: "").
 `topp_select [VARIANTS...]`: the top-p select kernel of each sweep variant (default: "default") at 256 x 163840
 (scalar p): registers, stack, SASS counts, its loops (kernels/NOTES.md, "Top-p select rounds (session 4)";
 `tps_split`: "Top-p select: padded rounds split (session 5)");
@@ -150,13 +150,7 @@ def fingerprint_knobs(overrides: list[str]) -> None:
         br, bn, chunk_tiles, _ = k._tile(256, 163840, cfg)
         warps = k._warps(br * bn, cfg)
         const = dict(MODE=0, EB=4, BR=br, BN=bn, CHUNK_TILES=chunk_tiles, SHIFTS=cfg.shifts)
-        sig_k = sig
-        if cfg.last_finalize:  # the fused finalize tail (its register share is the point of looking)
-            chunks = k._tile(256, 163840, cfg)[3]
-            const.update(LAST=cfg.last_finalize, FBR=256, NT=32 * warps,
-                         FBC=min(k._next_pow2(chunks), max(1, 8 * 32 * warps // 256)))
-            sig_k = {**sig, "counter_ptr": "*i32"}
-        res, sass, _, shared = compile_kernel(k._rows_kernel, sig_k, const, [0, 1, 2, 3, 5, 6], warps,
+        res, sass, _, shared = compile_kernel(k._rows_kernel, sig, const, [0, 1, 2, 3, 5, 6], warps,
                                               cfg.maxnreg, "knobs")
         regs = int(re.search(r"REG:(\d+)", res).group(1))
         stack = int(re.search(r"STACK:(\d+)", res).group(1))
@@ -280,8 +274,8 @@ def topp_select(variants: list[str]) -> None:
 
 def many_full(overrides: list[str]) -> None:
     """fingerprint_many's launches for the guard's full set (2 x 256 x 163840 fp32 + the decisions set)
-    at the default many config with each override (e.g. ``last_finalize=1``): each launch's
-    registers, stack, CTAs per SM and its main loop's size (the fused finish's register share)."""
+    at the default many config with each override (e.g. ``many_long=rows``): each launch's
+    registers, stack, CTAs per SM and its main loop's size."""
     from tpguard.bench.guard import make_tensors
     from tpguard.config import replace_from_text
     from tpguard.kernels import fingerprint as k
@@ -291,7 +285,7 @@ def many_full(overrides: list[str]) -> None:
     for text in overrides:
         cfg = replace_from_text(k.KernelConfig(), text, "offline_sass many")
         plan = k.ManyPlan(tensors, cfg)
-        print(f"many {text or '(default)'}: {plan.launches} launches, fused finish {plan.fused_finish}")
+        print(f"many {text or '(default)'}: {plan.launches} launches")
         for launch in plan._kernel_launches:
             fn = launch.kernel
             names = list(launch.kernel.signature.parameters)
@@ -337,7 +331,7 @@ if __name__ == "__main__":
     elif what == "bins":
         bins(sys.argv[2:] or ["default", "bins16"])
     elif what == "many":
-        many_full(sys.argv[2:] or ["", "last_finalize=1"])
+        many_full(sys.argv[2:] or [""])
     else:
         sys.exit("usage: python kernels/offline_sass.py fingerprint SHIFTS... | knobs [NAME=VALUE,...]... "
                  "| bracket MODES... | bins VARIANTS... | topp_select [VARIANTS...] | many [NAME=VALUE,...]...")

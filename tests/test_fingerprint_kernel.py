@@ -119,48 +119,6 @@ def test_chunks_sized_to_fill_the_gpu():
         kfp.KernelConfig(fill_ctas_per_sm=-1)
 
 
-def test_last_program_finalizes():
-    """`last_finalize=1`: fingerprint() with no finalize launch where the top hash fuses and the lane
-    launch has more than one program (chunked rows, or one chunk in several row blocks; rows <=
-    finalize_rows); exactly one program runs the tail (the interpreter runs programs in order, so a
-    tail run by every program, or by the wrong one, would still give the right bits: counted here);
-    the same bits; the two-launch path elsewhere; a bad value is an error."""
-    last = dataclasses.replace(CHUNKY, last_finalize=1)
-    launches, tails = [], []
-    real_finalize, real_finish = kfp._finalize_kernel, kfp._finish_rows
-
-    class Spy:  # counts finalize launches
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return real_finalize[grid]
-
-    def counted_finish(*args, **kwargs):  # under the interpreter a called @jit function is Python
-        tails.append(1)
-        return real_finish(*args, **kwargs)
-
-    # (shape, dtype, finalize launches, _finish_rows runs) of one fingerprint() call
-    cases = [((3, 5000), torch.float32, 0, 1), ((16, 2500), torch.bfloat16, 0, 1), ((1, 7000), torch.int32, 0, 1),
-             ((5, 1030), torch.int8, 0, 1), ((16, 100), torch.float32, 0, 1),  # one chunk, 2 row blocks
-             ((20, 3000), torch.float32, 1, 2),  # more rows than finalize_rows: a finalize launch (2 programs)
-             ((4, 100), torch.float32, 0, 0)]  # one program: MODE 2, as without the option
-    kfp._finalize_kernel, kfp._finish_rows = Spy(), counted_finish
-    try:
-        for shape, dtype, finalize_launches, tail_runs in cases:
-            t = make(shape, dtype, seed=shape[0])
-            launches.clear()
-            tails.clear()
-            want = ref.combine_rows_reference(ref.fingerprint_rows_reference(t), t.dtype, tuple(t.shape))
-            assert top_value(t, last) == want, shape
-            assert (len(launches), len(tails)) == (finalize_launches, tail_runs), (shape, launches, tails)
-            assert_matches(t, last)  # fingerprint_rows too
-    finally:
-        kfp._finalize_kernel, kfp._finish_rows = real_finalize, real_finish
-    t = make((3, 5000), torch.float32)
-    assert top_value(t, dataclasses.replace(CHUNKY, last_finalize=2)) == top_value(t)  # release-only arrivals
-    with pytest.raises(ValueError, match="last_finalize must be 0, 1 or 2"):
-        kfp.KernelConfig(last_finalize=3)
-
-
 def test_one_ulp_permutation_dtype_and_shape_change_the_value():
     x = make((4, 1000), torch.float32)
     base_rows = kfp.fingerprint_rows_triton(x)
@@ -274,53 +232,6 @@ def test_fingerprint_many_writes_in_place_and_bumps():
     assert torch.equal(plan.run(), kfp.fingerprint_many_reference(tensors))
     assert plan.fast_launch == "off"  # interpreter: Triton's own launch
 
-
-def test_fingerprint_many_last_program_finalizes():
-    """`last_finalize` on a fingerprint_many config: no finish launch; each lane record finalized by
-    exactly one program (its last to arrive: counted, since the interpreter runs programs in order
-    and any program finalizing would give the right bits), the small records and the bump in the
-    first lane launch; the counters back at zero after every run (a plan run again, new data at
-    the same addresses); the same values at given slots. Sets without lane records keep their one
-    launch; many_long="rows" keeps the finish launch."""
-    tensors = guard_like_set() + [make((5000, 4), torch.int32, 12)]  # + short rows of many rows
-    want = kfp.fingerprint_many_reference(tensors)
-    finalized = []
-    real_finalize = kfp._finalize_record
-
-    def counted_finalize(table_ptr, partial_ptr, out_ptr, rec, *args, **kwargs):
-        finalized.append(int(rec))
-        return real_finalize(table_ptr, partial_ptr, out_ptr, rec, *args, **kwargs)
-
-    kfp._finalize_record = counted_finalize
-    try:
-        for last in (1, 2):
-            cfg = dataclasses.replace(CHUNKY, last_finalize=last)
-            plan = kfp.ManyPlan(tensors, cfg)
-            base = kfp.ManyPlan(tensors, CHUNKY)
-            assert plan.fused_finish and plan.launches == base.launches - 1
-            n = len(tensors)
-            vec = torch.full((n + 3,), 5, dtype=torch.int64)
-            slots = list(range(n + 2, 2, -1))[:n]
-            plan = kfp.ManyPlan(tensors, cfg, out_index=slots, bump_index=1)
-            for step in range(3):
-                if step == 2:
-                    tensors[0].add_(1)  # new data at the same addresses
-                    tensors[-1].mul_(3)
-                    want = kfp.fingerprint_many_reference(tensors)
-                finalized.clear()
-                plan.run(out=vec)
-                assert sorted(finalized) == list(range(plan.n_lane_records)), (last, step, finalized)
-                assert vec[slots].tolist() == want.tolist(), (last, step)
-                assert int(vec[1]) == 5 + step + 1 and int(vec[0]) == 5
-                assert not plan._counter.any()  # every record's last program zeroed its counter
-    finally:
-        kfp._finalize_record = real_finalize
-    small_only = kfp.ManyPlan(guard_like_set()[:4], dataclasses.replace(CHUNKY, last_finalize=1))
-    assert not small_only.fused_finish and small_only.launches == 1
-    rows_cfg = dataclasses.replace(CHUNKY, last_finalize=1, many_long="rows")
-    per_tensor = kfp.ManyPlan(tensors, rows_cfg)
-    assert not per_tensor.fused_finish
-    assert torch.equal(per_tensor.run(), kfp.fingerprint_many_reference(tensors))
 
 def test_bad_input_gets_clear_errors():
     with pytest.raises(TypeError, match="torch.Tensor"):

@@ -176,10 +176,8 @@ def _guard_costs(args, ap, t: dict, out: dict, world: int) -> None:
             ap.error(str(e))
     out["config"] = str(kfp.DEFAULT_CONFIG)
     default_cfg = kfp.DEFAULT_CONFIG
-    # (last_finalize: fingerprint_many's finish fused into its lane launch, kernels/NOTES-fingerprint.md section 11)
-    for variant in ({"many_long": "table", "last_finalize": 0}, {"many_long": "table", "maxnreg": 128},
-                    {"many_long": "rows", "maxnreg": 128}, {"many_long": "table", "last_finalize": 1},
-                    {"many_long": "table", "last_finalize": 2}):
+    for variant in ({"many_long": "table"}, {"many_long": "table", "maxnreg": 128},
+                    {"many_long": "rows", "maxnreg": 128}):
         kfp.DEFAULT_CONFIG = dataclasses.replace(default_cfg, **variant)
         guard = DeviceStepGuard(site="bench.variant", quantities=CANONICAL_ORDER, run_id="bench",
                                 watchdog=False)
