@@ -18,8 +18,9 @@ directly with probs, out, the parameters and the fingerprint slot substituted.
   ``k == 1`` and ``k % 16 == 0`` into the kernel, so those (and ``k >= vocab``, which changes the
   launches) are part of the key. Tensors must keep the recorded 16-byte alignment (Triton
   specialises pointers on it), else that call takes Triton's launch with the plan's workspace.
-* Small batches (``TPGUARD_RENORM_GRAPH_ROWS``, off by default): the recorded launches captured
-  once into a CUDA graph the plan owns and replayed per call (kernels/renorm_graph.py).
+* Small batches (``TPGUARD_RENORM_GRAPH_ROWS``, default 8 rows; calls of 5 or more launches: top-p,
+  min-p): the recorded launches captured once into a CUDA graph the plan owns and replayed per call
+  (kernels/renorm_graph.py).
 * Bounded: at most ``TPGUARD_RENORM_PLANS`` plans (default 4, 0 = no plans: today's path) and
   ``TPGUARD_RENORM_PLAN_MB`` MiB of plan memory (default 256; a plan larger than that alone is
   used for its one call and dropped), least recently used evicted first; `clear_plans()`.
@@ -151,9 +152,10 @@ class RenormPlan:
 
     def __call__(self, probs, k, p, fp):
         if self.state == "on":
-            if not self.graphs_tried and self.rows <= renorm_graph.GRAPH_ROWS:
+            if not self.graphs_tried:  # decided once per plan
                 self.graphs_tried = True
-                self._new_graphs(probs, k, p, fp)
+                if renorm_graph.worth_graph(self.rows, len(self.direct.launches)):
+                    self._new_graphs(probs, k, p, fp)
             if self.graphs is not None:
                 out = self.graphs(probs, k, p, fp)
                 if out is not None:

@@ -234,6 +234,30 @@ def test_aligned_like_keeps_the_16_byte_alignment(dtype):
             assert a.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
     assert aligned_like(None) is None
 
+@pytest.mark.skipif(not INTERPRET, reason="counts the interpreter's launches")
+def test_default_graph_rule_counts_launches(monkeypatch):
+    """By default a plan replays a graph of its own (renorm_graph.worth_graph) only where it replaces
+    >= 5 launches at <= 8 rows: top-p and min-p; top-k and top-k + top-p with a scalar k < vocab make
+    3 launches, which a graph's copy in, launch and clone cost about as much as (run 31)."""
+    import triton.runtime.interpreter as interp
+
+    from tpguard.kernels import renorm_graph
+
+    launches = []
+    real = interp.InterpretedFunction.__getitem__
+    monkeypatch.setattr(interp.InterpretedFunction, "__getitem__",
+                        lambda self, grid: (launches.append(self), real(self, grid))[1])
+    x = batch()[:1]
+    for op, want in (("top_p", True), ("min_p", True), ("top_k", False), ("top_k_top_p", False)):
+        k, p = params(op, False)
+        launches.clear()
+        fresh(op, x, k, p)
+        assert renorm_graph.worth_graph(1, len(launches)) is want, (op, len(launches))
+        assert renorm_graph.worth_graph(renorm_graph.GRAPH_ROWS, len(launches)) is want, op
+        assert not renorm_graph.worth_graph(renorm_graph.GRAPH_ROWS + 1, len(launches)), op
+    assert renorm_graph.GRAPH_ROWS == 8 or "TPGUARD_RENORM_GRAPH_ROWS" in __import__("os").environ
+
+
 @pytest.mark.skipif(DEVICE != "cuda" or not dl.enabled(), reason="plan graphs replay direct launches: CUDA")
 def test_graph_replays_on_gpu(monkeypatch):
     """Small-batch plans replaying their own CUDA graph (kernels/renorm_graph.py): the fresh path's
@@ -243,6 +267,7 @@ def test_graph_replays_on_gpu(monkeypatch):
     from tpguard.kernels import renorm_graph
 
     monkeypatch.setattr(renorm_graph, "GRAPH_ROWS", 64)
+    monkeypatch.setattr(renorm_graph, "GRAPH_MIN_LAUNCHES", 0)  # the mechanism for every op
     x = batch(2)
     for op in rp.OPS:
         for tensor, fp in ((False, None), (True, slot()), (False, slot())):

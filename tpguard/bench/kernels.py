@@ -187,8 +187,8 @@ def run(rows=256, vocabs=(128256, 163840), logits=("flat", "peaky"), iters=50, r
         from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
 
         print(f"# tpguard block shapes: {DEFAULT_CONFIG}")
-        print(f"# tpguard eager calls of <= {renorm_graph.GRAPH_ROWS} rows replay their plan's graph "
-              f"(TPGUARD_RENORM_GRAPH_ROWS; 0: none)")
+        print(f"# tpguard eager calls of <= {renorm_graph.GRAPH_ROWS} rows and >= {renorm_graph.GRAPH_MIN_LAUNCHES} "
+              "launches replay their plan's graph (TPGUARD_RENORM_GRAPH_ROWS; 0: none)")
     cells: list[Cell] = []
     floors = {}
     main_cells = []

@@ -12,7 +12,7 @@ GPU (``--gpu``, no TRITON_INTERPRET): host time per eager call (no sync in the l
 at each batch size, plans off (Triton's launches into a fresh workspace), on with the launch
 templates as Triton hands them (``direct_launch.TRIM = False``) and on (cached workspace + trimmed
 direct launches: addresses, no hook chains, Triton 3.6's C launch) and replaying the plan's own CUDA
-graph (kernels/renorm_graph.py, at every batch size here whatever TPGUARD_RENORM_GRAPH_ROWS says),
+graph (kernels/renorm_graph.py, at every batch size and launch count here whatever the defaults say),
 the plans' state and memory, a check that both give the same
 bits (and the same fingerprint slot), and that a CUDA graph captured with plans on replays
 those bits (capture takes the fresh-workspace path).
@@ -82,7 +82,7 @@ def gpu(args) -> int:
           f"{torch.cuda.get_device_name()}, vocab {args.vocab}, {args.calls} calls; plans on = "
           f"{on} plans, {renorm_plan.MAX_BYTES >> 20} MiB; direct launches {direct}")
     bad = 0
-    graph_rows0 = renorm_graph.GRAPH_ROWS
+    graph_rows0, min_launches0 = renorm_graph.GRAPH_ROWS, renorm_graph.GRAPH_MIN_LAUNCHES
     for rows in args.batch_sizes:
         g = torch.Generator(device="cuda").manual_seed(rows)
         x = torch.softmax(torch.randn(rows, args.vocab, device="cuda", generator=g), -1)
@@ -97,6 +97,7 @@ def gpu(args) -> int:
                     renorm_plan.MAX_PLANS = plans
                     direct_launch.TRIM = trim
                     renorm_graph.GRAPH_ROWS = graph_rows
+                    renorm_graph.GRAPH_MIN_LAUNCHES = 0 if graph_rows else min_launches0
                     renorm.clear_plans()
                     for _ in range(4):  # compile, plan, record + check, graph capture + check
                         out = fn()
@@ -108,6 +109,7 @@ def gpu(args) -> int:
                         pg = [p.graphs for _, p in renorm_plan.plans() if p.graphs is not None]
                         g_state = f"{pg[-1].state} {pg[-1].refusal}".strip() if pg else "no graph"
                 direct_launch.TRIM, renorm_graph.GRAPH_ROWS = True, graph_rows0
+                renorm_graph.GRAPH_MIN_LAUNCHES = min_launches0
                 o0, f0, t0 = res["off"]
                 same = all(torch.equal(o0.view(torch.int32), o.view(torch.int32)) and f0 == f
                            for o, f, _ in res.values())
