@@ -39,13 +39,15 @@
 #                sweep, the guard on 1 GPU, the launch-gap probe (pdl 0 / 1 / 2)
 #   call30       (next) every GPU kernel test in one call: three pytest processes side by side (run 26's one
 #                process was cut at 420 s with 168 tests run: the compiles are CPU-bound, the machine has 16 cores),
-#                then the fingerprint with KernelConfig.last_finalize timed against the default
+#                then the fingerprint with KernelConfig.last_finalize timed against the default (run 30; that
+#                option lost and was removed in session 10: the phase now times the default alone)
 #   call31       (next, after call30) session 9's host-time work: per eager call with launch templates as Triton
 #                hands them, trimmed (kernels/direct_launch.py), and replayed from the plan's own graph
 #                (kernels/renorm_graph.py); the plan GPU tests, the host profile, the batch-size cells beside
 #                flashinfer (plan graphs at <= 64 rows)
-#   call32       (next) the guard on 1 GPU with fingerprint_many's fused finish (TPGUARD_FP_CONFIG=last_finalize=1)
-#                against the default (full mode: 2 fingerprint launches -> 1)
+#   call33       session 10: call31, then the guard bench on 1 GPU (run 31)
+#   call34       session 10's last: the batch-size cells with the plan-graph rule and without graphs, the guard
+#                bench, every GPU kernel test next to the fingerprint / graph / heal tests (pytest-xdist)
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py (TPGUARD_FP_CONFIG applies there too)
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
@@ -215,6 +217,24 @@ plans() {  # the renorm call plans (cached workspace + direct launches): their G
   say "renorm plan pytest rc=$? $(tail -1 $d/pytest.log)"
   timeout ${PL_BENCH:-150} python3 -m tpguard.bench.renorm_host --gpu --batch-sizes ${PL_BATCHES:-1,8,64,256} > $d/host.log 2>&1
   say "renorm host time rc=$? $(grep -iE 'bits|refus' $d/host.log | head -3 | tr '\n' ' ')"
+}
+
+fi_jit() {  # flashinfer's sampling module JIT-built (~100 s), back as $OUT/sampling.so (.gpu/flashinfer-jit/ next time)
+  [ -f .gpu/flashinfer-jit/sampling.so ] && return
+  local d=/tmp/res/fi_jit; mkdir -p $d
+  timeout 300 python3 -c "import torch, flashinfer.sampling as s; p = torch.softmax(torch.randn(4, 4096, device='cuda'), -1); s.top_p_renorm_probs(p, 0.9); s.top_k_renorm_probs(p, 40); torch.cuda.synchronize(); print('built')" > $d/log.txt 2>&1
+  say "flashinfer sampling JIT rc=$? $(tail -1 $d/log.txt | cut -c1-200)"
+  local so; so=$(find "$HOME/.cache/flashinfer" -name 'sampling*.so' -size -30M 2>/dev/null | head -1)
+  [ -n "$so" ] && cp "$so" "$OUT/sampling.so"
+}
+
+call31() {  # session 9's host-time work measured (PHASES=call31 below says what)
+  PL_BATCHES=1,8,64 PL_BENCH=150 plans
+  HP_TIMEOUT=80 hostprof
+  local d=/tmp/res/kernels31; mkdir -p $d
+  TPGUARD_RENORM_GRAPH_ROWS=64 timeout 200 python3 -m tpguard.bench.kernels --graphs --impls tpguard,flashinfer \
+    --vocabs 163840 --logits flat --json $d/bench.json > $d/bench.log 2>&1
+  say "kernels bench (batch sizes) rc=$?"; tail -30 $d/bench.log | cut -c1-200 | tee -a "$SUMMARY"
 }
 
 on_gpu() { local g=$1; shift; ( export CUDA_VISIBLE_DEVICES=$g; "$@" ); }
@@ -536,33 +556,52 @@ case "$PHASES" in
           say "GPU tests ${part%%:*} rc=$? $(tail -1 $d/${part%%:*}.log)" ) &
       done
       ( FP_NO_BENCH=1 FP_PYTEST=330 fingerprint ) &
+      fi_jit &  # (session 10) for call31's flashinfer cells
       wait; grep -hE "^(FAILED|ERROR)" $d/*.log /tmp/res/fingerprint/pytest.log | cut -c1-200 | tee -a "$SUMMARY"
-      # then, alone on the GPU: the one-tensor fingerprint with its last program finalizing (KernelConfig.last_finalize,
-      # session 8, not yet timed; kernels/NOTES-fingerprint.md section 10) at the default and the one-row tile
+      # then, alone on the GPU: the one-tensor fingerprint at the default and the one-row tile, and the full set
+      # (run 30 timed KernelConfig.last_finalize here too: slower, removed in session 10)
       w8=block_words=2048,num_warps=8,maxnreg=none; r1=rows_per_tile=1,chunk_words=32768
-      # and (session 9) fingerprint_many's full set with its finish fused into the lane launch (last_finalize on
-      # the many config: per-record counters, NOTES-fingerprint section 11) against the default's two launches
-      FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=120 FP_BENCH_ARGS="--shapes main --sweep --sweep-budget 40 --sweep-configs $w8|$w8,last_finalize=1|$w8,$r1|$w8,$r1,last_finalize=1|$w8,$r1,last_finalize=2 --full-set-configs many_long=table|last_finalize=1|last_finalize=2" fingerprint
-      grep -E "^  block|best \(main|^main|last_finalize|many_long" /tmp/res/fingerprint/bench.log | cut -c1-200 | tee -a "$SUMMARY" )
+      FP_NO_PYTEST=1 FP_BENCH_TIMEOUT=120 FP_BENCH_ARGS="--shapes main --sweep --sweep-budget 40 --sweep-configs $w8|$w8,$r1 --full-set-configs many_long=table" fingerprint
+      grep -E "^  block|best \(main|^main|many_long" /tmp/res/fingerprint/bench.log | cut -c1-200 | tee -a "$SUMMARY" )
     ;;
   call31)
     # <= 580 s (TAR_AT=560; carry .whl, .gpu): do the trimmed templates, or the plans' own graphs, win the eager
     # small-batch cells (run 27: top-k 1 / 8 rows 57 / 89 us vs flashinfer's 46, top-p 1 row 113 vs 88; host-bound)?
     # (plans' own graphs, kernels/renorm_graph.py: off by default; the host bench times them at every batch size,
     # the table's eager batch-size cells below run with them at <= 64 rows)
-    PL_BATCHES=1,8,64 PL_BENCH=150 plans
-    HP_TIMEOUT=80 hostprof
-    ( d=/tmp/res/kernels31; mkdir -p $d
-      TPGUARD_RENORM_GRAPH_ROWS=64 timeout 200 python3 -m tpguard.bench.kernels --graphs --impls tpguard,flashinfer \
-        --vocabs 163840 --logits flat --json $d/bench.json > $d/bench.log 2>&1
-      say "kernels bench (batch sizes) rc=$?"; tail -30 $d/bench.log | cut -c1-200 | tee -a "$SUMMARY" )
+    call31
     ;;
-  call32)
-    # ~300 s (TAR_AT=500): the guard on 1 GPU (its bench times full mode's graph with last_finalize 0 / 1 / 2 side by
-    # side), then the whole bench again with fingerprint_many's finish fused (TPGUARD_FP_CONFIG=last_finalize=1:
-    # every mode and the eager host time with it)
-    G_TIMEOUT=80 guard1; mv /tmp/res/guard1 /tmp/res/guard1_default
-    TPGUARD_FP_CONFIG=last_finalize=1 G_TIMEOUT=80 guard1
+  call33)
+    # session 10 (one machine start left for both): call31, then, while time is left, the guard bench on 1 GPU
+    # (run 31: its full-mode graph with fingerprint_many's last_finalize 0 / 1 / 2 side by side, removed since)
+    call31
+    [ $(el) -lt 470 ] && { d=/tmp/res/guard1; mkdir -p $d
+      timeout $(( 560 - $(el) )) python3 -m tpguard.bench.guard --json $d/guard1.json > $d/bench.log 2>&1
+      say "guard bench (1 GPU) rc=$? $(grep -E 'device work|one graph|inside a graph|full mode, ' $d/bench.log | tr '\n' ';')"; }
+    ;;
+  call34)
+    # session 10's last (~450 s, TAR_AT=500; carry .whl, .gpu): alone on the GPU, the batch-size cells with today's
+    # plan-graph rule (<= 8 rows, >= 5 launches) and with no graphs, and the guard bench after last_finalize's
+    # removal; then every GPU test of the kernels and the fingerprint / graph / heal tests (pytest-xdist workers)
+    ( d=/tmp/res/kernels34; mkdir -p $d
+      for g in 8 0; do
+        TPGUARD_RENORM_GRAPH_ROWS=$g timeout 120 python3 -m tpguard.bench.kernels --graphs --impls tpguard,flashinfer \
+          --vocabs 163840 --logits flat --top-ks 40 --repeats 50 --json $d/bench_g$g.json > $d/bench_g$g.log 2>&1
+        say "kernels bench (graph rows $g) rc=$?"; grep -A27 "^### batch sizes" $d/bench_g$g.log | grep tpguard | cut -c1-120 | tee -a "$SUMMARY"
+      done
+      grep -hE "^targets|^direct launches" $d/bench_g8.log | cut -c1-300 | tee -a "$SUMMARY" )
+    ( d=/tmp/res/guard1; mkdir -p $d
+      timeout 60 python3 -m tpguard.bench.guard --json $d/guard1.json > $d/bench.log 2>&1
+      say "guard bench (1 GPU) rc=$? $(grep -E 'device work|one graph|inside a graph|full mode, ' $d/bench.log | tr '\n' ';')" )
+    ( d=/tmp/res/tests34; mkdir -p $d; export TPGUARD_RENORM_GPU_TESTS=all
+      x6=; x2=; python3 -c "import xdist" 2>/dev/null && { x6="-n 6"; x2="-n 2"; } || say "no pytest-xdist: one process each"
+      timeout $(( 490 - $(el) )) python3 -m pytest -q -rfE -p no:cacheprovider $x6 tests/test_renorm_kernels.py \
+        tests/test_pdl.py tests/test_renorm_reference.py tests/test_renorm_write_fp.py tests/test_renorm_plan.py \
+        tests/test_row_split.py > $d/kernels.log 2>&1 &
+      timeout $(( 490 - $(el) )) python3 -m pytest -q -rfE -p no:cacheprovider $x2 tests/test_gpu_guard_graphs.py \
+        tests/test_heal_copy.py tests/test_fingerprint.py > $d/fingerprint.log 2>&1 &
+      wait; say "GPU tests: kernels $(tail -1 $d/kernels.log); fingerprint $(tail -1 $d/fingerprint.log)"
+      grep -hE "^(FAILED|ERROR)" $d/*.log | cut -c1-200 | tee -a "$SUMMARY" )
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done
