@@ -21,7 +21,7 @@ directly with probs, out, the parameters and the fingerprint slot substituted.
 * Small batches (``TPGUARD_RENORM_GRAPH_ROWS``, default 8 rows; calls of 5 or more launches: top-p,
   min-p): the recorded launches captured once into a CUDA graph the plan owns and replayed per call
   (kernels/renorm_graph.py).
-* Bounded: at most ``TPGUARD_RENORM_PLANS`` plans (default 4, 0 = no plans: today's path) and
+* Bounded: at most ``TPGUARD_RENORM_PLANS`` plans (default 16, 0 = no plans: today's path) and
   ``TPGUARD_RENORM_PLAN_MB`` MiB of plan memory (default 256; a plan larger than that alone is
   used for its one call and dropped), least recently used evicted first; `clear_plans()`.
   ``TPGUARD_FAST_LAUNCH=0`` keeps the workspace cache but launches through Triton.
@@ -40,7 +40,10 @@ from tpguard.kernels import direct_launch as dl
 from tpguard.kernels import renorm_graph, row_split
 from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, RenormConfig, shapes_for, workspace_for
 
-MAX_PLANS = int(os.environ.get("TPGUARD_RENORM_PLANS", "4"))
+# 16: SGLang's verify calls two ops per step on bs x draft-token rows, and bs moves as requests come and
+# go; a miss costs Triton's launch path (run 31: 200-420 us of host time per call against 38-70 with a
+# plan). Small plans are small (0.1-3 MiB at <= 8 rows); the byte cap bounds the large ones.
+MAX_PLANS = int(os.environ.get("TPGUARD_RENORM_PLANS", "16"))
 MAX_BYTES = int(float(os.environ.get("TPGUARD_RENORM_PLAN_MB", "256")) * (1 << 20))
 OPS = ("top_k", "top_p", "top_k_top_p", "min_p")
 # roles of a call's values (direct_launch.LaunchSet): the tensors and scalars a plan substitutes
