@@ -6,8 +6,8 @@ GPU spends on them (run 27: top-k(40) at 1 row 55 us of host time for 23 us of G
 flashinfer's one launch 46 us). A plan (kernels/renorm_plan.py) whose direct launches are
 validated, whose rows are <= ``TPGUARD_RENORM_GRAPH_ROWS`` (default 8) and whose call makes at
 least GRAPH_MIN_LAUNCHES launches (`worth_graph`) captures those launches once into a CUDA graph
-over buffers it owns: probs in, the output, tensor parameters and the fingerprint slot. A call then copies probs (and any parameter
-tensor) in, replays the graph on the current stream and clones the output (and copies the
+over buffers it owns: probs in, the output, tensor parameters and the fingerprint slot. A call
+then copies probs (and any parameter tensor) in, replays the graph on the current stream and clones the output (and copies the
 fingerprint out): 3-5 torch operations and one graph launch instead of the launches and their
 arguments. The GPU does two extra copies of the batch (~2 us at 1 row), so this pays only where
 host time dominates.
@@ -38,11 +38,11 @@ import torch
 from tpguard.kernels import direct_launch as dl
 from tpguard.kernels.driver_graph import DriverGraph
 
-# Run 31 (H200, docs/benchmarks.md): the copy in, the graph launch and the clone cost about what 3-4
-# direct launches do. Host us per eager call, trimmed direct launches vs graph: top-p and min-p (5
-# launches) 39.8 -> 31.9 and 47.0 -> 46.3 at 1 row, 69.9 -> 57.6 and 67.5 -> 55.9 at 8; top-k and
-# top-k + top-p with a scalar k (3 launches) 37.8 -> 49.1 and 37.4 -> 41.5 at 1 row; at 64 rows the
-# two copies of the batch cost more GPU time than the graph saves (top-p eager 166 vs 129 us).
+# H200 (docs/benchmarks.md): the copy in, the graph launch and the clone cost about what 3-4 direct
+# launches do. Eager us per call, direct launches vs graph, A/B in one process (run 33): top-p and
+# min-p (5 launches) 88.5 -> 75.1 and 75.6 -> 60.4 at 1 row, 87.8 -> 72.8 and 70.4 -> 61.3 at 8;
+# top-k and top-k + top-p with a scalar k (3 launches) within +-1.6 us. At 64 rows the two copies of
+# the batch cost more GPU time than the graph saves (run 31: top-p eager 166 vs 129 us).
 GRAPH_ROWS = int(os.environ.get("TPGUARD_RENORM_GRAPH_ROWS", "8"))
 GRAPH_MIN_LAUNCHES = 5
 GRAPHS_PER_PLAN = 4

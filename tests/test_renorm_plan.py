@@ -234,11 +234,12 @@ def test_aligned_like_keeps_the_16_byte_alignment(dtype):
             assert a.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
     assert aligned_like(None) is None
 
+
 @pytest.mark.skipif(not INTERPRET, reason="counts the interpreter's launches")
 def test_default_graph_rule_counts_launches(monkeypatch):
     """By default a plan replays a graph of its own (renorm_graph.worth_graph) only where it replaces
     >= 5 launches at <= 8 rows: top-p and min-p; top-k and top-k + top-p with a scalar k < vocab make
-    3 launches, which a graph's copy in, launch and clone cost about as much as (run 31)."""
+    3 launches, which a graph's copy in, launch and clone cost about as much as (runs 31, 33)."""
     import triton.runtime.interpreter as interp
 
     from tpguard.kernels import renorm_graph
@@ -255,7 +256,6 @@ def test_default_graph_rule_counts_launches(monkeypatch):
         assert renorm_graph.worth_graph(1, len(launches)) is want, (op, len(launches))
         assert renorm_graph.worth_graph(renorm_graph.GRAPH_ROWS, len(launches)) is want, op
         assert not renorm_graph.worth_graph(renorm_graph.GRAPH_ROWS + 1, len(launches)), op
-    assert renorm_graph.GRAPH_ROWS == 8 or "TPGUARD_RENORM_GRAPH_ROWS" in __import__("os").environ
 
 
 @pytest.mark.skipif(DEVICE != "cuda" or not dl.enabled(), reason="plan graphs replay direct launches: CUDA")
