@@ -394,12 +394,14 @@ if triton is not None:
             l2 += tl.sum(tl.load(p + 1, mask=m, other=0).to(tl.uint64, bitcast=True), axis=1)
         return l1, l2
 
-    @triton.jit
-    def _finish_rows(partial_ptr, rows_out_ptr, top_ptr, rb, n_rows, n_chunks,
-                     s_lo, s_hi, t_lo, t_hi, TOP: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
-        """Rows rb * BR ... of the partial lane sums [chunks, rows, 2] -> row fingerprints (and,
-        if TOP, with all rows in this block, the top hash)."""
-        rows = rb * BR + tl.arange(0, BR)
+    @triton.jit(do_not_specialize=["s_lo", "s_hi", "t_lo", "t_hi"])
+    def _finalize_kernel(partial_ptr, rows_out_ptr, top_ptr, n_rows, n_chunks,
+                         s_lo, s_hi, t_lo, t_hi, TOP: tl.constexpr, BR: tl.constexpr,
+                         BC: tl.constexpr, PDL: tl.constexpr = 0):
+        """Partial lane sums [chunks, rows, 2] -> row fingerprints (and, if TOP, in a single
+        program, the top hash). PDL (kernels/pdl.py): as the renorm write pass's dependent."""
+        pdl_enter(PDL)
+        rows = tl.program_id(0) * BR + tl.arange(0, BR)
         row_ok = rows < n_rows
         l1, l2 = _partial_sums(partial_ptr, rows, row_ok, n_rows, n_chunks, BR, BC)
         fp = _row_fp(l1, l2, _seed64(s_lo.to(tl.uint32), s_hi.to(tl.uint32)))
@@ -409,16 +411,6 @@ if triton is not None:
             t_hi = t_hi.to(tl.uint32)
             t1, t2 = _top_lane_sums(fp, rows, row_ok, t_lo)
             tl.store(top_ptr, _row_fp(t1, t2, _seed64(t_lo, t_hi)).to(tl.int64, bitcast=True))
-
-    @triton.jit(do_not_specialize=["s_lo", "s_hi", "t_lo", "t_hi"])
-    def _finalize_kernel(partial_ptr, rows_out_ptr, top_ptr, n_rows, n_chunks,
-                         s_lo, s_hi, t_lo, t_hi, TOP: tl.constexpr, BR: tl.constexpr,
-                         BC: tl.constexpr, PDL: tl.constexpr = 0):
-        """Partial lane sums [chunks, rows, 2] -> row fingerprints (and, if TOP, in a single
-        program, the top hash). PDL (kernels/pdl.py): as the renorm write pass's dependent."""
-        pdl_enter(PDL)
-        _finish_rows(partial_ptr, rows_out_ptr, top_ptr, tl.program_id(0), n_rows, n_chunks,
-                     s_lo, s_hi, t_lo, t_hi, TOP, BR, BC)
 
     @triton.jit
     def _segment_fields(meta):
