@@ -15,7 +15,7 @@ calls = {"top_p": lambda x: renorm.top_p_renorm(x, 0.9), "top_k": lambda x: reno
 res = {}
 for rows in (1, 8):
     x = torch.softmax(torch.randn(rows, 163840, device="cuda"), -1)
-    for rnd in range(5):
+    for _ in range(5):
         for mode, (g, m) in (("direct", (0, 5)), ("graph", (rows, 0))):
             renorm_graph.GRAPH_ROWS, renorm_graph.GRAPH_MIN_LAUNCHES = g, m
             renorm.clear_plans()

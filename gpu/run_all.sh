@@ -228,6 +228,12 @@ fi_jit() {  # flashinfer's sampling module JIT-built (~100 s), back as $OUT/samp
   [ -n "$so" ] && cp "$so" "$OUT/sampling.so"
 }
 
+guard_bench() {  # the guard bench on 1 GPU within $1 s (no profile, no fused-write bench: guard1 has both)
+  local d=/tmp/res/guard1; mkdir -p $d
+  timeout $1 python3 -m tpguard.bench.guard --json $d/guard1.json > $d/bench.log 2>&1
+  say "guard bench (1 GPU) rc=$? $(grep -E 'device work|one graph|inside a graph|full mode, ' $d/bench.log | tr '\n' ';')"
+}
+
 call31() {  # session 9's host-time work measured (PHASES=call31 below says what)
   PL_BATCHES=1,8,64 PL_BENCH=150 plans
   HP_TIMEOUT=80 hostprof
@@ -567,17 +573,15 @@ case "$PHASES" in
   call31)
     # <= 580 s (TAR_AT=560; carry .whl, .gpu): do the trimmed templates, or the plans' own graphs, win the eager
     # small-batch cells (run 27: top-k 1 / 8 rows 57 / 89 us vs flashinfer's 46, top-p 1 row 113 vs 88; host-bound)?
-    # (plans' own graphs, kernels/renorm_graph.py: off by default; the host bench times them at every batch size,
-    # the table's eager batch-size cells below run with them at <= 64 rows)
+    # (plans' own graphs, kernels/renorm_graph.py: off by default then, on at <= 8 rows for >= 5 launches since
+    # session 10; the host bench times them at every batch size, the eager batch-size cells run with them at <= 64)
     call31
     ;;
   call33)
     # session 10 (one machine start left for both): call31, then, while time is left, the guard bench on 1 GPU
     # (run 31: its full-mode graph with fingerprint_many's last_finalize 0 / 1 / 2 side by side, removed since)
     call31
-    [ $(el) -lt 470 ] && { d=/tmp/res/guard1; mkdir -p $d
-      timeout $(( 560 - $(el) )) python3 -m tpguard.bench.guard --json $d/guard1.json > $d/bench.log 2>&1
-      say "guard bench (1 GPU) rc=$? $(grep -E 'device work|one graph|inside a graph|full mode, ' $d/bench.log | tr '\n' ';')"; }
+    [ $(el) -lt 470 ] && guard_bench $(( 560 - $(el) ))
     ;;
   call34)
     # session 10's last (~450 s, TAR_AT=500; carry .whl, .gpu): alone on the GPU, the batch-size cells with today's
@@ -590,9 +594,7 @@ case "$PHASES" in
         say "kernels bench (graph rows $g) rc=$?"; grep -A27 "^### batch sizes" $d/bench_g$g.log | grep tpguard | cut -c1-120 | tee -a "$SUMMARY"
       done
       grep -hE "^targets|^direct launches" $d/bench_g8.log | cut -c1-300 | tee -a "$SUMMARY" )
-    ( d=/tmp/res/guard1; mkdir -p $d
-      timeout 60 python3 -m tpguard.bench.guard --json $d/guard1.json > $d/bench.log 2>&1
-      say "guard bench (1 GPU) rc=$? $(grep -E 'device work|one graph|inside a graph|full mode, ' $d/bench.log | tr '\n' ';')" )
+    guard_bench 60
     ( d=/tmp/res/tests34; mkdir -p $d; export TPGUARD_RENORM_GPU_TESTS=all
       x6=; x2=; python3 -c "import xdist" 2>/dev/null && { x6="-n 6"; x2="-n 2"; } || say "no pytest-xdist: one process each"
       timeout $(( 490 - $(el) )) python3 -m pytest -q -rfE -p no:cacheprovider $x6 tests/test_renorm_kernels.py \
