@@ -146,9 +146,24 @@ class RenormConfig:
     # 84.3 -> 98.3; top-k gained 1-5 us from a graph there); at 256 rows top-p flat, top-k, top-k + top-p and min-p
     # gained 4-9 us eagerly and 4-5 from a graph, top-p peaky lost 5.9 from a graph
     pdl_min_rows: int = 128
+    # --- session-11 option (kernels/renorm_top_k_fused.py); 0 = the three launches at every batch size ---
+    # top-k (+ top-p) with a scalar k < vocab at <= this many rows: one launch (row stats, select and write
+    # in one grid, a row's CTAs waiting on its select) instead of three; same bits
+    fused_rows: int = 8
+    # chunks per CTA of the one-launch kernel (same chunk sums); 0: the fewest that fit the grid on the GPU
+    # at one CTA per SM (renorm_top_k_fused.chunks_per_cta, run 36)
+    fused_per_cta: int = 0
 
     def replace(self, **changes) -> "RenormConfig":
         return dataclasses.replace(self, **changes)
+
+    def __hash__(self) -> int:
+        # cached: every eager call hashes its config in the plan key (~1 us for ~40 fields, session 11)
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
 
 
 def pdl_mode(cfg: RenormConfig, s: "Shapes", device: torch.device) -> int:
@@ -274,6 +289,9 @@ class Workspace:
     bmass: torch.Tensor  # float64 [rows * n_bchunks * bracket_bins]: bracket mass per sub-bracket (bracket_bins)
     list_cap: int
     cap: int
+    # int32 [rows * 4] of the one-launch top-k (renorm_top_k_fused.py), zero between calls (the
+    # kernel leaves it so; poisoning zeroes ints); an empty tensor where the call has none
+    sync: torch.Tensor | None = None
 
 
 _DTYPE_OF = {"chunk_sum": torch.float64, "target": torch.float64, "mhi": torch.float64, "bmass": torch.float64,
@@ -305,14 +323,15 @@ def _layout(s: Shapes, cfg: RenormConfig, with_sample: bool, with_bracket: bool)
 
 
 def workspace_for(s: Shapes, cfg: RenormConfig, device: torch.device, with_sample: bool,
-                  with_bracket: bool) -> Workspace:
+                  with_bracket: bool, with_sync: bool = False) -> Workspace:
     list_cap, groups = _layout(s, cfg, with_sample, with_bracket)
     views = {}
     for dtype, (names, sizes) in groups.items():
         parts = torch.empty(sum(sizes), dtype=dtype, device=device).split(sizes)
         views.update(zip(names, parts[::2]))
     views["plan"] = views["plan"].view(s.rows, 4)
-    return Workspace(list_cap=list_cap, cap=s.cap, **views)
+    sync = torch.zeros(s.rows * 4 if with_sync else 0, dtype=torch.int32, device=device)
+    return Workspace(list_cap=list_cap, cap=s.cap, sync=sync, **views)
 
 
 # --- pass 1: row statistics ------------------------------------------------------------------
@@ -354,13 +373,16 @@ def _row_stats_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                     n_samples, chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, WRITE_SAMPLE)
 
 
-def launch_row_stats(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig, with_sample: bool) -> None:
+def launch_row_stats(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig, with_sample: bool,
+                     num_warps: int = 0) -> None:
+    """Pass 1. `num_warps` (default cfg.pass_warps): a float64 sum's order follows the warps, so a caller
+    whose chunk sums must match another kernel's (renorm_top_k.py) passes that kernel's warps."""
     _row_stats_kernel[(s.rows, s.n_chunks)](
         probs, s.vocab, s.n_chunks, s.n_groups, s.n_samples,
         ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp,
         CHUNK=s.chunk, G=cfg.group, SG=cfg.sample_stride, WRITE_SAMPLE=with_sample,
         **pdl_args(cfg, s, probs.device, first=True),
-        num_warps=cfg.pass_warps,
+        num_warps=num_warps or cfg.pass_warps,
     )
 
 
@@ -582,11 +604,13 @@ def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormCon
 def load_write_params(params_ptr, flag_ptr, row):
     """A row's write parameters (thr1, r1, thr2, r2; params [rows, 4]), whether it is a live
     (not NaN) row, and what its dropped entries become (NaN on a NaN row, else 0)."""
-    thr1 = tl.load(params_ptr + row * 4)
-    r1 = tl.load(params_ptr + row * 4 + 1)
-    thr2 = tl.load(params_ptr + row * 4 + 2)
-    r2 = tl.load(params_ptr + row * 4 + 3)
-    nan_row = tl.load(flag_ptr + row) != 0
+    # .cg (L2): in the one-launch top-k (renorm_top_k_fused.py) another CTA of the same launch wrote
+    # them, and rows share a 128-byte line that L1 may hold from a row that was ready earlier
+    thr1 = tl.load(params_ptr + row * 4, cache_modifier=".cg")
+    r1 = tl.load(params_ptr + row * 4 + 1, cache_modifier=".cg")
+    thr2 = tl.load(params_ptr + row * 4 + 2, cache_modifier=".cg")
+    r2 = tl.load(params_ptr + row * 4 + 3, cache_modifier=".cg")
+    nan_row = tl.load(flag_ptr + row, cache_modifier=".cg") != 0
     return thr1, r1, thr2, r2, nan_row == 0, tl.where(nan_row, float("nan"), 0.0)
 
 

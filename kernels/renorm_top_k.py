@@ -73,24 +73,23 @@ def _top_k_stages(src, gid, n, vocab, k, first, t0, max_bits, p,
 
 
 @triton.jit
-def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
-                         chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
-                         k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
-                         HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
-                         G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
-                         NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
-                         TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr,
-                         PDL: tl.constexpr = 0):
-    """The per-row top-k (+ top-p) plan (module doc): writes the row's plan, target and params."""
-    pdl_enter(PDL)
-    row = tl.program_id(0).to(tl.int64)
+def top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                     chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                     k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
+                     HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
+                     G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
+                     NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
+                     TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
+    """The per-row top-k (+ top-p) plan (module doc): writes the row's plan, target and params.
+    Shared by `_top_k_select_kernel` and the one-launch kernel (renorm_top_k_fused.py), which reads
+    row stats other CTAs of its own launch wrote: hence ``.cg`` (L2) loads of them."""
     src = probs_ptr + row * vocab
     gid_row = gid_ptr + row * n_groups
     list_row = cand_ptr + row * list_cap
     ch = tl.arange(0, CH_BLOCK)
     chm = ch < n_chunks
-    total = tl.sum(tl.load(chunk_sum_ptr + row * n_chunks + ch, mask=chm, other=0.0), axis=0)
-    n_bad = tl.sum(tl.load(chunk_bad_ptr + row * n_chunks + ch, mask=chm, other=0), axis=0)
+    total = tl.sum(tl.load(chunk_sum_ptr + row * n_chunks + ch, mask=chm, other=0.0, cache_modifier=".cg"), axis=0)
+    n_bad = tl.sum(tl.load(chunk_bad_ptr + row * n_chunks + ch, mask=chm, other=0, cache_modifier=".cg"), axis=0)
     if HAS_K_ARR:
         k = tl.load(k_ptr + row)
     else:
@@ -157,17 +156,35 @@ def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
     tl.store(params_ptr + row * 4 + 1, r1)
     tl.store(params_ptr + row * 4 + 2, thr2.to(tl.float32, bitcast=True))
     tl.store(params_ptr + row * 4 + 3, r2)
+
+
+@triton.jit
+def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                         chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                         k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
+                         HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
+                         G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
+                         NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
+                         TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr,
+                         PDL: tl.constexpr = 0):
+    pdl_enter(PDL)
+    top_k_select_row(tl.program_id(0).to(tl.int64), probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                     chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                     k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
+                     HAS_K_ARR, HAS_P_ARR, WITH_TOP_P, G, SG, CH_BLOCK, NG_BLOCK, NS_BLOCK, SUB, REG,
+                     TAU_GROUPS, CSUB, MASS_FIRST)
     pdl_exit(PDL)
 
 
 
 
 def workspace_flags(vocab: int, top_k=None, top_p=None) -> tuple:
-    """(with_sample, with_bracket) of the workspace a call uses (renorm_plan.py asks): the
-    bracket passes serve only rows whose k >= vocab (plain top-p); a scalar k < vocab has none:
-    two launches and the samples skipped."""
+    """(with_sample, with_bracket, with_sync) of the workspace a call uses (renorm_plan.py asks):
+    the bracket passes serve only rows whose k >= vocab (plain top-p); a scalar k < vocab has none:
+    two launches and the samples skipped; the one-launch kernel's sync words (16 bytes a row) for
+    the calls it may serve (renorm_top_k_fused.fused_fits): top-k alone, or a scalar k < vocab."""
     full_top_p = top_p is not None and (isinstance(top_k, torch.Tensor) or int(top_k) >= vocab)
-    return full_top_p, full_top_p
+    return full_top_p, full_top_p, not full_top_p
 
 
 def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Optional[RenormConfig],
@@ -187,6 +204,9 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
     full_top_p = flags[0]
     s = shapes_for(rows, vocab, cfg)
     ws = workspace or workspace_for(s, cfg, probs.device, *flags)
+    if renorm_top_k_fused.fused_fits(rows, vocab, top_k, top_p, fingerprint_out, cfg, probs.device):
+        renorm_top_k_fused.launch_fused(probs, out, top_k, top_p, s, ws, cfg)
+        return out
     select_args = (probs, vocab, s.n_chunks, s.n_groups, s.n_samples,
                    ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp, ws.gid, ws.cand, ws.list_cap,
                    top_k if has_k else ws.flag, 0 if has_k else int(min(max(int(top_k), 1), vocab)),
@@ -197,13 +217,18 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
                   SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
                   CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first),
                   **pdl_args(cfg, s, probs.device, late=True))
-    launch_row_stats(probs, s, ws, cfg, with_sample=full_top_p)
+    # top-k alone: the row stats at the select's warps, the one-launch kernel's (renorm_top_k_fused.py), so
+    # that a row with k >= vocab (renormalised by its total) gets the same chunk sums at every batch size
+    launch_row_stats(probs, s, ws, cfg, with_sample=full_top_p, num_warps=0 if with_top_p else cfg.select_warps)
     _top_k_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
                                   **reg_cap(cfg.select_maxnreg, cfg.select_warps))
     if full_top_p:
         launch_bracket(probs, s, ws, cfg)
     write_pass(probs, out, s, ws, cfg, fingerprint_out)
     return out
+
+
+from tpguard.kernels import renorm_top_k_fused  # noqa: E402 - it imports top_k_select_row from here
 
 
 def top_k_renorm_triton(probs: torch.Tensor, top_k: TopK, config: Optional[RenormConfig] = None,

@@ -239,7 +239,8 @@ def test_aligned_like_keeps_the_16_byte_alignment(dtype):
 def test_default_graph_rule_counts_launches(monkeypatch):
     """By default a plan replays a graph of its own (renorm_graph.worth_graph) only where it replaces
     >= 5 launches at <= 8 rows: top-p and min-p; top-k and top-k + top-p with a scalar k < vocab make
-    3 launches, which a graph's copy in, launch and clone cost about as much as (runs 31, 33)."""
+    one launch at <= 8 rows (renorm_top_k_fused.py; two here, under the interpreter) and 3 above, which a
+    graph's copy in, launch and clone cost about as much as (runs 31, 33)."""
     import triton.runtime.interpreter as interp
 
     from tpguard.kernels import renorm_graph

@@ -1,0 +1,287 @@
+"""Probe (GPU): do Hopper TMA loads (bulk tensor copies into shared memory, pipelined by Triton's
+`tl.range(..., num_stages=S)`) make the fingerprint's lane kernel faster? (kernels/NOTES-fingerprint.md,
+section 8: "The Hopper way is a TMA pipeline ... not tried".) 256 x 163840 fp32 (168 MB), one line per variant:
+
+1. plain reads with ordinary loads (gpu/read_ceiling.py's best shapes): the same-process ceiling;
+2. plain reads (int32 sum) through TMA: host descriptors (a CUtensorMap kernel parameter) and one
+   device-built descriptor (`tl.make_tensor_descriptor`, global scratch from `triton.set_allocator`);
+3. the fingerprint lane kernel fed by TMA (the hash helpers of tpguard.kernels.fingerprint, same
+   partials [chunks, rows, 2]) + the existing `_finalize_kernel`, each variant checked bit for bit
+   against the numpy definition, next to today's `fingerprint_triton` (lane launch alone, whole call).
+Kernel times: CUDA-graph replays of 10 launches each (as gpu/launch_gap_probe.py timed the lane launch: 44.1 us).
+
+Usage:  PYTHONPATH=$PWD python3 gpu/tma_probe.py [--iters 50]                 (GPU, < 2 min)
+        PYTHONPATH=/tmp/tri36:$PWD python gpu/tma_probe.py --offline          (no GPU: sm_90a compile of each
+                                                                               TMA variant: regs, smem, TMA ops)
+        PYTHONPATH=$PWD python gpu/tma_probe.py --interpret                   (CPU interpreter: bits, small tensors)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import sys
+
+if "--interpret" in sys.argv:  # Triton picks the interpreter when @triton.jit runs: before the imports
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from tpguard.kernels import fingerprint as fpk
+from tpguard.kernels.fingerprint import (_C2, _M32, _as_words, _group_sum, _pos_mix, _store_partials,
+                                         _word_hashes)
+
+ref = importlib.import_module("tpguard.fingerprint")  # the module, not the re-exported function
+
+
+@triton.jit
+def _tma_sum(src, out_ptr, n_rows, n_cols, BR: tl.constexpr, BN: tl.constexpr, CHUNK_TILES: tl.constexpr,
+             STAGES: tl.constexpr, DEVICE_DESC: tl.constexpr):
+    """Plain read: int32 sum of a [BR, CHUNK_TILES * BN] chunk (TMA zero-fills out of bounds)."""
+    if DEVICE_DESC:  # built per program in global scratch (triton.set_allocator)
+        desc = tl.make_tensor_descriptor(src, [n_rows, n_cols], [n_cols, 1], [BR, BN])
+    else:  # host-built CUtensorMap: a kernel parameter, nothing to build on the device
+        desc = src
+    rb = tl.program_id(0)
+    c = tl.program_id(1)
+    col0 = c * (CHUNK_TILES * BN)
+    steps = tl.cdiv(tl.minimum(n_cols - col0, CHUNK_TILES * BN), BN)
+    acc = tl.zeros([BR, BN], dtype=tl.int32)
+    for k in tl.range(0, steps, num_stages=STAGES):
+        acc += desc.load([rb * BR, col0 + k * BN])
+    tl.store(out_ptr + rb * tl.num_programs(1) + c, tl.sum(tl.sum(acc, 1), 0))
+
+
+@triton.jit(do_not_specialize=["s_lo"])
+def _tma_lanes(desc, partial_ptr, n_rows, n_words, s_lo, BR: tl.constexpr, BN: tl.constexpr,
+               CHUNK_TILES: tl.constexpr, STAGES: tl.constexpr, SHIFTS: tl.constexpr):
+    """`_rows_kernel` MODE 0 (partial lane sums of chunk c of row block rb) with the words of each step
+    brought by TMA into an S-deep shared-memory ring instead of the manual register double buffer.
+    Rows past n_rows arrive as zeros and are not stored; the tail step masks its columns."""
+    rb = tl.program_id(0)
+    c = tl.program_id(1)
+    s_lo = s_lo.to(tl.uint32)
+    r0 = rb * BR
+    rows = r0 + tl.arange(0, BR)
+    row_ok = rows < n_rows
+    col0 = c * (CHUNK_TILES * BN)
+    width = tl.minimum(n_words - col0, CHUNK_TILES * BN)
+    n_full = width // BN
+    tail = width % BN
+    POS_STEP: tl.constexpr = (BN * _C2) & _M32
+    V: tl.constexpr = 4
+    pos = ((col0 + tl.arange(0, BN)).to(tl.uint32) * _C2 + s_lo)[None, :]
+    acc1 = tl.zeros([BR, BN // V], dtype=tl.uint64)
+    acc2 = tl.zeros([BR, BN // V], dtype=tl.uint64)
+    for k in tl.range(0, n_full, num_stages=STAGES):
+        w = desc.load([r0, col0 + k * BN])
+        h, g = _word_hashes(_as_words(w, 4), _pos_mix(pos), SHIFTS)
+        acc1 += _group_sum(h, BR, BN, V)
+        acc2 += _group_sum(g, BR, BN, V)
+        pos += POS_STEP
+    if tail > 0:
+        cmask = tl.arange(0, BN)[None, :] < tail
+        w = desc.load([r0, col0 + n_full * BN])
+        h, g = _word_hashes(_as_words(w, 4), _pos_mix(pos), SHIFTS)
+        acc1 += _group_sum(tl.where(cmask, h, 0), BR, BN, V)
+        acc2 += _group_sum(tl.where(cmask, g, 0), BR, BN, V)
+    _store_partials(partial_ptr, c, n_rows, rows, row_ok, tl.sum(acc1, axis=1), tl.sum(acc2, axis=1))
+
+
+# (name, BR, BN, chunk words, stages, warps[, device descriptor]); 640 programs at 256 x 163840 unless noted
+READ_VARIANTS = [("tma read [8,256] S3 w4", 8, 256, 8192, 3, 4, False),
+                 ("tma read [8,256] S4 w4", 8, 256, 8192, 4, 4, False),
+                 ("tma read [8,256] S2 w8", 8, 256, 8192, 2, 8, False),
+                 ("tma read [8,256] S3 w8", 8, 256, 8192, 3, 8, False),
+                 ("tma read [8,512] S3 w8", 8, 512, 8192, 3, 8, False),
+                 ("tma read [8,256] S3 w4 device desc", 8, 256, 8192, 3, 4, True)]
+FP_VARIANTS = [("tma fp [8,256] S2 w8", 8, 256, 8192, 2, 8),
+               ("tma fp [8,256] S3 w8", 8, 256, 8192, 3, 8),
+               ("tma fp [8,256] S4 w8", 8, 256, 8192, 4, 8),
+               ("tma fp [8,256] S3 w4", 8, 256, 8192, 3, 4),
+               ("tma fp [8,512] S3 w8", 8, 512, 8192, 3, 8),
+               ("tma fp [8,256] S3 w8 chunk 16384 (320 progs)", 8, 256, 16384, 3, 8)]
+
+
+def tma_read(x, br, bn, chunk, stages, warps, device_desc):
+    w = x.view(torch.int32)
+    rows, cols = w.shape
+    grid = (triton.cdiv(rows, br), triton.cdiv(cols, chunk))
+    out = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=x.device)
+    src = w if device_desc else TensorDescriptor(w, [rows, cols], [cols, 1], [br, bn])
+    return lambda: _tma_sum[grid](src, out, rows, cols, BR=br, BN=bn, CHUNK_TILES=chunk // bn, STAGES=stages,
+                                  DEVICE_DESC=device_desc, num_warps=warps)
+
+
+def tma_fingerprint(x, br, bn, chunk, stages, warps):
+    """(lane launch, whole call) closures; the call returns (0-d top int64, rows int64 [rows])."""
+    w = fpk._words(x)
+    assert w.eb == 4 and w.rows <= fpk.SINGLE_TENSOR_CONFIG.finalize_rows, "probe: 4-byte words, fused top"
+    s_lo, s_hi = fpk._seed_args(ref.row_seed(x.dtype, tuple(x.shape)))
+    t_lo, t_hi = fpk._seed_args(ref.top_seed(x.dtype, tuple(x.shape)))
+    chunks = triton.cdiv(w.n_words, chunk)
+    partial = torch.empty((chunks, w.rows, 2), dtype=torch.int64, device=x.device)
+    desc = TensorDescriptor(w.data, [w.rows, w.n_words], [w.row_stride, 1], [br, bn])
+    fbr = fpk._next_pow2(w.rows)
+    fbc = fpk._finalize_chunks(fbr, chunks)
+
+    def lane():
+        _tma_lanes[(triton.cdiv(w.rows, br), chunks)](desc, partial, w.rows, w.n_words, s_lo, BR=br, BN=bn,
+                                                      CHUNK_TILES=chunk // bn, STAGES=stages, SHIFTS=0,
+                                                      num_warps=warps)
+
+    def call():
+        lane()
+        rows_out = torch.empty(w.rows, dtype=torch.int64, device=x.device)
+        top = torch.empty(1, dtype=torch.int64, device=x.device)
+        fpk._finalize_kernel[(1,)](partial, rows_out, top, w.rows, chunks, s_lo, s_hi, t_lo, t_hi, TOP=True,
+                                   BR=fbr, BC=fbc, num_warps=fpk._warps(fbr * fbc, fpk.SINGLE_TENSOR_CONFIG))
+        return top.view(()), rows_out
+    return lane, call
+
+
+def current_lane(x):
+    """Today's lane launch alone, as `_hash_words` makes it for SINGLE_TENSOR_CONFIG."""
+    cfg = fpk.SINGLE_TENSOR_CONFIG
+    w = fpk._words(x)
+    br, bn, chunk_tiles, chunks = fpk._tile(w.rows, w.n_words, cfg)
+    s_lo, s_hi = fpk._seed_args(ref.row_seed(x.dtype, tuple(x.shape)))
+    t_lo, t_hi = fpk._seed_args(ref.top_seed(x.dtype, tuple(x.shape)))
+    partial = torch.empty((chunks, w.rows, 2), dtype=torch.int64, device=x.device)
+    rows_out = torch.empty(w.rows, dtype=torch.int64, device=x.device)
+    meta = dict(EB=w.eb, BR=br, BN=bn, CHUNK_TILES=chunk_tiles, SHIFTS=cfg.shifts,
+                num_warps=fpk._warps(br * bn, cfg), **fpk._reg_opts(cfg))
+    return lambda: fpk._rows_kernel[(triton.cdiv(w.rows, br), chunks)](
+        w.data, rows_out, partial, rows_out, w.rows, w.n_words, w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=0, **meta)
+
+
+def reference(x):
+    rows = ref.fingerprint_rows_reference(x)
+    return ref.combine_rows_reference(rows, x.dtype, tuple(x.shape)), rows
+
+
+def bits_ok(call, top_ref, rows_ref) -> bool:
+    top, rows = call()
+    return ref.to_unsigned(int(top.item())) == top_ref and torch.equal(rows.cpu(), rows_ref)
+
+
+def run_gpu(iters: int) -> None:
+    from gpu.read_ceiling import _chunk_sum, _stride_sum
+    from tpguard.bench.timing import time_graph
+
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    x = torch.randn(256, 163840, generator=torch.Generator("cuda").manual_seed(0), device="cuda")
+    nbytes = x.numel() * 4
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
+
+    def line(name, fn, per=10, extra=""):
+        try:
+            t = time_graph(fn, iters, per_replay=per)
+            print(f"{name:52s} {t:7.1f} us {nbytes / t / 1e6:6.2f} TB/s {extra}", flush=True)
+            return t
+        except Exception as e:  # noqa: BLE001 - one line per failure, the run goes on
+            torch.cuda.synchronize()
+            print(f"{name:52s} FAILED {type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}",
+                  flush=True)
+            return None
+
+    w = x.view(torch.int32).reshape(-1)
+    n = w.numel()
+    out = torch.empty(2560, dtype=torch.int32, device="cuda")
+    line("ldg read chunk 16384 block 2048 w4 (2560 progs)",
+         lambda: _chunk_sum[(triton.cdiv(n, 16384),)](w, out, n, CHUNK=16384, BLOCK=2048, num_warps=4))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    line("ldg read stride block 4096 w8 (8/SM)",
+         lambda: _stride_sum[(sms * 8,)](w, out, n, triton.cdiv(n, 4096), BLOCK=4096, num_warps=8))
+    line("torch.sum", lambda: x.sum(), per=1)
+    for name, *v in READ_VARIANTS:
+        try:
+            fn = tma_read(x, *v)
+        except Exception as e:  # noqa: BLE001
+            print(f"{name:52s} FAILED {type(e).__name__}: {str(e)[:150]}", flush=True)
+            continue
+        line(name, fn)
+
+    top_ref, rows_ref = reference(x)  # the numpy definition (tpguard.fingerprint on the host), ~3 s
+    try:  # today's GPU path, as tpguard.bench.fingerprint calls it
+        cur = "ok" if ref.fingerprint(x) == top_ref and bits_ok(
+            lambda: (fpk.fingerprint_triton(x), fpk.fingerprint_rows_triton(x)), top_ref, rows_ref) else "MISMATCH"
+        line("current lane launch (_rows_kernel, SINGLE_TENSOR_CONFIG)", current_lane(x))
+    except Exception as e:  # noqa: BLE001
+        cur = f"check FAILED {type(e).__name__}: {str(e)[:100]}"
+    line("current fingerprint_triton call (lane + finalize)", lambda: fpk.fingerprint_triton(x), extra=f"bits {cur}")
+    for name, *v in FP_VARIANTS:
+        try:
+            lane, call = tma_fingerprint(x, *v)
+            ok = bits_ok(call, top_ref, rows_ref)
+        except Exception as e:  # noqa: BLE001
+            torch.cuda.synchronize()
+            print(f"{name:52s} FAILED {type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}",
+                  flush=True)
+            continue
+        status = f"bits {'ok' if ok else 'MISMATCH'}"
+        line(name + " lane", lane, extra=status)
+        line(name + " call", call, extra=status)
+
+
+def offline() -> None:
+    """Compile each TMA variant for sm_90a at the 256 x 163840 launch's specialisation (no GPU)."""
+    from tpguard.kernels.offline_sass import compile_kernel, instructions, loops
+
+    def show(name, fn, sig, const, aligned, warps):
+        try:
+            res, sass, ttgir, shared = compile_kernel(fn, sig, const, aligned, warps, None, "tma_probe")
+        except Exception as e:  # noqa: BLE001
+            print(f"{name}: COMPILE FAILED {type(e).__name__}: {str(e)[:300]}")
+            return
+        regs = int(re.search(r"REG:(\d+)", res).group(1))
+        ctas = min(65536 // (((regs + 7) // 8 * 8) * 32 * warps), (228 * 1024) // (shared + 1024), 64 // warps, 32)
+        bufs = sorted(set(re.findall(r"!ttg\.memdesc<(\d+x\d+x\d+)x", ttgir)))
+        stack = re.search(r"STACK:(\d+)", res).group(1)
+        ldg, lds = len(re.findall(r" LDG", sass)), len(re.findall(r" LDS", sass))
+        # the steady-state loop: the smallest loop that issues a TMA load
+        body = min((c for _, _, c in loops(instructions(sass)) if c["UTMALDG"]), key=lambda c: sum(c.values()),
+                   default=None)
+        wpt = const["BR"] * const["BN"] // (32 * warps)
+        main = (f"main loop {sum(body.values())} SASS = {sum(body.values()) / wpt:.2f}/word ({wpt} words/thread), "
+                f"BAR.SYNC {body['BAR']}, UTMALDG {body['UTMALDG']}, LDS {body['LDS']}") if body else "no TMA loop"
+        print(f"{name}: REG {regs} STACK {stack}, dynamic smem {shared} B "
+              f"-> {ctas} CTAs/SM; TTGIR async_tma_copy {ttgir.count('ttng.async_tma_copy_global_to_local')}, "
+              f"wait_barrier {ttgir.count('ttng.wait_barrier')}, ring buffers {bufs or 'none'}; SASS UTMALDG "
+              f"{sass.count('UTMALDG')}, SYNCS {sass.count('SYNCS')}, UTMACCTL/fence {sass.count('UTMACCTL')}, "
+              f"LDG {ldg}, LDS {lds}\n  {main}")
+
+    for name, br, bn, chunk, stages, warps, dev in READ_VARIANTS:
+        src = "*i32" if dev else f"tensordesc<i32[{br},{bn}]>"
+        show(name, _tma_sum, {"src": src, "out_ptr": "*i32", "n_rows": "i32", "n_cols": "i32"},
+             dict(BR=br, BN=bn, CHUNK_TILES=chunk // bn, STAGES=stages, DEVICE_DESC=dev),
+             [0, 1, 2, 3] if dev else [1, 2, 3], warps)
+    for name, br, bn, chunk, stages, warps in FP_VARIANTS:
+        show(name, _tma_lanes, {"desc": f"tensordesc<i32[{br},{bn}]>", "partial_ptr": "*i64", "n_rows": "i32",
+                                "n_words": "i32", "s_lo": "i64"},
+             dict(BR=br, BN=bn, CHUNK_TILES=chunk // bn, STAGES=stages, SHIFTS=0), [1, 2, 3], warps)
+
+
+def interpret() -> None:
+    """CPU interpreter: the TMA lane kernel + finalize against the numpy definition (tails, partial row blocks)."""
+    for shape, v in (((4, 3000), (8, 256, 1024, 3, 4)), ((9, 2048), (8, 256, 512, 2, 8)),
+                     ((16, 700), (16, 256, 512, 3, 8)), ((3, 260), (8, 256, 8192, 4, 8))):
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)))
+        top_ref, rows_ref = reference(x)
+        _, call = tma_fingerprint(x, *v)
+        print(f"interpreter {shape} tile [{v[0]},{v[1]}] chunk {v[2]} S{v[3]}: "
+              f"bits {'ok' if bits_ok(call, top_ref, rows_ref) else 'MISMATCH'}", flush=True)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--offline", action="store_true")
+    ap.add_argument("--interpret", action="store_true")
+    a = ap.parse_args()
+    offline() if a.offline else interpret() if a.interpret else run_gpu(a.iters)

@@ -1,0 +1,160 @@
+"""One-launch top-k (+ top-p) renorm for small batches (Triton). Reference:
+kernels/reference.py (``top_k_renorm_reference``, ``top_k_top_p_renorm_reference``); the
+three-launch pipeline it replaces at <= ``RenormConfig.fused_rows`` rows: renorm_top_k.py.
+
+Why: at 1-8 rows a top-k call is three short launches (row stats, select, write; ~25 us of GPU
+work) and an eager call's time is the host's time to issue them (kernels/NOTES.md, "Session 10").
+Here the three run in one grid (chunks, rows), one CTA per (row, chunk) as in the streaming passes:
+
+1. every CTA writes its chunk's row stats (`row_stats_chunk`, the same code) and arrives on its
+   row's counter (an integer atomic: no float is ever added atomically);
+2. the row's last CTA to arrive runs the row's select (`top_k_select_row`, the same code as the
+   select kernel's) and raises the row's ready flag;
+3. every CTA waits for its row's flag, then writes its chunk of the output (`write_value`).
+
+Same bits as the three launches: the stats and the select are the same code at the same warps and
+block shapes (renorm_top_k.py runs the row stats of top-k alone at the select's warps for this: a
+float64 sum's order follows the warps), so a row's chunk sums, total and select sums are the same.
+Calls routed here (`fused_fits`): top-k alone with any k (a row with k >= vocab is renormalised by
+its total), and top-k + top-p with a scalar k < vocab (plain top-p rows need the bracket passes).
+Tests compare the two paths bit for bit.
+
+The wait needs every CTA of a row resident at once: CTAs are dispatched in block order (x =
+chunk fastest: a row's CTAs are consecutive), so at most one row is partly dispatched and it
+completes once its ``n_chunks`` CTAs fit the GPU at once: ``n_chunks <= SM count`` suffices
+(one CTA per SM always fits), the assumption CUTLASS's split-K semaphores and CUB's look-back
+make. Under the Triton interpreter programs run one after another, so there the grid runs as
+two launches (STAGES=1: stats + select, STAGES=2: wait + write), the same code otherwise.
+
+Sync words (``Workspace.sync``, int32 [rows, 4]: arrived, ready, done, -) are zero between calls:
+the last CTA to arrive zeroes `arrived`, the last CTA to finish zeroes `ready` and `done`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from tpguard.kernels.renorm_passes import RenormConfig, load_write_params, reg_cap, row_stats_chunk, write_value
+from tpguard.kernels.renorm_top_k import top_k_select_row
+
+SYNC_WORDS = 4  # per row: arrived, ready, done, padding
+
+
+@triton.jit
+def _top_k_fused_kernel(probs_ptr, out_ptr, vocab, n_chunks, n_groups, n_samples,
+                        chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                        k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z, sync_ptr,
+                        HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr,
+                        WITH_TOP_P: tl.constexpr, CHUNK: tl.constexpr,
+                        G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
+                        NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
+                        TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr,
+                        STAGES: tl.constexpr, PER_CTA: tl.constexpr):
+    """One CTA per PER_CTA consecutive chunks of a row (module doc)."""
+    cta = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    n_ctas = tl.cdiv(n_chunks, PER_CTA)
+    sync = sync_ptr + row * 4
+    if (STAGES & 1) != 0:
+        for j in tl.static_range(PER_CTA):
+            chunk = cta * PER_CTA + j
+            if chunk < n_chunks:
+                row_stats_chunk(probs_ptr, row, chunk, vocab, n_chunks, n_groups, n_samples,
+                                chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, False)
+        tl.debug_barrier()  # every thread's stats stored before the release below
+        arrived = tl.atomic_add(sync, 1, sem="acq_rel", scope="gpu")
+        if arrived == n_ctas - 1:  # the row's last CTA: the others' stats are visible (acquire)
+            tl.debug_barrier()
+            tl.atomic_xchg(sync, 0, sem="relaxed", scope="gpu")  # all arrived: zero for the next call
+            top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                             chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                             k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
+                             HAS_K_ARR, HAS_P_ARR, WITH_TOP_P, G, SG, CH_BLOCK, NG_BLOCK, NS_BLOCK, SUB, REG,
+                             TAU_GROUPS, CSUB, MASS_FIRST)
+            tl.debug_barrier()  # the row's params stored before the flag
+            tl.atomic_xchg(sync + 1, 1, sem="release", scope="gpu")
+    if (STAGES & 2) != 0:
+        # volatile loads while waiting (atomic reads of one word by every waiting CTA queue up at its L2
+        # slice: run 36, 4 rows 36.3 -> 27.5 us), then one acquire
+        while tl.load(sync + 1, volatile=True) == 0:
+            pass
+        tl.atomic_add(sync + 1, 0, sem="acquire", scope="gpu")
+        tl.debug_barrier()  # no thread reads the params before the flag was seen
+        thr1, r1, thr2, r2, live, fill = load_write_params(params_ptr, flag_ptr, row)
+        for j in tl.static_range(PER_CTA):
+            offs = (cta * PER_CTA + j) * CHUNK + tl.arange(0, CHUNK)
+            mask = offs < vocab
+            x = tl.load(probs_ptr + row * vocab + offs, mask=mask, other=0.0)
+            tl.store(out_ptr + row * vocab + offs, write_value(x, thr1, r1, thr2, r2, live, fill), mask=mask)
+        done = tl.atomic_add(sync + 2, 1, sem="relaxed", scope="gpu")
+        if done == n_ctas - 1:  # every CTA of the row is past its wait
+            tl.atomic_xchg(sync + 1, 0, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(sync + 2, 0, sem="relaxed", scope="gpu")
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """SMs of a CUDA device (the interpreter: 132, an H200's, so the grid is the GPU's)."""
+    if device.type != "cuda":
+        return 132
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def chunks_per_cta(rows: int, n_chunks: int, cfg: RenormConfig, sms: int) -> int:
+    """``cfg.fused_per_cta``, or when 0 the fewest (a power of two) that put the whole grid on the
+    GPU at one CTA per SM: run 36 (H200, 163840 vocab, graph us) 1 row: 1 per CTA 24.9, 4 per CTA
+    28.3; 4 rows: 27.5 / 26.9 (2) / 28.9; 8 rows: 51.0 / 31.2 (2) / 29.6 (4); three launches 24.2-28.3.
+    More CTAs than SMs wait on each other's SMs; fewer make each CTA's share longer."""
+    if cfg.fused_per_cta:
+        return cfg.fused_per_cta
+    per = 1
+    while per < n_chunks and rows * triton.cdiv(n_chunks, per) > sms:
+        per *= 2
+    return per
+
+
+def fused_fits(rows: int, vocab: int, top_k, top_p, fingerprint_out, cfg: RenormConfig,
+               device: torch.device) -> bool:
+    """Whether a call takes the one-launch kernel: top-k alone (any k), or top-k + top-p with a scalar
+    k < vocab (module doc); no fingerprint slot, at most ``cfg.fused_rows`` rows, and a row's CTAs fit
+    the GPU at once."""
+    if not (0 < rows <= cfg.fused_rows) or fingerprint_out is not None:
+        return False
+    if top_p is not None and (isinstance(top_k, torch.Tensor) or int(top_k) >= vocab):
+        return False  # plain top-p rows: the bracket passes (renorm_top_k.py)
+    if device.type != "cuda":
+        return True  # the interpreter: two launches (module doc)
+    return triton.cdiv(triton.cdiv(vocab, cfg.chunk), cfg.fused_per_cta or 1) <= sm_count(device)
+
+
+def launch_fused(probs: torch.Tensor, out: torch.Tensor, top_k, top_p, s, ws, cfg: RenormConfig) -> None:
+    """The one-launch top-k (+ top-p) into `out` (`fused_fits` said yes; ws.sync zeroed)."""
+    with_top_p = top_p is not None
+    has_k = isinstance(top_k, torch.Tensor)
+    has_p = isinstance(top_p, torch.Tensor)
+    args = (probs, out, s.vocab, s.n_chunks, s.n_groups, s.n_samples,
+            ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp, ws.gid, ws.cand, ws.list_cap,
+            top_k if has_k else ws.flag, 0 if has_k else int(min(max(int(top_k), 1), s.vocab)),
+            top_p if has_p else ws.params, 1.0 if (has_p or not with_top_p) else float(top_p),
+            ws.params, ws.flag, ws.plan, ws.target, float(cfg.z), ws.sync)
+    blocks = dict(HAS_K_ARR=has_k, HAS_P_ARR=has_p, WITH_TOP_P=with_top_p, CHUNK=s.chunk,
+                  G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, NS_BLOCK=s.ns_block,
+                  SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
+                  CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first))
+    per = chunks_per_cta(s.rows, s.n_chunks, cfg, sm_count(probs.device))
+    grid = (triton.cdiv(s.n_chunks, per), s.rows)
+    stages = (1, 2) if not probs.is_cuda else (3,)
+    for st in stages:
+        _top_k_fused_kernel[grid](*args, **blocks, STAGES=st, PER_CTA=per,
+                                  num_warps=cfg.select_warps, **reg_cap(cfg.select_maxnreg, cfg.select_warps))
+
+
+__all__ = ["SYNC_WORDS", "fused_fits", "launch_fused"]
