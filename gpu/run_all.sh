@@ -247,6 +247,23 @@ call31() {  # session 9's host-time work measured (PHASES=call31 below says what
   say "kernels bench (batch sizes) rc=$?"; tail -30 $d/bench.log | cut -c1-200 | tee -a "$SUMMARY"
 }
 
+fused_cells() {  # $1: results folder; gpu/fused_ab.py, then the batch-size cells beside flashinfer (session 11)
+  local d=$1; mkdir -p $d
+  timeout ${AB_TIMEOUT:-120} python3 gpu/fused_ab.py > $d/ab.log 2>&1; say "fused_ab rc=$?"; cut -c1-160 $d/ab.log | tee -a "$SUMMARY"
+  timeout ${BENCH_TIMEOUT:-120} python3 -m tpguard.bench.kernels --graphs --impls tpguard,flashinfer --vocabs 163840 \
+    --logits flat --top-ks 40 --repeats 50 --json $d/bench.json > $d/bench.log 2>&1
+  say "kernels bench rc=$?"; grep -A27 "^### batch sizes" $d/bench.log | grep -E "tpguard|flashinfer" | cut -c1-120 | tee -a "$SUMMARY"
+  grep -hE "^targets|^direct launches" $d/bench.log | cut -c1-300 | tee -a "$SUMMARY"
+}
+
+gpu_tests() {  # $1: results folder, $2: until when (s since the start), then test files: every GPU test (xdist -n 8)
+  local d=$1 until=$2; shift 2; mkdir -p $d
+  local x8=; python3 -c "import xdist" 2>/dev/null && x8="-n 8"
+  TPGUARD_RENORM_GPU_TESTS=all timeout $(( until - $(el) )) python3 -m pytest -q -rfE -p no:cacheprovider $x8 "$@" \
+    > $d/kernels.log 2>&1
+  say "GPU tests: $(tail -1 $d/kernels.log)"; grep -hE "^(FAILED|ERROR)" $d/kernels.log | cut -c1-200 | tee -a "$SUMMARY"
+}
+
 on_gpu() { local g=$1; shift; ( export CUDA_VISIBLE_DEVICES=$g; "$@" ); }
 
 PHASES=${PHASES:-call1}
@@ -612,47 +629,28 @@ case "$PHASES" in
   call35)
     # session 11 (~500 s, TAR_AT=560; carry .whl, .gpu): the one-launch top-k (kernels/renorm_top_k_fused.py): its
     # GPU tests, the in-process A/B against the three launches and flashinfer (gpu/fused_ab.py), the batch-size
-    # cells; then every GPU test of the kernels (pytest-xdist workers; the shared select and write code changed)
+    # cells; then every GPU test of the kernels (the shared select and write code changed)
     ( d=/tmp/res/fused35; mkdir -p $d
       timeout 150 python3 -m pytest -q -rfE -p no:cacheprovider tests/test_renorm_top_k_fused.py > $d/pytest.log 2>&1
-      say "one-launch top-k GPU tests rc=$? $(tail -1 $d/pytest.log)"; grep -hE "^(FAILED|ERROR)" $d/pytest.log | cut -c1-300 | tee -a "$SUMMARY"
-      timeout 150 python3 gpu/fused_ab.py > $d/ab.log 2>&1; say "fused_ab rc=$?"; cut -c1-160 $d/ab.log | tee -a "$SUMMARY"
-      timeout 110 python3 -m tpguard.bench.kernels --graphs --impls tpguard,flashinfer --vocabs 163840 --logits flat \
-        --top-ks 40 --repeats 50 --json $d/bench.json > $d/bench.log 2>&1
-      say "kernels bench rc=$?"; grep -A27 "^### batch sizes" $d/bench.log | grep -E "tpguard|flashinfer" | cut -c1-120 | tee -a "$SUMMARY"
-      grep -hE "^targets|^direct launches" $d/bench.log | cut -c1-300 | tee -a "$SUMMARY" )
-    ( d=/tmp/res/tests35; mkdir -p $d; export TPGUARD_RENORM_GPU_TESTS=all
-      x6=; python3 -c "import xdist" 2>/dev/null && x6="-n 8"
-      timeout $(( 540 - $(el) )) python3 -m pytest -q -rfE -p no:cacheprovider $x6 tests/test_renorm_kernels.py \
-        tests/test_pdl.py tests/test_renorm_reference.py tests/test_renorm_write_fp.py tests/test_renorm_plan.py \
-        tests/test_row_split.py > $d/kernels.log 2>&1
-      say "GPU tests: kernels $(tail -1 $d/kernels.log)"; grep -hE "^(FAILED|ERROR)" $d/*.log | cut -c1-200 | tee -a "$SUMMARY" )
+      say "one-launch top-k GPU tests rc=$? $(tail -1 $d/pytest.log)"; grep -hE "^(FAILED|ERROR)" $d/pytest.log | cut -c1-300 | tee -a "$SUMMARY" )
+    AB_TIMEOUT=150 BENCH_TIMEOUT=110 fused_cells /tmp/res/fused35
+    gpu_tests /tmp/res/tests35 540 tests/test_renorm_kernels.py tests/test_pdl.py tests/test_renorm_reference.py \
+      tests/test_renorm_write_fp.py tests/test_renorm_plan.py tests/test_row_split.py
     ;;
   call36)
     # session 11 (~330 s, TAR_AT=420): where an eager top-k call's host time goes (gpu/host_breakdown.py), the
-    # one-launch kernel's knobs against the three launches (gpu/fused_variants.py), its GPU tests (xdist)
+    # one-launch kernel's knobs against the three launches (gpu/fused_variants.py), its GPU tests
     ( d=/tmp/res/fused36; mkdir -p $d
       timeout 60 python3 gpu/host_breakdown.py > $d/host.log 2>&1; say "host_breakdown rc=$?"; head -16 $d/host.log | tee -a "$SUMMARY"
-      timeout 150 python3 gpu/fused_variants.py > $d/variants.log 2>&1; say "fused_variants rc=$?"; cut -c1-150 $d/variants.log | tee -a "$SUMMARY"
-      x8=; python3 -c "import xdist" 2>/dev/null && x8="-n 8"
-      timeout $(( 400 - $(el) )) python3 -m pytest -q -rfE -p no:cacheprovider $x8 tests/test_renorm_top_k_fused.py > $d/pytest.log 2>&1
-      say "one-launch top-k GPU tests rc=$? $(tail -1 $d/pytest.log)"; grep -hE "^(FAILED|ERROR)" $d/pytest.log | cut -c1-300 | tee -a "$SUMMARY" )
+      timeout 150 python3 gpu/fused_variants.py > $d/variants.log 2>&1; say "fused_variants rc=$?"; cut -c1-150 $d/variants.log | tee -a "$SUMMARY" )
+    gpu_tests /tmp/res/fused36 400 tests/test_renorm_top_k_fused.py
     ;;
   call37)
     # session 11's last (~250 s, TAR_AT=260): the one-launch top-k with its final rule (chunks per CTA: one CTA per
     # SM; volatile waits): the A/B beside flashinfer, the batch-size cells, then its GPU tests and the plan tests
-    # (xdist; run 35 ran every other GPU kernel test on the same select and write code: T37_MORE adds files)
-    ( d=/tmp/res/fused37; mkdir -p $d
-      timeout 120 python3 gpu/fused_ab.py > $d/ab.log 2>&1; say "fused_ab rc=$?"; cut -c1-160 $d/ab.log | tee -a "$SUMMARY"
-      timeout 120 python3 -m tpguard.bench.kernels --graphs --impls tpguard,flashinfer --vocabs 163840 --logits flat \
-        --top-ks 40 --repeats 50 --json $d/bench.json > $d/bench.log 2>&1
-      say "kernels bench rc=$?"; grep -A27 "^### batch sizes" $d/bench.log | grep -E "tpguard|flashinfer" | cut -c1-120 | tee -a "$SUMMARY"
-      grep -hE "^targets|^direct launches" $d/bench.log | cut -c1-300 | tee -a "$SUMMARY" )
-    ( d=/tmp/res/tests37; mkdir -p $d; export TPGUARD_RENORM_GPU_TESTS=all
-      x8=; python3 -c "import xdist" 2>/dev/null && x8="-n 8"
-      timeout $(( ${T37:-250} - $(el) )) python3 -m pytest -q -rfE -p no:cacheprovider $x8 tests/test_renorm_top_k_fused.py \
-        tests/test_renorm_plan.py ${T37_MORE:-} > $d/kernels.log 2>&1
-      say "GPU tests: kernels $(tail -1 $d/kernels.log)"; grep -hE "^(FAILED|ERROR)" $d/*.log | cut -c1-200 | tee -a "$SUMMARY" )
+    # (run 35 ran every other GPU kernel test on the same select and write code: T37_MORE adds files)
+    fused_cells /tmp/res/fused37
+    gpu_tests /tmp/res/tests37 ${T37:-250} tests/test_renorm_top_k_fused.py tests/test_renorm_plan.py ${T37_MORE:-}
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done
