@@ -147,8 +147,9 @@ class RenormConfig:
     # gained 4-9 us eagerly and 4-5 from a graph, top-p peaky lost 5.9 from a graph
     pdl_min_rows: int = 128
     # --- session-11 option (kernels/renorm_top_k_fused.py); 0 = the three launches at every batch size ---
-    # top-k (+ top-p) with a scalar k < vocab at <= this many rows: one launch (row stats, select and write
-    # in one grid, a row's CTAs waiting on its select) instead of three; same bits
+    # top-k alone, or top-k + top-p with a scalar k < vocab, at <= this many rows: one launch (row stats, select
+    # and write in one grid, a row's CTAs waiting on its select) instead of three; same bits. Run 37 (H200, 163840,
+    # eager): top-k(40) at 1 / 8 rows 52 / 51 -> 38 / 37 us (flashinfer 45 / 47)
     fused_rows: int = 8
     # chunks per CTA of the one-launch kernel (same chunk sums); 0: the fewest that fit the grid on the GPU
     # at one CTA per SM (renorm_top_k_fused.chunks_per_cta, run 36)

@@ -204,7 +204,8 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
     full_top_p = flags[0]
     s = shapes_for(rows, vocab, cfg)
     ws = workspace or workspace_for(s, cfg, probs.device, *flags)
-    if renorm_top_k_fused.fused_fits(rows, vocab, top_k, top_p, fingerprint_out, cfg, probs.device):
+    if renorm_top_k_fused.fused_fits(rows, vocab, top_k, top_p, fingerprint_out, cfg, probs.device) \
+            and ws.sync is not None and ws.sync.numel() >= rows * renorm_top_k_fused.SYNC_WORDS:
         renorm_top_k_fused.launch_fused(probs, out, top_k, top_p, s, ws, cfg)
         return out
     select_args = (probs, vocab, s.n_chunks, s.n_groups, s.n_samples,

@@ -4,13 +4,14 @@ three-launch pipeline it replaces at <= ``RenormConfig.fused_rows`` rows: renorm
 
 Why: at 1-8 rows a top-k call is three short launches (row stats, select, write; ~25 us of GPU
 work) and an eager call's time is the host's time to issue them (kernels/NOTES.md, "Session 10").
-Here the three run in one grid (chunks, rows), one CTA per (row, chunk) as in the streaming passes:
+Here the three run in one grid (CTAs per row, rows), each CTA on a run of consecutive chunks of its row
+(`chunks_per_cta`: the whole grid at one CTA per SM):
 
-1. every CTA writes its chunk's row stats (`row_stats_chunk`, the same code) and arrives on its
+1. every CTA writes its chunks' row stats (`row_stats_chunk`, the pass-1 code) and arrives on its
    row's counter (an integer atomic: no float is ever added atomically);
 2. the row's last CTA to arrive runs the row's select (`top_k_select_row`, the same code as the
    select kernel's) and raises the row's ready flag;
-3. every CTA waits for its row's flag, then writes its chunk of the output (`write_value`).
+3. every CTA waits for its row's flag, then writes its chunks of the output (`write_value`).
 
 Same bits as the three launches: the stats and the select are the same code at the same warps and
 block shapes (renorm_top_k.py runs the row stats of top-k alone at the select's warps for this: a
@@ -19,9 +20,9 @@ Calls routed here (`fused_fits`): top-k alone with any k (a row with k >= vocab 
 its total), and top-k + top-p with a scalar k < vocab (plain top-p rows need the bracket passes).
 Tests compare the two paths bit for bit.
 
-The wait needs every CTA of a row resident at once: CTAs are dispatched in block order (x =
-chunk fastest: a row's CTAs are consecutive), so at most one row is partly dispatched and it
-completes once its ``n_chunks`` CTAs fit the GPU at once: ``n_chunks <= SM count`` suffices
+The wait needs every CTA of a row resident at once: CTAs are dispatched in block order (x fastest:
+a row's CTAs are consecutive), so at most one row is partly dispatched and it completes once its
+CTAs fit the GPU at once: a row of at most SM-count CTAs suffices
 (one CTA per SM always fits), the assumption CUTLASS's split-K semaphores and CUB's look-back
 make. Under the Triton interpreter programs run one after another, so there the grid runs as
 two launches (STAGES=1: stats + select, STAGES=2: wait + write), the same code otherwise.

@@ -150,3 +150,12 @@ def test_chunks_per_cta():
     for per in (2, 4, 8):
         out = top_k_renorm_triton(x, 40, DEFAULT_CONFIG.replace(fused_per_cta=per))
         assert torch.equal(bits(out), bits(expect)), per
+
+
+def test_workspace_without_sync_words_takes_three_launches():
+    """A caller's workspace made without the sync words (`with_sync=False`) is never handed to the one launch."""
+    x = make_rows(2, 3000, "peaky", seed=8)
+    ws = workspace_for(shapes_for(2, 3000, DEFAULT_CONFIG), DEFAULT_CONFIG, x.device, False, False)
+    assert ws.sync.numel() == 0
+    out = top_k_renorm_triton(x, 40, workspace=ws)
+    assert torch.equal(bits(out), bits(top_k_renorm_triton(x, 40, DEFAULT_CONFIG.replace(fused_rows=0))))
