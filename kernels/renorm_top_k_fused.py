@@ -158,4 +158,4 @@ def launch_fused(probs: torch.Tensor, out: torch.Tensor, top_k, top_p, s, ws, cf
                                   num_warps=cfg.select_warps, **reg_cap(cfg.select_maxnreg, cfg.select_warps))
 
 
-__all__ = ["SYNC_WORDS", "fused_fits", "launch_fused"]
+__all__ = ["SYNC_WORDS", "chunks_per_cta", "fused_fits", "launch_fused", "sm_count"]
