@@ -52,6 +52,7 @@
 #                batch-size cells, every GPU kernel test
 #   call36       session 11: host time of an eager top-k call by layer, the one-launch kernel's knobs, its GPU tests
 #   call37       session 11's last: the one-launch top-k's final rule beside flashinfer, the batch-size cells, every GPU kernel test
+#   call38       (next) the TMA fingerprint probe; the one-launch top-k at 8-64 rows
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py (TPGUARD_FP_CONFIG applies there too)
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
@@ -651,6 +652,15 @@ case "$PHASES" in
     # (run 35 ran every other GPU kernel test on the same select and write code: T37_MORE adds files)
     fused_cells /tmp/res/fused37
     gpu_tests /tmp/res/tests37 ${T37:-250} tests/test_renorm_top_k_fused.py tests/test_renorm_plan.py ${T37_MORE:-}
+    ;;
+  call38)
+    # (next session, ~330 s, TAR_AT=400) the TMA probe (gpu/tma_probe.py: issue 3's fingerprint target, issue 6's
+    # two-tensor lever), then the one-launch top-k above 8 rows (SGLang's bs x draft-token rows) before raising
+    # RenormConfig.fused_rows
+    ( d=/tmp/res/probe38; mkdir -p $d
+      timeout 150 python3 gpu/tma_probe.py > $d/tma.log 2>&1; say "tma_probe rc=$?"; cut -c1-160 $d/tma.log | tee -a "$SUMMARY"
+      timeout 150 python3 gpu/fused_variants.py --rows 8,16,32,64 --per 0 > $d/variants.log 2>&1
+      say "fused_variants (8-64 rows) rc=$?"; cut -c1-150 $d/variants.log | tee -a "$SUMMARY" )
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done
