@@ -41,7 +41,7 @@ from tpguard.kernels.driver_graph import DriverGraph
 # H200 (docs/benchmarks.md): the copy in, the graph launch and the clone cost about what 3-4 direct
 # launches do. Eager us per call, direct launches vs graph, A/B in one process (run 33): top-p and
 # min-p (5 launches) 88.5 -> 75.1 and 75.6 -> 60.4 at 1 row, 87.8 -> 72.8 and 70.4 -> 61.3 at 8;
-# top-k and top-k + top-p with a scalar k (3 launches) within +-1.6 us. At 64 rows the two copies of
+# top-k and top-k + top-p with a scalar k (then 3 launches; one at <= 8 rows since session 11) within +-1.6 us. At 64 rows the two copies of
 # the batch cost more GPU time than the graph saves (run 31: top-p eager 166 vs 129 us).
 GRAPH_ROWS = int(os.environ.get("TPGUARD_RENORM_GRAPH_ROWS", "8"))
 GRAPH_MIN_LAUNCHES = 5

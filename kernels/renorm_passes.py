@@ -292,7 +292,7 @@ class Workspace:
     cap: int
     # int32 [rows * 4] of the one-launch top-k (renorm_top_k_fused.py), zero between calls (the
     # kernel leaves it so; poisoning zeroes ints); an empty tensor where the call has none
-    sync: torch.Tensor | None = None
+    sync: torch.Tensor
 
 
 _DTYPE_OF = {"chunk_sum": torch.float64, "target": torch.float64, "mhi": torch.float64, "bmass": torch.float64,

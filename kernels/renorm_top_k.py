@@ -187,6 +187,25 @@ def workspace_flags(vocab: int, top_k=None, top_p=None) -> tuple:
     return full_top_p, full_top_p, not full_top_p
 
 
+def select_launch_args(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], s, ws, cfg: RenormConfig):
+    """(arguments, constexprs but PDL) of `top_k_select_row`'s kernels: the select kernel and, with `out` and
+    the sync words after them, the one-launch kernel (renorm_top_k_fused.py)."""
+    vocab = s.vocab
+    with_top_p = top_p is not None
+    has_k = isinstance(top_k, torch.Tensor)
+    has_p = isinstance(top_p, torch.Tensor)
+    args = (probs, vocab, s.n_chunks, s.n_groups, s.n_samples,
+            ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp, ws.gid, ws.cand, ws.list_cap,
+            top_k if has_k else ws.flag, 0 if has_k else int(min(max(int(top_k), 1), vocab)),
+            top_p if has_p else ws.params, 1.0 if (has_p or not with_top_p) else float(top_p),
+            ws.params, ws.flag, ws.plan, ws.target, float(cfg.z))
+    blocks = dict(HAS_K_ARR=has_k, HAS_P_ARR=has_p, WITH_TOP_P=with_top_p,
+                  G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, NS_BLOCK=s.ns_block,
+                  SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
+                  CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first))
+    return args, blocks
+
+
 def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Optional[RenormConfig],
          fingerprint_out: Optional[torch.Tensor] = None, workspace=None,
          out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -197,31 +216,20 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
         if fingerprint_out is not None:
             fill_fingerprint(out, fingerprint_out)
         return out
-    with_top_p = top_p is not None
-    has_k = isinstance(top_k, torch.Tensor)
-    has_p = isinstance(top_p, torch.Tensor)
     flags = workspace_flags(vocab, top_k, top_p)
     full_top_p = flags[0]
     s = shapes_for(rows, vocab, cfg)
     ws = workspace or workspace_for(s, cfg, probs.device, *flags)
+    select_args, blocks = select_launch_args(probs, top_k, top_p, s, ws, cfg)
     if renorm_top_k_fused.fused_fits(rows, vocab, top_k, top_p, fingerprint_out, cfg, probs.device) \
-            and ws.sync is not None and ws.sync.numel() >= rows * renorm_top_k_fused.SYNC_WORDS:
-        renorm_top_k_fused.launch_fused(probs, out, top_k, top_p, s, ws, cfg)
+            and ws.sync.numel() >= rows * renorm_top_k_fused.SYNC_WORDS:
+        renorm_top_k_fused.launch_fused(select_args, blocks, out, s, ws, cfg)
         return out
-    select_args = (probs, vocab, s.n_chunks, s.n_groups, s.n_samples,
-                   ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp, ws.gid, ws.cand, ws.list_cap,
-                   top_k if has_k else ws.flag, 0 if has_k else int(min(max(int(top_k), 1), vocab)),
-                   top_p if has_p else ws.params, 1.0 if (has_p or not with_top_p) else float(top_p),
-                   ws.params, ws.flag, ws.plan, ws.target, float(cfg.z))
-    blocks = dict(HAS_K_ARR=has_k, HAS_P_ARR=has_p, WITH_TOP_P=with_top_p,
-                  G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, NS_BLOCK=s.ns_block,
-                  SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
-                  CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first),
-                  **pdl_args(cfg, s, probs.device, late=True))
     # top-k alone: the row stats at the select's warps, the one-launch kernel's (renorm_top_k_fused.py), so
     # that a row with k >= vocab (renormalised by its total) gets the same chunk sums at every batch size
-    launch_row_stats(probs, s, ws, cfg, with_sample=full_top_p, num_warps=0 if with_top_p else cfg.select_warps)
-    _top_k_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
+    launch_row_stats(probs, s, ws, cfg, with_sample=full_top_p, num_warps=0 if top_p is not None else cfg.select_warps)
+    _top_k_select_kernel[(rows,)](*select_args, **blocks, **pdl_args(cfg, s, probs.device, late=True),
+                                  num_warps=cfg.select_warps,
                                   **reg_cap(cfg.select_maxnreg, cfg.select_warps))
     if full_top_p:
         launch_bracket(probs, s, ws, cfg)

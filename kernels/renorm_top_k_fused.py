@@ -40,22 +40,22 @@ import triton
 import triton.language as tl
 
 from tpguard.kernels.renorm_passes import RenormConfig, load_write_params, reg_cap, row_stats_chunk, write_value
-from tpguard.kernels.renorm_top_k import top_k_select_row
+from tpguard.kernels.renorm_top_k import top_k_select_row, workspace_flags
 
 SYNC_WORDS = 4  # per row: arrived, ready, done, padding
 
 
 @triton.jit
-def _top_k_fused_kernel(probs_ptr, out_ptr, vocab, n_chunks, n_groups, n_samples,
+def _top_k_fused_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                         chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
-                        k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z, sync_ptr,
-                        HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr,
-                        WITH_TOP_P: tl.constexpr, CHUNK: tl.constexpr,
-                        G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
+                        k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z, out_ptr, sync_ptr,
+                        HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
+                        CHUNK: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
                         NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
                         TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr,
                         STAGES: tl.constexpr, PER_CTA: tl.constexpr):
-    """One CTA per PER_CTA consecutive chunks of a row (module doc)."""
+    """One CTA per PER_CTA consecutive chunks of a row (module doc); the select kernel's arguments
+    (renorm_top_k.select_launch_args), then the output and the sync words."""
     cta = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     n_ctas = tl.cdiv(n_chunks, PER_CTA)
@@ -129,32 +129,21 @@ def fused_fits(rows: int, vocab: int, top_k, top_p, fingerprint_out, cfg: Renorm
     the GPU at once."""
     if not (0 < rows <= cfg.fused_rows) or fingerprint_out is not None:
         return False
-    if top_p is not None and (isinstance(top_k, torch.Tensor) or int(top_k) >= vocab):
+    if workspace_flags(vocab, top_k, top_p)[1]:
         return False  # plain top-p rows: the bracket passes (renorm_top_k.py)
     if device.type != "cuda":
         return True  # the interpreter: two launches (module doc)
     return triton.cdiv(triton.cdiv(vocab, cfg.chunk), cfg.fused_per_cta or 1) <= sm_count(device)
 
 
-def launch_fused(probs: torch.Tensor, out: torch.Tensor, top_k, top_p, s, ws, cfg: RenormConfig) -> None:
-    """The one-launch top-k (+ top-p) into `out` (`fused_fits` said yes; ws.sync zeroed)."""
-    with_top_p = top_p is not None
-    has_k = isinstance(top_k, torch.Tensor)
-    has_p = isinstance(top_p, torch.Tensor)
-    args = (probs, out, s.vocab, s.n_chunks, s.n_groups, s.n_samples,
-            ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp, ws.gid, ws.cand, ws.list_cap,
-            top_k if has_k else ws.flag, 0 if has_k else int(min(max(int(top_k), 1), s.vocab)),
-            top_p if has_p else ws.params, 1.0 if (has_p or not with_top_p) else float(top_p),
-            ws.params, ws.flag, ws.plan, ws.target, float(cfg.z), ws.sync)
-    blocks = dict(HAS_K_ARR=has_k, HAS_P_ARR=has_p, WITH_TOP_P=with_top_p, CHUNK=s.chunk,
-                  G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, NS_BLOCK=s.ns_block,
-                  SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
-                  CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first))
+def launch_fused(select_args: tuple, blocks: dict, out: torch.Tensor, s, ws, cfg: RenormConfig) -> None:
+    """The one-launch top-k (+ top-p) into `out` (`fused_fits` said yes; ws.sync zeroed). `select_args`,
+    `blocks`: renorm_top_k.select_launch_args."""
+    probs = select_args[0]
     per = chunks_per_cta(s.rows, s.n_chunks, cfg, sm_count(probs.device))
     grid = (triton.cdiv(s.n_chunks, per), s.rows)
-    stages = (1, 2) if not probs.is_cuda else (3,)
-    for st in stages:
-        _top_k_fused_kernel[grid](*args, **blocks, STAGES=st, PER_CTA=per,
+    for stages in ((3,) if probs.is_cuda else (1, 2)):
+        _top_k_fused_kernel[grid](*select_args, out, ws.sync, **blocks, CHUNK=s.chunk, STAGES=stages, PER_CTA=per,
                                   num_warps=cfg.select_warps, **reg_cap(cfg.select_maxnreg, cfg.select_warps))
 
 
