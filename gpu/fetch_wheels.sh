@@ -52,4 +52,6 @@ python3 -m pip download -q --no-deps "${PIP_PLAT[@]}" -d .whl jiter==0.19.0 msgs
   parso==0.8.7 traitlets==5.16.1 matplotlib-inline==0.2.2 stack-data==0.6.3 executing==2.3.0 asttokens==3.0.2 \
   pure-eval==0.2.4 pexpect==4.9.0 ptyprocess==0.7.0 prompt-toolkit==3.0.53 wcwidth==0.9.4 pydantic==2.14.4 \
   pydantic-core==2.50.5 annotated-types typing-inspection
+# pytest-xdist: gpu/run_all.sh's gpu_tests run the GPU tests 8 at a time when it is there (session 12)
+python3 -m pip download -q --no-deps "${PIP_PLAT[@]}" -d .whl pytest-xdist==3.8.0 execnet==2.1.2
 du -sh .whl .gpu

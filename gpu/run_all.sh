@@ -52,7 +52,8 @@
 #                batch-size cells, every GPU kernel test
 #   call36       session 11: host time of an eager top-k call by layer, the one-launch kernel's knobs, its GPU tests
 #   call37       session 11's last: the one-launch top-k's final rule beside flashinfer, the batch-size cells, every GPU kernel test
-#   call38       (next) the TMA fingerprint probe; the one-launch top-k at 8-64 rows
+#   call38       session 12: the TMA fingerprint probe; the one-launch top-k at 8-64 rows; every renorm GPU test
+#   call39       session 12: the TMA lane launch in the product: one tensor, the guard's full set, fingerprint GPU tests
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py (TPGUARD_FP_CONFIG applies there too)
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
@@ -654,13 +655,35 @@ case "$PHASES" in
     gpu_tests /tmp/res/tests37 ${T37:-250} tests/test_renorm_top_k_fused.py tests/test_renorm_plan.py ${T37_MORE:-}
     ;;
   call38)
-    # (next session, ~330 s, TAR_AT=400) the TMA probe (gpu/tma_probe.py: issue 3's fingerprint target, issue 6's
+    # session 12 (~570 s, TAR_AT=585) the TMA probe (gpu/tma_probe.py: issue 3's fingerprint target, issue 6's
     # two-tensor lever), then the one-launch top-k above 8 rows (SGLang's bs x draft-token rows) before raising
     # RenormConfig.fused_rows
     ( d=/tmp/res/probe38; mkdir -p $d
       timeout 150 python3 gpu/tma_probe.py > $d/tma.log 2>&1; say "tma_probe rc=$?"; cut -c1-160 $d/tma.log | tee -a "$SUMMARY"
       timeout 150 python3 gpu/fused_variants.py --rows 8,16,32,64 --per 0 > $d/variants.log 2>&1
       say "fused_variants (8-64 rows) rc=$?"; cut -c1-150 $d/variants.log | tee -a "$SUMMARY" )
+    # then every GPU test of the renorm kernels on the final code (session 11's last mends ran under the
+    # interpreter only); .whl carries pytest-xdist since session 12
+    gpu_tests /tmp/res/tests38 ${T38:-570} tests/test_renorm_top_k_fused.py tests/test_renorm_plan.py \
+      tests/test_renorm_kernels.py tests/test_renorm_write_fp.py tests/test_row_split.py tests/test_pdl.py \
+      tests/test_renorm_reference.py
+    ;;
+  call39)
+    # session 12 (~560 s, TAR_AT=585; carry .whl, .gpu): the TMA lane launch in the product (kernels/fingerprint_tma.py):
+    # the one-tensor call TMA vs ldg in one process, fingerprint_many's per-tensor launches through TMA on the
+    # guard's full set, the guard's full mode with that config; then the fingerprint and guard GPU tests
+    ( d=/tmp/res/tma39; mkdir -p $d; R=many_long=rows,block_words=2048,maxnreg=none
+      timeout 170 python3 -m tpguard.bench.fingerprint --shapes main --sweep --sweep-budget 100 \
+        --sweep-configs "block_words=2048,maxnreg=none,lane_tma=auto" \
+        --full-set-configs "|$R|$R,lane_tma=auto|$R,lane_tma=auto,tma_warps=8|$R,lane_tma=auto,tma_stages=4" \
+        > $d/fp.log 2>&1
+      say "bench fingerprint rc=$?"; grep -A3 "^lane loads" $d/fp.log | tee -a "$SUMMARY"
+      grep -E "^ +(set|decisions|full) |^  KernelConfig|^best|^main:|MISMATCH|ERROR" $d/fp.log | cut -c1-260 | tee -a "$SUMMARY"
+      for c in "" "$R,lane_tma=auto"; do
+        timeout 75 python3 -m tpguard.bench.guard --config "$c" > $d/guard_${c:+tma}.log 2>&1
+        say "bench guard config '${c}' rc=$?"; grep -iE "full|decisions" $d/guard_${c:+tma}.log | cut -c1-200 | head -12 | tee -a "$SUMMARY"
+      done )
+    gpu_tests /tmp/res/tests39 ${T39:-575} tests/test_fingerprint.py tests/test_gpu_guard_graphs.py tests/test_heal_copy.py
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done

@@ -32,7 +32,8 @@ Design (one read pass over the data, no host sync):
   several rows, so the per-column position work (``_pos_mix``) is shared by those rows.
 * Loads of the column loop: the next step's words are loaded before the current ones are
   hashed (deeper register prefetch, Triton's cp.async pipeline and cache hints measured no
-  better on an H200: kernels/NOTES-fingerprint.md, section 6).
+  better on an H200: kernels/NOTES-fingerprint.md, section 6). One tensor on sm_90+: the lane
+  launch reads through TMA instead (kernels/fingerprint_tma.py, `KernelConfig.lane_tma`; section 14).
 * Per-row groups of words are summed through ``tl.reshape`` WITHOUT ``can_reorder``: a reordering
   reshape let the sm_90 compiler mix rows of multi-row tiles (GPU run 1: wrong row fingerprints
   of [3, 5] tensors and of the guard's decisions set); the interpreter never reorders.
@@ -40,7 +41,8 @@ Design (one read pass over the data, no host sync):
 Cost: ~14 SASS instructions per 32-bit word in the loop of the default tile (fp/2; fp/1's second
 fmix32 made it ~22; sm_90, Triton 3.6, counted offline; kernels/NOTES-fingerprint.md, sections 5 and
 7). Measured on an H200 the loop is bound by loads in flight, not by issue: the one-tensor default
-`SINGLE_TENSOR_CONFIG` (8 CTAs per SM) reads 256 x 163840 fp32 in ~50 us, `torch.sum` in ~46.
+`SINGLE_TENSOR_CONFIG` reads 256 x 163840 fp32 in 46.3-46.6 us through TMA (48.4 with ldg loads in the
+same process, run 39), `torch.sum` in ~46.
 `tpguard.bench.fingerprint` measures it.
 
 CUDA graphs: launchers allocate outputs and scratch with ``torch.empty`` on the current stream,
@@ -143,10 +145,21 @@ class KernelConfig:
     # at 14 (the 8-warp default: 48.3); the full set 114.0 / 100.3 us at 7 / 14 vs 93.5: an option, off
     # (kernels/NOTES-fingerprint.md, sections 7 and 8).
     fill_ctas_per_sm: int = 0
+    # One tensor's lane launch read through Hopper TMA (kernels/fingerprint_tma.py; run 38: 45.7 vs 47.1 us
+    # for 256 x 163840 fp32): "auto" on sm_90+ GPUs where the tensor allows, "on" wherever it allows (the
+    # interpreter too: tests), "off" never. fingerprint_many never uses it: its cached plans must not hold the
+    # tensors, and a descriptor does (run 39 measured it anyway: kernels/NOTES-fingerprint.md, section 14).
+    lane_tma: str = "off"
+    tma_stages: int = 3  # shared-memory ring depth (run 38: 3 best; 2 48.6 us, 4 44.2 us lane launch)
+    tma_warps: int = 4  # run 38: 4 warps 42.8 us vs 8 warps 43.4 us lane launch
 
     def __post_init__(self):
         if self.many_long not in ("table", "rows"):
             raise ValueError(f"KernelConfig.many_long must be 'table' or 'rows', got {self.many_long!r}")
+        if self.lane_tma not in ("auto", "on", "off"):
+            raise ValueError(f"KernelConfig.lane_tma must be 'auto', 'on' or 'off', got {self.lane_tma!r}")
+        if self.tma_stages < 1 or self.tma_warps < 1:
+            raise ValueError("KernelConfig.tma_stages and tma_warps must be >= 1")
         for name in ("block_words", "rows_per_tile", "chunk_words", "finalize_rows"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
@@ -175,7 +188,8 @@ DEFAULT_CONFIG = _config_from_env(os.environ.get("TPGUARD_FP_CONFIG", ""))  # fi
 # full set (2 x 168 MB, twice the programs) gained nothing from it there (97.0 vs 93.4 us).
 # Session 6: 8 warps of 8 words per thread, 48.3 us vs 50.0 at 4 warps in the same run (run 20; fill_ctas_per_sm=7:
 # 48.6-48.9), 47.5 us as the default (run 22); a plain Triton read of the same tensor: 40-41 us (gpu/read_ceiling.py).
-SINGLE_TENSOR_CONFIG = KernelConfig(block_words=2048, num_warps=8, maxnreg=None)
+# Session 12: the lane launch through TMA on sm_90+ (lane_tma="auto"; run 38: 45.7 us vs 47.1 with ldg loads).
+SINGLE_TENSOR_CONFIG = KernelConfig(block_words=2048, num_warps=8, maxnreg=None, lane_tma="auto")
 SHORT_ROW_WORDS = 64  # fingerprint_many: rows of up to this many words share tiles
 
 
@@ -716,8 +730,11 @@ def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
     partial = torch.empty((chunks, w.rows, 2), dtype=torch.int64, device=device)
     fuse_top = want_top and w.rows <= cfg.finalize_rows
     fbr = _next_pow2(w.rows) if fuse_top else min(cfg.finalize_rows, _next_pow2(w.rows))
-    _rows_kernel[(row_blocks, chunks)](w.data, rows_out, partial, top_arg, w.rows, w.n_words,
-                                       w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=0, **meta)
+    if cfg.lane_tma != "off" and fingerprint_tma.usable(w, br, bn, cfg):
+        fingerprint_tma.launch_lanes(w, partial, s_lo, br, bn, chunk_tiles, chunks, cfg)
+    else:
+        _rows_kernel[(row_blocks, chunks)](w.data, rows_out, partial, top_arg, w.rows, w.n_words,
+                                           w.row_stride, s_lo, s_hi, t_lo, t_hi, MODE=0, **meta)
     fbc = _finalize_chunks(fbr, chunks)
     _finalize_kernel[(-(-w.rows // fbr),)](partial, rows_out, top_arg, w.rows, chunks,
                                            s_lo, s_hi, t_lo, t_hi, TOP=fuse_top, BR=fbr, BC=fbc,
@@ -1202,3 +1219,7 @@ def fingerprint_many(tensors: list[torch.Tensor], *, out: torch.Tensor | None = 
     if bump_index is not None:
         out[bump_index:bump_index + 1].add_(1)
     return out
+
+
+# Last: it imports this module's kernels and KernelConfig (the TMA lane launch of `_hash_words`).
+from tpguard.kernels import fingerprint_tma  # noqa: E402

@@ -211,6 +211,21 @@ GPU_CHECK = textwrap.dedent("""
     same(make((256, 163840), torch.float32))
     same(make((256, 163840), torch.float32), k.KernelConfig(block_words=2048, maxnreg=None, fill_ctas_per_sm=8))
 
+    # the TMA lane launch (kernels/fingerprint_tma.py): the one-tensor default on sm_90+; other tiles forced
+    import dataclasses
+    from tpguard.kernels import fingerprint_tma as ft
+    hopper = torch.cuda.get_device_capability() >= (9, 0)
+    one = k.SINGLE_TENSOR_CONFIG
+    w = k._words(make((256, 163840), torch.float32).cuda())
+    assert ft.usable(w, *k._tile(w.rows, w.n_words, one)[:2], one) == hopper
+    if hopper:
+        wide = make((12, 3004), torch.float32)
+        for cfg in (dataclasses.replace(one, lane_tma="on", tma_stages=2, tma_warps=8),
+                    k.KernelConfig(block_words=512, chunk_words=1024, lane_tma="on")):
+            for t in (make((9, 20000), torch.float32), make((64, 12288), torch.int32),
+                      make((17, 3000), torch.float64), wide[:, :3000], make((8, 8196), torch.float32)):
+                same(t, cfg)
+
     # fingerprint_many: kernels == reference, fixed launch count
     tensors = [make((256,), torch.int32), make((256,), torch.int64), make((32, 8), torch.int32),
                torch.randint(0, 255, (16,), dtype=torch.uint8), make((3, 5000), torch.float32),
@@ -248,7 +263,7 @@ GPU_CHECK = textwrap.dedent("""
         assert torch.equal(vec[1::2].cpu(), want) and int(vec[0]) == step + 1, (step, plan.fast_launch)
     print("direct launches:", plan.fast_launch, k.FAST_LAUNCH_FAILURES or "")
 
-    # CUDA graphs: capture single and many launchers, change data in place, replay
+    # CUDA graphs: capture single (through TMA on sm_90+) and many launchers, change data in place, replay
     x = make((64, 20000), torch.float32).cuda()
     small_set = [t.cuda() for t in tensors[:4]]
     k.fingerprint_triton(x); k.fingerprint_many_triton(small_set)  # warm-up outside capture

@@ -88,6 +88,39 @@ def bench_shapes(shapes, iters: int, do_check: bool) -> list[dict]:
     return results
 
 
+def bench_lane_loads(iters: int, rounds: int = 5) -> None:
+    """The one-tensor call on the main shape with its lane launch through TMA (the default on sm_90+,
+    kernels/fingerprint_tma.py) and through ldg loads (lane_tma="off"), in alternating rounds of one
+    process: graph replay, eager and host time per call (medians over rounds)."""
+    import statistics
+
+    from tpguard.kernels import fingerprint as k
+
+    (shape, dtype) = MAIN_SHAPE
+    x = _make(shape, dtype, "cuda")
+    nbytes = x.numel() * x.element_size()
+    variants = {"tma": k.SINGLE_TENSOR_CONFIG, "ldg": dataclasses.replace(k.SINGLE_TENSOR_CONFIG, lane_tma="off")}
+    w = k._words(x)
+    br, bn = k._tile(w.rows, w.n_words, k.SINGLE_TENSOR_CONFIG)[:2]
+    uses_tma = k.fingerprint_tma.usable(w, br, bn, k.SINGLE_TENSOR_CONFIG)
+    want = k.fingerprint_triton(x, config=variants["ldg"])
+    same = torch.equal(k.fingerprint_triton(x, config=variants["tma"]), want)
+    times: dict[tuple[str, str], list[float]] = {}
+    for _ in range(rounds):
+        for name, cfg in variants.items():
+            fn = (lambda c: lambda: k.fingerprint_triton(x, config=c))(cfg)
+            times.setdefault((name, "graph"), []).append(graph_batched(fn, iters))
+            times.setdefault((name, "eager"), []).append(time_batched(fn, iters))
+            times.setdefault((name, "host"), []).append(time_host(fn, iters))
+    print(f"\nlane loads, {tuple(shape)} {str(dtype).replace('torch.', '')} fingerprint (medians of {rounds} "
+          f"alternating rounds; default {'tma' if uses_tma else 'ldg (TMA not usable here)'}; "
+          f"same value: {'yes' if same else 'NO'})")
+    for name in variants:
+        g, e, h = (statistics.median(times[(name, kind)]) for kind in ("graph", "eager", "host"))
+        print(f"  {name}: graph {g:6.1f} us ({nbytes / g / 1e6:4.2f} TB/s)  eager {e:6.1f} us  host {h:5.1f} us"
+              f"  (graph rounds {' '.join(f'{t:.1f}' for t in times[(name, 'graph')])})")
+
+
 def guard_sets(device="cuda") -> dict[str, list[torch.Tensor]]:
     decisions = [
         _make((256,), torch.int32, device, 1),  # seq_lens
@@ -287,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
           f" | one tensor {k.SINGLE_TENSOR_CONFIG} | fingerprint_many {k.DEFAULT_CONFIG}")
     shapes = SHAPES if args.shapes == "all" else [MAIN_SHAPE]
     results = bench_shapes(shapes, args.iters, args.check)
+    bench_lane_loads(args.iters)
     many_status = bench_many(args.iters, args.check)
     if args.sweep:
         sweep(args.iters, args.sweep_budget,
