@@ -54,6 +54,7 @@
 #   call37       session 11's last: the one-launch top-k's final rule beside flashinfer, the batch-size cells, every GPU kernel test
 #   call38       session 12: the TMA fingerprint probe; the one-launch top-k at 8-64 rows; every renorm GPU test
 #   call39       session 12: the TMA lane launch in the product: one tensor, the guard's full set, fingerprint GPU tests
+#   call40       session 12's last: one lane launch over the guard's two big tensors; the final code's fingerprint tests
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py (TPGUARD_FP_CONFIG applies there too)
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
@@ -684,6 +685,17 @@ case "$PHASES" in
         say "bench guard config '${c}' rc=$?"; grep -iE "full|decisions" $d/guard_${c:+tma}.log | cut -c1-200 | head -12 | tee -a "$SUMMARY"
       done )
     gpu_tests /tmp/res/tests39 ${T39:-575} tests/test_fingerprint.py tests/test_gpu_guard_graphs.py tests/test_heal_copy.py
+    ;;
+  call40)
+    # session 12's last (~250 s, TAR_AT=400; carry .whl, .gpu): one lane launch over the guard's two big tensors
+    # (gpu/tma_probe.py --pair: issue 6's full mode with a foreign renorm), the final code's one-tensor numbers, the
+    # fingerprint GPU tests on the final code (fingerprint_many without TMA again)
+    ( d=/tmp/res/pair40; mkdir -p $d
+      timeout 150 python3 gpu/tma_probe.py --pair > $d/pair.log 2>&1; say "tma_probe --pair rc=$?"
+      cut -c1-160 $d/pair.log | tee -a "$SUMMARY"
+      timeout 90 python3 -m tpguard.bench.fingerprint --shapes main > $d/fp.log 2>&1; say "bench fingerprint rc=$?"
+      grep -A3 -E "^lane loads" $d/fp.log | tee -a "$SUMMARY"; grep -E "^ +(decisions|full) |^main:" $d/fp.log | tee -a "$SUMMARY" )
+    gpu_tests /tmp/res/tests40 ${T40:-390} tests/test_fingerprint.py tests/test_gpu_guard_graphs.py
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done

@@ -79,13 +79,12 @@ if triton is not None:
     from tpguard.kernels.fingerprint import (_C2, _M32, _as_words, _group_sum, _pos_mix, _store_partials,
                                              _word_hashes)
 
-    @triton.jit(do_not_specialize=["s_lo"])
-    def _tma_lanes_kernel(desc, partial_ptr, n_rows, n_words, s_lo, BR: tl.constexpr, BN: tl.constexpr,
-                          CHUNK_TILES: tl.constexpr, STAGES: tl.constexpr, SHIFTS: tl.constexpr):
-        """Partial lane sums of chunk c of row block rb (grid (row blocks, chunks)). Rows past n_rows
-        arrive as zeros (TMA's out-of-bounds fill) and are not stored; the tail step masks its columns."""
-        rb = tl.program_id(0)
-        c = tl.program_id(1)
+    @triton.jit
+    def _tma_chunk_lanes(desc, partial_ptr, rb, c, n_rows, n_words, s_lo, BR: tl.constexpr, BN: tl.constexpr,
+                         CHUNK_TILES: tl.constexpr, STAGES: tl.constexpr, SHIFTS: tl.constexpr):
+        """Partial lane sums of chunk c of row block rb into partial_ptr [chunks, n_rows, 2]. Rows past
+        n_rows arrive as zeros (TMA's out-of-bounds fill) and are not stored; the tail step masks its
+        columns. (gpu/tma_probe.py's two-tensor launch calls it once per tensor.)"""
         s_lo = s_lo.to(tl.uint32)
         r0 = rb * BR
         rows = r0 + tl.arange(0, BR)
@@ -112,3 +111,10 @@ if triton is not None:
             acc1 += _group_sum(tl.where(cmask, h, 0), BR, BN, V)
             acc2 += _group_sum(tl.where(cmask, g, 0), BR, BN, V)
         _store_partials(partial_ptr, c, n_rows, rows, row_ok, tl.sum(acc1, axis=1), tl.sum(acc2, axis=1))
+
+    @triton.jit(do_not_specialize=["s_lo"])
+    def _tma_lanes_kernel(desc, partial_ptr, n_rows, n_words, s_lo, BR: tl.constexpr, BN: tl.constexpr,
+                          CHUNK_TILES: tl.constexpr, STAGES: tl.constexpr, SHIFTS: tl.constexpr):
+        """Grid (row blocks, chunks): `_tma_chunk_lanes` of program (rb, c)."""
+        _tma_chunk_lanes(desc, partial_ptr, tl.program_id(0), tl.program_id(1), n_rows, n_words, s_lo, BR, BN,
+                         CHUNK_TILES, STAGES, SHIFTS)
