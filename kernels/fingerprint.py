@@ -146,8 +146,8 @@ class KernelConfig:
     # (kernels/NOTES-fingerprint.md, sections 7 and 8).
     fill_ctas_per_sm: int = 0
     # One tensor's lane launch read through Hopper TMA (kernels/fingerprint_tma.py; run 38: 45.7 vs 47.1 us
-    # for 256 x 163840 fp32): "auto" on sm_90+ GPUs where the tensor allows, "on" wherever it allows (the
-    # interpreter too: tests), "off" never. fingerprint_many never uses it: its cached plans must not hold the
+    # for 256 x 163840 fp32): "auto" on sm_90+ GPUs where the tensor allows, "on" there and under the
+    # interpreter too (tests), "off" never. fingerprint_many never uses it: its cached plans must not hold the
     # tensors, and a descriptor does (run 39 measured it anyway: kernels/NOTES-fingerprint.md, section 14).
     lane_tma: str = "off"
     tma_stages: int = 3  # shared-memory ring depth (run 38: 3 best; 2 48.6 us, 4 44.2 us lane launch)

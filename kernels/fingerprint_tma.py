@@ -13,8 +13,8 @@ graph replays): lane launch 42.8 us vs 44.1, the whole `fingerprint_triton` call
 Used by `fingerprint_triton` / `fingerprint_rows_triton` (not by `fingerprint_many`: kernels/fingerprint.py,
 `KernelConfig.lane_tma`).
 
-When (`usable`): `KernelConfig.lane_tma` "auto" (the one-tensor default) on a CUDA GPU of compute
-capability >= 9 or "on" (anywhere Triton runs: the interpreter in tests); 4-byte words (fp32,
+When (`usable`): `KernelConfig.lane_tma` "auto" (the one-tensor default) or "on" on a CUDA GPU of
+compute capability >= 9, and "on" under the Triton interpreter (tests); 4-byte words (fp32,
 int32, 8-/16-byte dtypes); the measured tile shape ([rows_per_tile, <= 256] columns: a TMA box
 holds at most 256 per dimension); a 16-byte aligned base and row stride (TMA's rules). Anything
 else takes the ldg kernel, with the same result.
@@ -53,10 +53,10 @@ def usable(w: _Words, br: int, bn: int, cfg: KernelConfig) -> bool:
         return False
     if w.data.data_ptr() % 16 or (w.rows > 1 and w.row_stride % 4):
         return False
-    if cfg.lane_tma == "on":
-        return True
     device = w.data.device
-    return not INTERPRET and device.type == "cuda" and _hopper_or_newer(str(device))
+    if device.type == "cuda":  # "auto" and "on" alike: TMA needs sm_90+
+        return not INTERPRET and _hopper_or_newer(str(device))
+    return INTERPRET and cfg.lane_tma == "on"  # CPU tensors under the interpreter: tests ask for it
 
 
 def launch_lanes(w: _Words, partial: torch.Tensor, s_lo: int, br: int, bn: int, chunk_tiles: int, chunks: int,
