@@ -54,7 +54,8 @@
 #   call37       session 11's last: the one-launch top-k's final rule beside flashinfer, the batch-size cells, every GPU kernel test
 #   call38       session 12: the TMA fingerprint probe; the one-launch top-k at 8-64 rows; every renorm GPU test
 #   call39       session 12: the TMA lane launch in the product: one tensor, the guard's full set, fingerprint GPU tests
-#   call40       session 12's last: one lane launch over the guard's two big tensors; the final code's fingerprint tests
+#   call40       session 12: one lane launch over the guard's two big tensors; the final code's fingerprint tests
+#   call41       session 12's last: the 1,000-call audit at 256 and 8 rows; the audit and direct-launch GPU tests
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py (TPGUARD_FP_CONFIG applies there too)
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
@@ -696,6 +697,16 @@ case "$PHASES" in
       timeout 90 python3 -m tpguard.bench.fingerprint --shapes main > $d/fp.log 2>&1; say "bench fingerprint rc=$?"
       grep -A3 -E "^lane loads" $d/fp.log | tee -a "$SUMMARY"; grep -E "^ +(decisions|full) |^main:" $d/fp.log | tee -a "$SUMMARY" )
     gpu_tests /tmp/res/tests40 ${T40:-390} tests/test_fingerprint.py tests/test_gpu_guard_graphs.py
+    ;;
+  call41)
+    # session 12 (~350 s, TAR_AT=400; carry .whl, .gpu): the 1,000-call audit on today's code at 256 rows and at 8 rows
+    # (the one-launch top-k of session 11), then the audit and direct-launch tests on the GPU
+    ( d=/tmp/res/audit41; mkdir -p $d
+      for r in 256 8; do
+        timeout 150 python3 -m tpguard.audit --calls 1000 --device cuda --rows $r --vocab 163840 > $d/audit$r.log 2>&1
+        say "audit rows=$r rc=$?"; cut -c1-160 $d/audit$r.log | tail -25 | tee -a "$SUMMARY"
+      done )
+    gpu_tests /tmp/res/tests41 ${T41:-385} tests/test_audit.py tests/test_direct_launch.py tests/test_device_guard.py
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done
