@@ -55,7 +55,7 @@
 #   call38       session 12: the TMA fingerprint probe; the one-launch top-k at 8-64 rows; every renorm GPU test
 #   call39       session 12: the TMA lane launch in the product: one tensor, the guard's full set, fingerprint GPU tests
 #   call40       session 12: one lane launch over the guard's two big tensors; the final code's fingerprint tests
-#   call41       session 12's last: the 1,000-call audit at 256 and 8 rows; the audit and direct-launch GPU tests
+#   call41       session 12's last: the audit at 8 and 256 rows on today's code; the audit's GPU tests
 #   nccl_guard   the guard bench over NCCL and gpu/graph_nccl_check.py (TPGUARD_FP_CONFIG applies there too)
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-python/cp312 wheels that
@@ -699,14 +699,15 @@ case "$PHASES" in
     gpu_tests /tmp/res/tests40 ${T40:-390} tests/test_fingerprint.py tests/test_gpu_guard_graphs.py
     ;;
   call41)
-    # session 12 (~350 s, TAR_AT=400; carry .whl, .gpu): the 1,000-call audit on today's code at 256 rows and at 8 rows
-    # (the one-launch top-k of session 11), then the audit and direct-launch tests on the GPU
+    # session 12's last (~250 s, TAR_AT=260; carry .whl, .gpu): the audit on today's code, 1,000 calls at 8 rows (the
+    # one-launch top-k of session 11) and 300 at 256 rows, then the audit's GPU tests
     ( d=/tmp/res/audit41; mkdir -p $d
-      for r in 256 8; do
-        timeout 150 python3 -m tpguard.audit --calls 1000 --device cuda --rows $r --vocab 163840 > $d/audit$r.log 2>&1
-        say "audit rows=$r rc=$?"; cut -c1-160 $d/audit$r.log | tail -25 | tee -a "$SUMMARY"
+      for rc in 8:1000 256:300; do
+        timeout 90 python3 -m tpguard.audit --calls ${rc#*:} --device cuda --rows ${rc%:*} --vocab 163840 \
+          > $d/audit${rc%:*}.log 2>&1
+        say "audit rows=${rc%:*} calls=${rc#*:} rc=$?"; cut -c1-160 $d/audit${rc%:*}.log | tail -25 | tee -a "$SUMMARY"
       done )
-    gpu_tests /tmp/res/tests41 ${T41:-385} tests/test_audit.py tests/test_direct_launch.py tests/test_device_guard.py
+    gpu_tests /tmp/res/tests41 ${T41:-250} tests/test_audit.py
     ;;
   *)
     for p in ${PHASES//,/ }; do "$p"; done
