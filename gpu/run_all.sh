@@ -673,7 +673,8 @@ case "$PHASES" in
   call39)
     # session 12 (~560 s, TAR_AT=585; carry .whl, .gpu): the TMA lane launch in the product (kernels/fingerprint_tma.py):
     # the one-tensor call TMA vs ldg in one process, fingerprint_many's per-tensor launches through TMA on the
-    # guard's full set, the guard's full mode with that config; then the fingerprint and guard GPU tests
+    # guard's full set, the guard's full mode with that config (run 39's code only: fingerprint_many has no TMA
+    # since, so today those lane_tma=auto lines time the ldg rows kernel); then the fingerprint and guard GPU tests
     ( d=/tmp/res/tma39; mkdir -p $d; R=many_long=rows,block_words=2048,maxnreg=none
       timeout 170 python3 -m tpguard.bench.fingerprint --shapes main --sweep --sweep-budget 100 \
         --sweep-configs "block_words=2048,maxnreg=none,lane_tma=auto" \
@@ -688,7 +689,7 @@ case "$PHASES" in
     gpu_tests /tmp/res/tests39 ${T39:-575} tests/test_fingerprint.py tests/test_gpu_guard_graphs.py tests/test_heal_copy.py
     ;;
   call40)
-    # session 12's last (~250 s, TAR_AT=400; carry .whl, .gpu): one lane launch over the guard's two big tensors
+    # session 12 (~250 s, TAR_AT=400; carry .whl, .gpu): one lane launch over the guard's two big tensors
     # (gpu/tma_probe.py --pair: issue 6's full mode with a foreign renorm), the final code's one-tensor numbers, the
     # fingerprint GPU tests on the final code (fingerprint_many without TMA again)
     ( d=/tmp/res/pair40; mkdir -p $d

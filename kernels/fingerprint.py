@@ -41,8 +41,8 @@ Design (one read pass over the data, no host sync):
 Cost: ~14 SASS instructions per 32-bit word in the loop of the default tile (fp/2; fp/1's second
 fmix32 made it ~22; sm_90, Triton 3.6, counted offline; kernels/NOTES-fingerprint.md, sections 5 and
 7). Measured on an H200 the loop is bound by loads in flight, not by issue: the one-tensor default
-`SINGLE_TENSOR_CONFIG` reads 256 x 163840 fp32 in 46.3-46.6 us through TMA (48.4 with ldg loads in the
-same process, run 39), `torch.sum` in ~46.
+`SINGLE_TENSOR_CONFIG` reads 256 x 163840 fp32 in 45.8-47.2 us through TMA (48.4-48.9 with ldg loads in
+the same processes, runs 39-40), `torch.sum` in ~46.
 `tpguard.bench.fingerprint` measures it.
 
 CUDA graphs: launchers allocate outputs and scratch with ``torch.empty`` on the current stream,

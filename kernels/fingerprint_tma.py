@@ -8,16 +8,18 @@ Why: the ldg kernel keeps loads in flight by a manual register double buffer; he
 ``[8, 256]`` tile of 4-byte words into a 3-deep shared-memory ring (`tl.range(num_stages=3)`), so
 4 warps hash while the next tiles land. Run 38 (gpu/tma_probe.py, one H200, 256 x 163840 fp32, CUDA
 graph replays): lane launch 42.8 us vs 44.1, the whole `fingerprint_triton` call 45.7 vs 47.1 us
-(3.67 vs 3.57 TB/s); a plain TMA read of the tensor 39.8 us, the best plain ldg read 39.0.
+(3.67 vs 3.57 TB/s); a plain TMA read of the tensor 39.8 us, the best plain ldg read 39.0. Runs 39-40,
+in the product: the call 45.8-47.2 us vs 48.4-48.9 with ldg loads.
 
 Used by `fingerprint_triton` / `fingerprint_rows_triton` (not by `fingerprint_many`: kernels/fingerprint.py,
 `KernelConfig.lane_tma`).
 
 When (`usable`): `KernelConfig.lane_tma` "auto" (the one-tensor default) or "on" on a CUDA GPU of
 compute capability >= 9, and "on" under the Triton interpreter (tests); 4-byte words (fp32,
-int32, 8-/16-byte dtypes); the measured tile shape ([rows_per_tile, <= 256] columns: a TMA box
-holds at most 256 per dimension); a 16-byte aligned base and row stride (TMA's rules). Anything
-else takes the ldg kernel, with the same result.
+int32, 8-/16-byte dtypes); the measured tile shape ([rows_per_tile, 4-256] columns, so rows of 5 and
+more at the one-tensor default: a TMA box holds at most 256 per dimension and at least 16 bytes a row);
+a 16-byte aligned base and row stride, the stride at least a row (TMA's rules; not a broadcast view).
+Anything else takes the ldg kernel, with the same result.
 
 CUDA graphs: the descriptor (a CUtensorMap built by Triton's launcher on the host) is a kernel
 parameter holding the tensor's address, so a captured launch reads the tensor it was captured with,
@@ -42,16 +44,20 @@ BOX_MAX = 256  # TMA: at most 256 elements per box dimension
 
 @functools.lru_cache(maxsize=16)
 def _hopper_or_newer(device: str) -> bool:
-    return torch.cuda.get_device_capability(torch.device(device)) >= (9, 0)
+    # ROCm reports its own capabilities (an MI300: (9, 4)) through the same call: NVIDIA only
+    return torch.version.hip is None and torch.cuda.get_device_capability(torch.device(device)) >= (9, 0)
 
 
 def usable(w: _Words, br: int, bn: int, cfg: KernelConfig) -> bool:
     """True when the lane launch for tile [br, bn] of `w` can read through TMA (module docstring)."""
     if cfg.lane_tma == "off" or TensorDescriptor is None or triton is None or w.eb != 4:
         return False
-    if bn > BOX_MAX or br * bn != cfg.block_words:  # the measured shape: full [8, 256] tiles
+    # The measured tiles: [rows_per_tile, block_words / rows_per_tile] (rows of 5 and more at the one-tensor
+    # default), a box row of 16 bytes to 256 words. Not the tall tiles of short rows.
+    if br != cfg.rows_per_tile or not 4 <= bn <= BOX_MAX or br * bn != cfg.block_words:
         return False
-    if w.data.data_ptr() % 16 or (w.rows > 1 and w.row_stride % 4):
+    # 16-byte aligned base and row stride; a stride below the row (0: a broadcast view) is not a TMA layout
+    if w.data.data_ptr() % 16 or w.row_stride % 4 or w.row_stride < w.n_words:
         return False
     device = w.data.device
     if device.type == "cuda":  # "auto" and "on" alike: TMA needs sm_90+
@@ -62,12 +68,9 @@ def usable(w: _Words, br: int, bn: int, cfg: KernelConfig) -> bool:
 def launch_lanes(w: _Words, partial: torch.Tensor, s_lo: int, br: int, bn: int, chunk_tiles: int, chunks: int,
                  cfg: KernelConfig) -> None:
     """Partial lane sums of `w` into `partial` [chunks, rows, 2] (int64), as `_rows_kernel` MODE 0."""
-    # One row: the stride is never used (rows past the first are out of bounds, zero-filled), but TMA
-    # wants it 16-byte aligned and non-zero.
-    stride = w.row_stride if w.rows > 1 else -(-w.n_words // 4) * 4
     # Built per call (Triton's launcher turns it into a CUtensorMap at each launch): a cached one would
     # hold the tensor's memory.
-    desc = TensorDescriptor(w.data, [w.rows, w.n_words], [stride, 1], [br, bn])
+    desc = TensorDescriptor(w.data, [w.rows, w.n_words], [w.row_stride, 1], [br, bn])
     _tma_lanes_kernel[(-(-w.rows // br), chunks)](desc, partial, w.rows, w.n_words, s_lo, BR=br, BN=bn,
                                                   CHUNK_TILES=chunk_tiles, STAGES=cfg.tma_stages,
                                                   SHIFTS=cfg.shifts, num_warps=cfg.tma_warps)

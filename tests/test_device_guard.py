@@ -13,6 +13,7 @@ import torch
 from multiproc import run_ranks
 from test_guard import make_step
 from tpguard.diagnose import diagnose
+from tpguard.kernels.direct_launch import interpreting
 from tpguard.quantities import DECISION_QUANTITIES
 
 
@@ -111,7 +112,7 @@ def test_bounded_trace_keeps_every_divergence(tmp_path):
 
 # The comparison kernels on CPU tensors need the interpreter; gpu/run_all.sh exports TRITON_INTERPRET=0 (there
 # tests/test_gpu_guard_graphs.py runs them on the GPU).
-needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+needs_interpreter = pytest.mark.skipif(not interpreting(),
                                        reason="TRITON_INTERPRET=0 in the environment: Triton kernels on CPU tensors")
 
 

@@ -211,20 +211,39 @@ GPU_CHECK = textwrap.dedent("""
     same(make((256, 163840), torch.float32))
     same(make((256, 163840), torch.float32), k.KernelConfig(block_words=2048, maxnreg=None, fill_ctas_per_sm=8))
 
-    # the TMA lane launch (kernels/fingerprint_tma.py): the one-tensor default on sm_90+; other tiles forced
+    # the TMA lane launch (kernels/fingerprint_tma.py): the one-tensor default on sm_90+; other tiles forced.
+    # Tensors are made on the GPU (a CPU view's .cuda() is a dense copy: the padded stride would be lost), and
+    # the TMA launches are counted (both paths give the same bits).
     import dataclasses
     from tpguard.kernels import fingerprint_tma as ft
     hopper = torch.cuda.get_device_capability() >= (9, 0)
     one = k.SINGLE_TENSOR_CONFIG
-    w = k._words(make((256, 163840), torch.float32).cuda())
-    assert ft.usable(w, *k._tile(w.rows, w.n_words, one)[:2], one) == hopper
+    tma_calls = []
+    real_launch = ft.launch_lanes
+    ft.launch_lanes = lambda *a: (tma_calls.append(1), real_launch(*a))
+
+    def same_on_gpu(t, config, tma):
+        tma_calls.clear()
+        want = ref.fingerprint_rows_reference(t.cpu())
+        assert torch.equal(k.fingerprint_rows_triton(t, config=config).cpu(), want), (t.shape, t.stride(), "rows")
+        top = ref.to_unsigned(int(k.fingerprint_triton(t, config=config).item()))
+        assert top == ref.combine_rows_reference(want, t.dtype, tuple(t.shape)), (t.shape, t.stride(), "top")
+        assert bool(tma_calls) == tma, (t.shape, t.stride(), config, len(tma_calls))
+
+    same_on_gpu(make((256, 163840), torch.float32).cuda(), one, hopper)
     if hopper:
-        wide = make((12, 3004), torch.float32)
+        wide = make((12, 3004), torch.float32).cuda()
         for cfg in (dataclasses.replace(one, lane_tma="on", tma_stages=2, tma_warps=8),
                     k.KernelConfig(block_words=512, chunk_words=1024, lane_tma="on")):
             for t in (make((9, 20000), torch.float32), make((64, 12288), torch.int32),
-                      make((17, 3000), torch.float64), wide[:, :3000], make((8, 8196), torch.float32)):
-                same(t, cfg)
+                      make((17, 3000), torch.float64), make((8, 8196), torch.float32)):
+                same_on_gpu(t.cuda(), cfg, True)
+            assert wide[:, :3000].stride(0) == 3004
+            same_on_gpu(wide[:, :3000], cfg, True)
+        for t in (make((9, 3001), torch.float32).cuda(), make((1, 20000), torch.float32).cuda().expand(9, 20000),
+                  make((3, 20000), torch.float32).cuda(), make((9, 20000), torch.bfloat16).cuda()):
+            same_on_gpu(t, one, False)  # not TMA layouts or tiles: the ldg kernel
+    ft.launch_lanes = real_launch
 
     # fingerprint_many: kernels == reference, fixed launch count
     tensors = [make((256,), torch.int32), make((256,), torch.int64), make((32, 8), torch.int32),

@@ -38,66 +38,72 @@ def make(shape, dtype=torch.float32, seed=0):
 
 def takes_tma(t, cfg) -> bool:
     w = kfp._words(t)
-    br, bn, _, chunks = kfp._tile(w.rows, w.n_words, cfg)
-    return chunks > 1 and ftma.usable(w, br, bn, cfg)
+    br, bn = kfp._tile(w.rows, w.n_words, cfg)[:2]
+    return ftma.usable(w, br, bn, cfg)
 
 
-def assert_matches(t, cfg):
+@pytest.fixture
+def tma_launches(monkeypatch):
+    """Counts the TMA lane launches `_hash_words` makes (both kernels give the same bits: only this
+    tells the paths apart)."""
+    calls = []
+    real = kfp.fingerprint_tma.launch_lanes
+    monkeypatch.setattr(kfp.fingerprint_tma, "launch_lanes", lambda *a: (calls.append(a[0].rows), real(*a)))
+    return calls
+
+
+def assert_matches(t, cfg, launches: list, tma: bool):
+    """Rows and top fingerprint equal the reference; the lane launches (one per call) went through TMA or not."""
+    launches.clear()
     want = ref.fingerprint_rows_reference(t)
     assert torch.equal(kfp.fingerprint_rows_triton(t, config=cfg), want), (tuple(t.shape), t.dtype)
     top = ref.to_unsigned(int(kfp.fingerprint_triton(t, config=cfg)))
     assert top == ref.combine_rows_reference(want, t.dtype, tuple(t.shape)), (tuple(t.shape), t.dtype)
+    assert len(launches) == (2 if tma else 0), (tuple(t.shape), t.stride(), t.dtype, launches)
 
 
 @pytest.mark.parametrize("shape,dtype", [((8, 4096), torch.float32), ((9, 3000), torch.float32),
                                          ((17, 2052), torch.int32), ((5, 1500), torch.float64),
-                                         ((64, 1028), torch.float32), ((3, 8, 300), torch.float32)], ids=str)
-def test_tma_lanes_equal_reference(shape, dtype):
+                                         ((64, 1028), torch.float32), ((9, 8, 300), torch.float32)], ids=str)
+def test_tma_lanes_equal_reference(shape, dtype, tma_launches):
     t = make(shape, dtype, seed=sum(shape))
     assert takes_tma(t, SMALL_TMA), "this case should read through TMA"
-    assert_matches(t, SMALL_TMA)
+    assert_matches(t, SMALL_TMA, tma_launches, tma=True)
 
 
-def test_measured_tile_equals_reference():
+def test_measured_tile_equals_reference(tma_launches):
     t = make((10, 8192 + 260), seed=1)  # [8, 256] tiles, two chunks, a tail of 4 words, a partial row block
-    assert takes_tma(t, ONE_TMA)
-    assert_matches(t, ONE_TMA)
-    assert_matches(t, dataclasses.replace(ONE_TMA, tma_stages=1, tma_warps=8))
+    assert_matches(t, ONE_TMA, tma_launches, tma=True)
+    assert_matches(t, dataclasses.replace(ONE_TMA, tma_stages=1, tma_warps=8), tma_launches, tma=True)
+    assert_matches(make((5, 8200), seed=2), ONE_TMA, tma_launches, tma=True)  # 5 rows: one [8, 256] row block
 
 
-def test_padded_row_stride_takes_tma():
+def test_padded_row_stride_takes_tma(tma_launches):
     wide = make((12, 3004), seed=2)  # row stride 3004 words = 12016 bytes, 16-byte aligned
     view = wide[:, :3000]
-    assert view.stride(0) == 3004 and takes_tma(view, SMALL_TMA)
-    assert_matches(view, SMALL_TMA)
-    few = make((3, 3000), seed=8)  # 3 rows: a full [4, 128] tile, the 4th row out of bounds
-    assert takes_tma(few, SMALL_TMA)
-    assert_matches(few, SMALL_TMA)
+    assert view.stride(0) == 3004
+    assert_matches(view, SMALL_TMA, tma_launches, tma=True)
 
 
-def test_what_falls_back_to_the_ldg_kernel():
-    odd_stride = make((9, 3001), seed=3)  # 12004-byte rows: not 16-byte aligned
-    off_base = make((9 * 3000 + 1,), seed=4)[1:].view(9, 3000)  # base 4 bytes past an aligned address
-    half = make((9, 3000), torch.bfloat16, seed=5)  # 2-byte words
-    one_row = make((1, 3000), seed=6)  # a [1, 512] tile: wider than a TMA box (256)
-    for t in (odd_stride, off_base, half, one_row):
-        assert not takes_tma(t, SMALL_TMA), (tuple(t.shape), t.stride(), t.dtype)
-        assert_matches(t, SMALL_TMA)  # same result through the ldg kernel
-    t = make((9, 3000), seed=7)
-    assert takes_tma(t, SMALL_TMA)
+def test_what_falls_back_to_the_ldg_kernel(tma_launches):
+    cases = {
+        "12004-byte rows: not 16-byte aligned": make((9, 3001), seed=3),
+        "base 4 bytes past an aligned address": make((9 * 3000 + 1,), seed=4)[1:].view(9, 3000),
+        "2-byte words": make((9, 3000), torch.bfloat16, seed=5),
+        "one row: a [1, 512] tile": make((1, 3000), seed=6),
+        "3 rows: a [4, 128] tile": make((3, 3000), seed=7),
+        "a broadcast view: row stride 0": make((1, 3000), seed=8).expand(9, 3000),
+        "short rows: a tall [128, 4] tile": make((1000, 4), seed=9),
+    }
+    for why, t in cases.items():
+        assert not takes_tma(t, SMALL_TMA), why
+        assert_matches(t, SMALL_TMA, tma_launches, tma=False)  # same result through the ldg kernel
+    t = make((9, 3000), seed=10)
+    assert_matches(t, SMALL_TMA, tma_launches, tma=True)
     # "auto" reads through TMA on sm_90+ GPUs only, never under the interpreter; "off" never
-    assert not takes_tma(t, dataclasses.replace(SMALL_TMA, lane_tma="auto"))
-    assert not takes_tma(t, dataclasses.replace(SMALL_TMA, lane_tma="off"))
+    assert_matches(t, dataclasses.replace(SMALL_TMA, lane_tma="auto"), tma_launches, tma=False)
+    assert_matches(t, dataclasses.replace(SMALL_TMA, lane_tma="off"), tma_launches, tma=False)
     assert kfp.SINGLE_TENSOR_CONFIG.lane_tma == "auto" and kfp.DEFAULT_CONFIG.lane_tma == "off"
-
-
-def test_fingerprint_many_never_takes_tma():
-    # its cached plans must not hold the tensors; a TMA descriptor would
-    tensors = [make((9, 3000), seed=10), make((64,), torch.int64, seed=15)]
-    for many_long in ("table", "rows"):
-        plan = kfp.ManyPlan(tensors, config=dataclasses.replace(SMALL_TMA, many_long=many_long))
-        assert not any(launch.kernel is ftma._tma_lanes_kernel for launch in plan._kernel_launches)
-        assert torch.equal(plan.run(), kfp.fingerprint_many_reference(tensors))
 
 
 def test_config_rejects_bad_tma_fields():
