@@ -39,6 +39,7 @@ fingerprint.py's `_Launch` (the fingerprint plans, the guard's comparison, the h
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import inspect
 import os
@@ -127,6 +128,19 @@ class _NoGuard:
 
 
 _NO_GUARD = _NoGuard()
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device, off_gpu: int) -> int:
+    """Streaming multiprocessors of a CUDA device; `off_gpu` elsewhere (the interpreter: the caller's
+    stand-in, so grids sized by it are the ones its tests want)."""
+    if device.type != "cuda":
+        return off_gpu
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def device_guard(device: torch.device):

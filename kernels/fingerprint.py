@@ -55,7 +55,6 @@ copied to the device once, when the plan is built).
 
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 from collections import OrderedDict
@@ -65,7 +64,7 @@ import numpy as np
 import torch
 
 # shared with the renorm call plans' direct launches (kernels/direct_launch.py)
-from tpguard.kernels.direct_launch import DirectLaunch, current_stream, device_guard, hooks_idle, interpreting
+from tpguard.kernels.direct_launch import DirectLaunch, current_stream, device_guard, hooks_idle, interpreting, sm_count
 
 # The module, not the `tpguard.fingerprint` function that tpguard/__init__ re-exports.
 ref = importlib.import_module("tpguard.fingerprint")
@@ -688,14 +687,6 @@ def _tile(rows: int, n_words: int, cfg: KernelConfig, slots: int = 0) -> tuple[i
     return br, bn, chunk_tiles, chunks
 
 
-@functools.lru_cache(maxsize=16)
-def _sm_count(device: str) -> int:
-    """Streaming multiprocessors of a CUDA device; 4 elsewhere (the interpreter: tests)."""
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
-    return 4
-
-
 def _warps(tile: int, cfg: KernelConfig) -> int:
     return max(1, min(cfg.num_warps, tile // 256))
 
@@ -709,7 +700,7 @@ def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
     rows_out = torch.empty(w.rows, dtype=torch.int64, device=device)
     if w.rows == 0:
         return rows_out, None
-    slots = cfg.fill_ctas_per_sm * _sm_count(str(device)) if cfg.fill_ctas_per_sm else 0
+    slots = cfg.fill_ctas_per_sm * sm_count(device, 4) if cfg.fill_ctas_per_sm else 0
     br, bn, chunk_tiles, chunks = _tile(w.rows, w.n_words, cfg, slots)
     if chunks > _MAX_GRID_Y:
         raise ValueError(f"rows of {w.n_words} words need {chunks} chunks (> {_MAX_GRID_Y}); "
@@ -978,7 +969,7 @@ class ManyPlan:
         records: list[list[int]] = []
         lane_specs = []  # ("table", grid, rec0, n_recs, meta) or ("seg", grid, record, meta)
         part = 0
-        slots = cfg.fill_ctas_per_sm * _sm_count(str(device)) if cfg.fill_ctas_per_sm else 0
+        slots = cfg.fill_ctas_per_sm * sm_count(device, 4) if cfg.fill_ctas_per_sm else 0
         for segs, br, bn, aligned, eb in groups:
             if not segs:
                 continue

@@ -290,8 +290,8 @@ class Workspace:
     bmass: torch.Tensor  # float64 [rows * n_bchunks * bracket_bins]: bracket mass per sub-bracket (bracket_bins)
     list_cap: int
     cap: int
-    # int32 [rows * 4] of the one-launch top-k (renorm_top_k_fused.py), zero between calls (the
-    # kernel leaves it so; poisoning zeroes ints); an empty tensor where the call has none
+    # int32 [rows * SYNC_WORDS] of the one-launch top-k (renorm_top_k_fused.py), zero between calls (the
+    # kernel leaves it so; poisoning zeroes ints); an empty tensor where the call cannot take it
     sync: torch.Tensor
 
 
@@ -323,6 +323,9 @@ def _layout(s: Shapes, cfg: RenormConfig, with_sample: bool, with_bracket: bool)
     return list_cap, groups
 
 
+SYNC_WORDS = 4  # per row of the one-launch top-k: arrived, ready, done, padding
+
+
 def workspace_for(s: Shapes, cfg: RenormConfig, device: torch.device, with_sample: bool,
                   with_bracket: bool, with_sync: bool = False) -> Workspace:
     list_cap, groups = _layout(s, cfg, with_sample, with_bracket)
@@ -331,7 +334,9 @@ def workspace_for(s: Shapes, cfg: RenormConfig, device: torch.device, with_sampl
         parts = torch.empty(sum(sizes), dtype=dtype, device=device).split(sizes)
         views.update(zip(names, parts[::2]))
     views["plan"] = views["plan"].view(s.rows, 4)
-    sync = torch.zeros(s.rows * 4 if with_sync else 0, dtype=torch.int32, device=device)
+    # only where the one launch may run (<= fused_rows rows): the zeros are a fill launch per workspace
+    sync = torch.zeros(s.rows * SYNC_WORDS if with_sync and s.rows <= cfg.fused_rows else 0, dtype=torch.int32,
+                       device=device)
     return Workspace(list_cap=list_cap, cap=s.cap, sync=sync, **views)
 
 

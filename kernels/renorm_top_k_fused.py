@@ -33,17 +33,13 @@ the last CTA to arrive zeroes `arrived`, the last CTA to finish zeroes `ready` a
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from tpguard.kernels.renorm_passes import RenormConfig, load_write_params, reg_cap, row_stats_chunk, write_value
+from tpguard.kernels.direct_launch import sm_count as _device_sms
+from tpguard.kernels.renorm_passes import SYNC_WORDS, RenormConfig, load_write_params, reg_cap, row_stats_chunk, write_value
 from tpguard.kernels.renorm_top_k import top_k_select_row, workspace_flags
-
-SYNC_WORDS = 4  # per row: arrived, ready, done, padding
-
 
 @triton.jit
 def _top_k_fused_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
@@ -59,7 +55,7 @@ def _top_k_fused_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
     cta = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     n_ctas = tl.cdiv(n_chunks, PER_CTA)
-    sync = sync_ptr + row * 4
+    sync = sync_ptr + row * 4  # SYNC_WORDS
     if (STAGES & 1) != 0:
         for j in tl.static_range(PER_CTA):
             chunk = cta * PER_CTA + j
@@ -97,16 +93,9 @@ def _top_k_fused_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
             tl.atomic_xchg(sync + 2, 0, sem="relaxed", scope="gpu")
 
 
-@functools.lru_cache(maxsize=16)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def sm_count(device: torch.device) -> int:
     """SMs of a CUDA device (the interpreter: 132, an H200's, so the grid is the GPU's)."""
-    if device.type != "cuda":
-        return 132
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return _device_sms(device, 132)
 
 
 def chunks_per_cta(rows: int, n_chunks: int, cfg: RenormConfig, sms: int) -> int:
