@@ -9,6 +9,10 @@ EXIT_BAD_INPUT = 2  # unusable input or arguments: one line on stderr
 EXIT_ABORTED = 3  # a guard with policy "abort" stopped every rank at the divergent step
 EXIT_TIMEOUT = 4  # a rank stopped reaching the guard; the others gave up waiting
 EXIT_INTERNAL = 5  # a tpguard bug (an unexpected exception): one line; TPGUARD_DEBUG=1 re-raises
+EXIT_RANK_DIED = 6  # launch: a rank was killed by a signal or crashed; one line names it and the signal
+EXIT_NOTHING_COMPARED = 7  # diagnose: no step was recorded by two or more ranks, so nothing was compared
+EXIT_SIGINT = 130  # launch: interrupted (Ctrl-C); traces flushed
+EXIT_SIGTERM = 143  # launch: terminated (SIGTERM); traces flushed
 
 
 class TPGuardError(Exception):
