@@ -21,7 +21,7 @@ import logging
 import sys
 
 from tpguard.config import GuardConfig
-from tpguard.hooks import sglang_sites
+from tpguard.hooks import sglang_runtime
 
 logger = logging.getLogger("tpguard.sglang")
 
@@ -35,11 +35,12 @@ def register() -> None:
         return
     if not config.enabled:
         return
-    if sglang_sites.RUNTIME is not None:  # load_plugins() is once per process; be safe anyway
+    if sglang_runtime.RUNTIME is not None:  # load_plugins() is once per process; be safe anyway
         return
     if not in_tp_worker() and not config.all_processes:
-        # The tokenizer, detokenizer and launcher also call load_plugins(); only scheduler (TP
-        # worker) processes run verify steps, and hooking elsewhere would import the model stack.
+        # The engine, DP controller, tokenizer and detokenizer also call load_plugins(); only
+        # scheduler (TP worker) processes run verify steps, and hooking elsewhere would import
+        # the model stack.
         logger.debug("tpguard: not a scheduler process; no hooks here")
         return
     if config.trace_dir:
@@ -53,10 +54,21 @@ def register() -> None:
     install(config)
 
 
+SCHEDULER_ENTRY = ("sglang.srt.managers.scheduler", "run_scheduler_process")
+
+
 def in_tp_worker() -> bool:
-    """A scheduler/TP worker process: sglang started it at `run_scheduler_process`, so the
-    scheduler module is loaded before `load_plugins()` runs."""
-    return "sglang.srt.managers.scheduler" in sys.modules
+    """A scheduler (TP worker) process: `load_plugins()` is called from sglang's
+    `run_scheduler_process`, the first thing a scheduler process runs. The engine's main
+    process and the DP controller import the scheduler module too, and call `load_plugins()`
+    from elsewhere (`Engine.__init__`, `run_data_parallel_controller_process`)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if (frame.f_code.co_name == SCHEDULER_ENTRY[1]
+                and frame.f_globals.get("__name__") == SCHEDULER_ENTRY[0]):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def install(config: GuardConfig):
@@ -69,11 +81,16 @@ def install(config: GuardConfig):
     problem = sglang_compat.version_problem(versions["sglang"])
     if problem:
         logger.warning("tpguard: %s", problem)
-    rt = sglang_sites.Runtime(config, versions=versions)
-    sglang_sites.RUNTIME = rt
+    from tpguard.hooks import sglang_sites
+
+    rt = sglang_runtime.Runtime(config, versions=versions)
+    sglang_runtime.RUNTIME = rt
 
     for point in sglang_compat.HOOK_POINTS:
         status = sglang_compat.check_point(point)
+        if status.unavailable:  # e.g. UNO without flashinfer: sglang cannot run it here either
+            logger.info("tpguard: hook point %s: %s", point.name, status.problem)
+            continue
         if not status.found:
             rt.hooks_missing.append(point.name)
             logger.warning("tpguard: hook point %s (%s) not found: %s; that site is NOT guarded",
@@ -106,6 +123,8 @@ def install(config: GuardConfig):
     logger.info("tpguard: %s mode, policy %s, hooks on %s%s", config.mode, rt.policy,
                 ", ".join(rt.hooks_installed) or "nothing",
                 f"; missing: {', '.join(rt.hooks_missing)}" if rt.hooks_missing else "")
+    if "dspark.accept_and_finalize" in rt.hooks_installed and (rt.audit or rt.policy == "heal"):
+        logger.warning("tpguard: %s", sglang_sites.FOLDED_NOTE)
     return rt
 
 
@@ -126,5 +145,5 @@ def renorm_targets() -> list[str]:
 
 def stats() -> dict:
     """Per-site guard counters of this process ({} when the plugin is off)."""
-    rt = sglang_sites.RUNTIME
+    rt = sglang_runtime.RUNTIME
     return rt.stats() if rt is not None else {}

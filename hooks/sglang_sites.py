@@ -1,44 +1,27 @@
-"""The per-site hook functions: what is fingerprinted where, inside sglang's TP workers.
+"""The per-site hook functions: what is fingerprinted where, inside sglang 0.5.23's TP workers.
 
-One `StepGuard` per site ("dflash.verify", "dspark.verify", "eagle.verify", "sampler", ...) on the
-TP group sglang runs the step under (`get_dp_tp_group()`: attention-TP under DP attention).
+Sites (one guard each, on the target model's TP group): ``dflash.verify``, ``dspark.verify``,
+``eagle.verify``, ``uno.verify``, ``sampler``, and the `SpecTpSync` sites outside a verify step
+(``dflash.target``, ``dspark.target``, ``dspark.plan``, ``dspark.draft``). docs/sglang-hook-map.md
+lists every decision site of sglang 0.5.23 and what each mode does there; the scopes, modes and
+the never-break rule are in sglang_runtime.py.
 
-A verify step is a *scope*. The outermost hooked function of a step owns it (DFlash
-`_accept_block`, DSpark `accept_and_finalize`, `eagle_sample`, `Sampler.forward`); the functions it
-calls (`build_speculative_verify_target_probs`, the coins, `SpecTpSync.sync`, the renorms) record
-into the open scope. When the owner returns, its guard checks once: one fixed-size all-gather per
-checked step. A contributor called with no scope open (a test, a prefill-time sync) opens its own.
-
-Modes (TPGUARD): ``on`` records what each rank ends up with and applies TPGUARD_ON_DIVERGENCE;
-``audit`` fingerprints the value each rank computed *before* sglang's rank-0 broadcast
-(`SpecTpSync.sync`) overwrites it, and only records: the server stays as safe as sglang makes it,
-and the trace says how often, where and in which quantity the ranks would have diverged.
+Each hook is ``hook(original, *args, **kwargs)`` (sglang's HookRegistry AROUND hook): `before`
+records the step's inputs, `after` its results, both through the open `Scope`; `run_step` calls
+sglang's function exactly once and returns its result unchanged.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
-import os
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
-from tpguard.config import GuardConfig
-from tpguard.quantities import CANONICAL_ORDER
+from tpguard.hooks import sglang_runtime as runtime_mod
+from tpguard.hooks.sglang_runtime import Scope, bind, run_step
 
 logger = logging.getLogger("tpguard.sglang")
-
-# Canonical order plus the two quantities only DSpark has, at their causal place.
-PLUGIN_ORDER: tuple[str, ...] = (
-    "rng_state", "seq_lens", "verify_lens", "draft_tokens", "target_logits", "target_probs", "coins",
-    "accept_index", "accept_len", "cap_trim_lens", "bonus", "commit_lens", "out_tokens",
-)
-assert [q for q in PLUGIN_ORDER if q in CANONICAL_ORDER] == list(CANONICAL_ORDER)
-_VOCAB_SIZED = ("target_logits", "target_probs")
 
 # SpecTpSyncSite name -> (tpguard site, quantity of the 1st, 2nd, ... sync call of one step).
 SYNC_SITES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -53,15 +36,12 @@ SYNC_SITES: dict[str, tuple[str, tuple[str, ...]]] = {
     "DSPARK_PLAN": ("dspark.plan", ("verify_lens",)),
     "DSPARK_DRAFT": ("dspark.draft", ("draft_tokens",)),
 }
+DECISION_SYNC = {"accept_index", "accept_len", "bonus", "cap_trim_lens", "out_tokens"}
 
-
-def algo_of(site: str) -> str:
-    return site.split(".", 1)[0]
-
-
-def capturing() -> bool:
-    """Inside CUDA graph capture nothing may sync or all-gather: hooks pass through."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+FOLDED_NOTE = ("DSpark's folded accept runs inside the target-verify CUDA graph (with its KV inject "
+               "and history writes): tpguard checks its committed values after the replay; audit "
+               "cannot see what a rank computed before the in-graph broadcast, and heal is refused "
+               "there (recorded instead; it could not undo the in-graph writes)")
 
 
 def rng_state(device: torch.device | None) -> torch.Tensor:
@@ -78,263 +58,11 @@ def snapshot_generator(device: torch.device) -> torch.Generator:
     return g
 
 
-@functools.lru_cache(maxsize=None)
-def _signature(fn) -> inspect.Signature:
-    return inspect.signature(fn)
-
-
-def bind(fn, args, kwargs) -> dict:
-    """Arguments by name, however the caller passed them."""
-    try:
-        return dict(_signature(fn).bind_partial(*args, **kwargs).arguments)
-    except (TypeError, ValueError):
-        return dict(kwargs)
-
-
-# --- the runtime: config, group, trace, guards, open scopes ---------------------------------------
-
-@dataclass
-class Scope:
-    site: str
-    guard: object  # StepGuard
-    active: bool  # this step is checked (TPGUARD_EVERY / sampling)
-    recorded: set = field(default_factory=set)
-    sync_calls: dict = field(default_factory=dict)
-    heal_extra: list = field(default_factory=list)  # derived tensors rank 0 also sends on heal
-    fp_source: object = None  # the renorm output recorded as target_probs with its own fingerprint
-
-    def record(self, name: str, tensor, overwrite: bool = True) -> None:
-        if not self.active or name not in self.guard.index:
-            return
-        if name in self.recorded and not overwrite:
-            return
-        if tensor is not None and not isinstance(tensor, torch.Tensor):
-            return
-        self.guard.record(name, tensor)
-        self.recorded.add(name)
-
-
-class Runtime:
-    """Everything the hooks share in one process."""
-
-    def __init__(self, config: GuardConfig, group_fn: Callable | None = None, versions: dict | None = None):
-        self.config = config
-        self.audit = config.mode == "audit"
-        self.policy = "record" if self.audit else config.policy
-        self.group_fn = group_fn or default_group
-        self.versions = versions or {}
-        self.guards: dict[str, object] = {}
-        self.run_id: str | None = config.run_id
-        self.trace = None
-        self.merged_trace = None
-        self._group = None
-        self._local = threading.local()
-        self.hooks_installed: list[str] = []
-        self.hooks_missing: list[str] = []
-        self.renorm_backend: str | None = None
-
-    # scopes
-    def _stack(self) -> list[Scope]:
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = []
-        return stack
-
-    def current(self) -> Scope | None:
-        stack = self._stack()
-        return stack[-1] if stack else None
-
-    def open(self, site: str) -> Scope:
-        guard = self.guard(site)
-        scope = Scope(site, guard, guard.wants())
-        self._stack().append(scope)
-        return scope
-
-    def close(self, scope: Scope) -> None:
-        stack = self._stack()
-        if stack and stack[-1] is scope:
-            stack.pop()
-
-    # the group, run id and trace (created at the first checked step: every rank gets there)
-    def group(self):
-        if self._group is None:
-            self._group = self.group_fn()
-        return self._group
-
-    def quantities(self) -> tuple[str, ...]:
-        allowed = set(self.config.quantities) | {"verify_lens", "cap_trim_lens"}
-        if self.config.quantity_set == "decisions":
-            allowed -= set(_VOCAB_SIZED)
-        return tuple(q for q in PLUGIN_ORDER if q in allowed)
-
-    def _open_trace(self, site: str, info) -> None:
-        from tpguard.guard import agree_on_run_id
-        from tpguard.records import Header
-        from tpguard.trace import TraceWriter, merged_trace_path, rank_trace_path
-
-        run_id = agree_on_run_id(info, self.run_id, self.config.timeout_s)
-        if info.distributed:
-            import torch.distributed as dist
-
-            if info.world_size < dist.get_world_size():  # several TP groups (DP attention): one run each
-                run_id = f"{run_id}-g{info.global_ranks[0]}"
-        self.run_id = run_id
-        if not self.config.trace_dir:
-            return
-        header = Header(run_id=run_id, world_size=info.world_size, ranks=[info.rank],
-                        quantities=list(self.quantities()), algo=algo_of(site),
-                        versions=self.versions, config=self.config_dict())
-        self.trace = TraceWriter(rank_trace_path(self.config.trace_dir, run_id, info.rank), header,
-                                 max_bytes=self.config.max_trace_bytes)
-        if self.config.merged and info.rank == 0:
-            merged = Header(**{**header.__dict__, "ranks": list(range(info.world_size))})
-            self.merged_trace = TraceWriter(merged_trace_path(self.config.trace_dir, run_id), merged,
-                                            max_bytes=self.config.max_trace_bytes)
-
-    def config_dict(self) -> dict:
-        c = self.config
-        return {"mode": c.mode, "policy": self.policy, "every": c.every, "renorm": c.renorm,
-                "renorm_backend": self.renorm_backend, "quantities": c.quantity_set,
-                "sample_one_in": c.sample_one_in, "hooks": self.hooks_installed,
-                "missing_hooks": self.hooks_missing,
-                "spec_tp_sync": os.environ.get("SGLANG_SPEC_TP_SYNC", "all")}
-
-    def guard(self, site: str):
-        g = self.guards.get(site)
-        if g is not None:
-            return g
-        from tpguard.guard import GroupInfo, StepGuard
-
-        pg = self.group()
-        if not self.guards:  # the first guard of this process: agree on the run id, open the trace
-            self._open_trace(site, GroupInfo(pg))
-        dump_dir = None
-        if self.config.dump:
-            dump_dir = os.path.join(self.config.trace_dir or ".", "tpguard-dumps")
-        cls = StepGuard
-        if self.use_device_guard(GroupInfo(pg)):
-            from tpguard.device_guard import DeviceStepGuard as cls  # no host sync; lag of one step
-        g = cls(pg, site=site, quantities=self.quantities(), policy=self.policy, trace=self.trace,
-                merged_trace=self.merged_trace, timeout_s=self.config.timeout_s, dump_dir=dump_dir,
-                algo=algo_of(site), run_id=self.run_id, every=self.config.every,
-                clean_every=self.config.clean_every, sample_one_in=self.config.sample_one_in,
-                metrics=True)
-        self.guards[site] = g
-        return g
-
-    def use_device_guard(self, info) -> bool:
-        """The production guard (no host sync) where it applies: NCCL groups, policy record or
-        abort (heal here broadcasts rank 0's values and derived tensors synchronously), no dumps."""
-        kind = self.config.guard
-        if kind == "auto":
-            return "nccl" in info.backend and self.policy != "heal" and not self.config.dump
-        return kind == "device"
-
-    def stats(self) -> dict[str, dict]:
-        return {site: dict(g.stats, steps=g.step) for site, g in self.guards.items()}
-
-    def on_renorm_output(self, probs) -> None:
-        """A renorm's result: the step's target_probs so far (the last renorm wins)."""
-        scope = self.current()
-        if scope is not None:
-            scope.record("target_probs", probs, overwrite=True)
-            from tpguard.guard import attached_fingerprint
-
-            has_fp = isinstance(probs, torch.Tensor) and attached_fingerprint(probs) is not None
-            scope.fp_source = probs if has_fp and "target_probs" in scope.recorded else None
-
-    def wants_renorm_fingerprint(self) -> bool:
-        """Whether a routed renorm should emit its output's fingerprint now: a checked step is
-        open and guards target_probs (then the write pass hashes what it writes)."""
-        scope = self.current()
-        return (scope is not None and scope.active and "target_probs" in scope.guard.index
-                and not capturing())
-
-    def close_all(self) -> None:
-        for g in self.guards.values():
-            g.close()
-        for w in (self.trace, self.merged_trace):
-            if w is not None:
-                w.close()
-
-
-def default_group():
-    """The process group of sglang's TP group for this step (attention-TP under DP attention)."""
-    try:
-        from sglang.srt.layers.dp_attention import get_dp_tp_group
-
-        return get_dp_tp_group().device_group
-    except Exception as e:  # groups not built in this process: compare across the whole world
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            logger.warning("tpguard: sglang's TP group is not available (%s); guarding the default group", e)
-        return None
-
-
-RUNTIME: Runtime | None = None
-
-
-def runtime() -> Runtime | None:
-    return RUNTIME
-
-
-# --- running a step ---------------------------------------------------------------------------
-
-Before = Callable[[Scope, dict], object]  # returns state handed to After
-After = Callable[[Scope, dict, object, object], None]
-Heal = Callable[[Scope, dict, object], None]
-
-
-def run_step(site: str, original, args, kwargs, before: Before | None = None, after: After | None = None,
-             own: bool = True, after_heal: Heal | None = None):
-    """Call `original` inside a step scope of `site`.
-
-    own=True (an owner): join an open scope of the same site, else open one (and check it).
-    own=False (a contributor): join any open scope, else open one of `site` (and check it).
-    """
-    rt = RUNTIME
-    if rt is None or capturing():
-        return original(*args, **kwargs)
-    outer = rt.current()
-    joined = outer is not None and (not own or outer.site == site)
-    b = bind(original, args, kwargs)
-    if joined:
-        state = before(outer, b) if before and outer.active else None
-        out = original(*args, **kwargs)
-        if after and outer.active:
-            after(outer, b, out, state)
-        return out
-    scope = rt.open(site)
-    try:
-        state = before(scope, b) if before and scope.active else None
-        out = original(*args, **kwargs)
-        if after and scope.active:
-            after(scope, b, out, state)
-    finally:
-        rt.close(scope)
-    div = scope.guard.check()
-    if div is not None and div.action == "healed":
-        broadcast_from_rank0(scope.guard, scope.heal_extra)
-        if after_heal is not None:
-            after_heal(scope, b, out)
-    return out
-
-
-def broadcast_from_rank0(guard, tensors) -> None:
-    """Rank 0's values of derived tensors a heal must also align (new_seq_lens, cap_trim_lens)."""
-    import torch.distributed as dist
-
-    info = guard.info
-    if info.world_size == 1:
-        return
-    for t in tensors:
-        if t is None:
-            continue
-        buf = t if t.device == info.device else t.to(info.device)
-        dist.broadcast(buf, src=info.src0(), group=info.group)
-        if buf is not t:
-            t.copy_(buf)
+def redraw_coins(gen: torch.Generator, rows: int, width: int, device) -> torch.Tensor:
+    """The (rows x width) acceptance coins and the rows final coins a sglang accept drew first."""
+    coins = torch.rand((rows, width), dtype=torch.float32, device=device, generator=gen)
+    final = torch.rand((rows,), dtype=torch.float32, device=device, generator=gen)
+    return torch.cat([coins.reshape(-1), final])
 
 
 def _device(*tensors) -> torch.device | None:
@@ -348,34 +76,48 @@ def _first(out, i):
     return out[i] if isinstance(out, (tuple, list)) and len(out) > i else None
 
 
+def _rt():
+    return runtime_mod.RUNTIME
+
+
 # --- SpecTpSync.sync ---------------------------------------------------------------------------
 
 def hook_spec_tp_sync(original, self, *args, **kwargs):
-    """Fingerprint the value before (audit) or after (on) sglang's rank-0 broadcast of it."""
-    rt = RUNTIME
-    if rt is None or capturing():
+    """A decision handed to sglang's rank-0 broadcast: computed before it, committed after it."""
+    rt = _rt()
+    if rt is None or rt.passing_through():
         return original(self, *args, **kwargs)
     b = bind(original, (self, *args), kwargs)
     site, values = b.get("site"), b.get("values")
     name = getattr(site, "name", str(site))
     tp_site, names = SYNC_SITES.get(name, (f"spec_tp_sync.{name.lower()}", ("out_tokens",)))
-    if rt.current() is None and not rt.audit and self.enabled(site):
-        # on-mode, broadcast on: every rank ends with rank 0's value, nothing to compare here.
-        return original(self, *args, **kwargs)
+    try:
+        broadcast_on = bool(self.enabled(site))
+    except Exception:  # noqa: BLE001 - an sglang without enabled(): assume its broadcast is on
+        broadcast_on = True
+    if rt.current() is None and not rt.audit and broadcast_on:
+        return original(self, *args, **kwargs)  # on, broadcast on: every rank ends with rank 0's
 
-    def before(scope, _):
+    def which(scope):
         i = scope.sync_calls.get(name, 0)  # the i-th sync of this site in the step
         scope.sync_calls[name] = i + 1
-        q = names[i % len(names)]
-        if rt.audit:
-            scope.record(q, values, overwrite=False)
+        return names[i % len(names)]
+
+    def put(scope, q, committed):
+        if q in DECISION_SYNC:
+            scope.decision(q, values, committed=committed)
+        else:
+            scope.record(q, values, overwrite=committed)
+
+    def before(scope, _):
+        q = which(scope)
+        put(scope, q, committed=False)
         return q
 
     def after(scope, _, out, q):
-        if not rt.audit:
-            scope.record(q, values, overwrite=False)
+        put(scope, q, committed=True)
 
-    return run_step(tp_site, original, (self, *args), kwargs, before, after, own=False)
+    return run_step(tp_site, original, (self, *args), kwargs, before, after, own=False, point="spec_tp_sync")
 
 
 # --- DFlash ------------------------------------------------------------------------------------
@@ -388,14 +130,15 @@ def hook_dflash_accept_block(original, *args, **kwargs):
         scope.record("seq_lens", b.get("prefix_lens"))
         scope.record("draft_tokens", cand)
         scope.record("target_logits", logits)  # None on the greedy deferred-argmax path
-        if b.get("target_predict") is not None:
-            scope.record("accept_index", b.get("target_predict"), overwrite=False)
+        # target_predict (the deferred argmax) is accept_index before DFLASH_ACCEPT_GREEDY's sync
+        scope.decision("accept_index", b.get("target_predict"), committed=False)
 
     def after(scope, b, out, state):
         accept_len, commit_lens, bonus, out_tokens, new_seq_lens = out
         for name, t in (("accept_len", accept_len), ("commit_lens", commit_lens), ("bonus", bonus),
                         ("out_tokens", out_tokens)):
-            scope.record(name, t, overwrite=False)
+            scope.decision(name, t, committed=True)
+        scope.heal_extra = [new_seq_lens]
 
     def after_heal(scope, b, out):
         _, commit_lens, _, _, new_seq_lens = out
@@ -403,7 +146,8 @@ def hook_dflash_accept_block(original, *args, **kwargs):
         if new_seq_lens is not None and prefix_lens is not None:
             new_seq_lens.copy_(prefix_lens + commit_lens.to(prefix_lens.dtype))
 
-    return run_step("dflash.verify", original, args, kwargs, before, after, own=True, after_heal=after_heal)
+    return run_step("dflash.verify", original, args, kwargs, before, after, own=True, after_heal=after_heal,
+                    point="dflash.accept_block")
 
 
 def hook_dflash_sampling_accept(original, *args, **kwargs):
@@ -420,23 +164,22 @@ def hook_dflash_sampling_accept(original, *args, **kwargs):
     def after(scope, b, out, gen):
         cand = b.get("candidates")
         if gen is not None:
-            bs, n = cand.shape
-            coins = torch.rand((bs, n), dtype=torch.float32, device=cand.device, generator=gen)
-            final = torch.rand((bs,), dtype=torch.float32, device=cand.device, generator=gen)
-            scope.record("coins", torch.cat([coins.reshape(-1), final]))
+            scope.record("coins", redraw_coins(gen, cand.shape[0], cand.shape[1], cand.device))
         elif b.get("uniform_samples") is not None:
             parts = [b["uniform_samples"].reshape(-1).float()]
             if b.get("uniform_samples_for_final_sampling") is not None:
                 parts.append(b["uniform_samples_for_final_sampling"].reshape(-1).float())
             scope.record("coins", torch.cat(parts))
-        scope.record("accept_len", _first(out, 0), overwrite=False)
-        scope.record("bonus", _first(out, 1), overwrite=False)
+        scope.decision("accept_len", out[0], committed=False)  # before DFLASH_ACCEPT_SAMPLE's sync
+        scope.decision("bonus", out[1], committed=False)
 
-    return run_step("dflash.verify", original, args, kwargs, before, after, own=False)
+    return run_step("dflash.verify", original, args, kwargs, before, after, own=False,
+                    point="dflash.sampling_accept")
 
 
 def hook_target_probs(original, *args, **kwargs):
-    """build_speculative_verify_target_probs (DFlash, and DSpark's sampled accept)."""
+    """build_speculative_verify_target_probs (DFlash; DSpark's and UNO's sampled accepts call it
+    too, inside their own step)."""
     def before(scope, b):
         scope.record("target_logits", b.get("next_token_logits"), overwrite=False)
 
@@ -445,7 +188,8 @@ def hook_target_probs(original, *args, **kwargs):
             return  # out is a view of the last renorm's output, recorded with its own fingerprint
         scope.record("target_probs", out, overwrite=True)
 
-    return run_step("dflash.verify", original, args, kwargs, before, after, own=False)
+    return run_step("dflash.verify", original, args, kwargs, before, after, own=False,
+                    point="dflash.target_probs")
 
 
 def _same_bytes(src, out) -> bool:
@@ -460,13 +204,23 @@ def _same_bytes(src, out) -> bool:
             and src.device == out.device and attached_fingerprint(src) is not None)
 
 
+def hook_pause(original, *args, **kwargs):
+    """sglang's sampling prewarm (inside its peak-memory measurement) and the sampling-mask rebuild
+    after acceptance: no tpguard work or collective inside, whatever they call."""
+    rt = _rt()
+    if rt is None:
+        return original(*args, **kwargs)
+    with rt.suspend():
+        return original(*args, **kwargs)
+
+
 # --- DSpark ------------------------------------------------------------------------------------
 
 def _record_accept_outs(scope: Scope, accept) -> None:
     for name, attr in (("accept_len", "correct_len"), ("cap_trim_lens", "cap_trim_lens"), ("bonus", "bonus"),
                        ("commit_lens", "commit_lens"), ("out_tokens", "out_tokens")):
-        scope.record(name, getattr(accept, attr, None), overwrite=False)
-    scope.heal_extra = [getattr(accept, "cap_trim_lens", None), getattr(accept, "new_seq_lens", None)]
+        scope.decision(name, getattr(accept, attr, None), committed=True)
+    scope.heal_extra = [getattr(accept, "new_seq_lens", None)]
 
 
 def hook_dspark_accept_and_finalize(original, *args, **kwargs):
@@ -476,11 +230,32 @@ def hook_dspark_accept_and_finalize(original, *args, **kwargs):
         scope.record("seq_lens", b.get("prefix_lens"))
         scope.record("draft_tokens", ids)
         scope.record("target_logits", logits)
+        if b.get("folded_accept"):
+            scope.heal_refused = f"dspark.verify: {FOLDED_NOTE}"
 
     def after(scope, b, out, state):
         _record_accept_outs(scope, out)
 
-    return run_step("dspark.verify", original, args, kwargs, before, after, own=True)
+    return run_step("dspark.verify", original, args, kwargs, before, after, own=True,
+                    point="dspark.accept_and_finalize")
+
+
+def hook_dspark_sampling_accept_graph(original, *args, **kwargs):
+    """DsparkSamplingAcceptGraph.run (SGLANG_OPT_DSV41_SAMPLING_ACCEPT_GRAPH): the worker skips
+    accept_and_finalize on these steps. Every step is checked once, after the region ran (eagerly
+    on a key's first step, captured on its second, replayed after): its accept outputs. Returns
+    None when the step takes the eager path, which accept_and_finalize then checks."""
+    def before(scope, b):
+        logits = b.get("target_logits")
+        scope.record("rng_state", rng_state(_device(logits)))
+        scope.record("target_logits", logits)
+
+    def after(scope, b, out, state):
+        if out is not None:
+            _record_accept_outs(scope, out)
+
+    return run_step("dspark.verify", original, args, kwargs, before, after, own=True,
+                    point="dspark.sampling_accept_graph")
 
 
 def hook_dspark_accept_draft_tokens(original, *args, **kwargs):
@@ -490,12 +265,13 @@ def hook_dspark_accept_draft_tokens(original, *args, **kwargs):
         scope.record("draft_tokens", cand, overwrite=False)
         scope.record("target_logits", logits, overwrite=False)
 
-    def after(scope, b, out, state):
-        scope.record("accept_len", _first(out, 0), overwrite=False)
-        scope.record("bonus", _first(out, 1), overwrite=False)
-        scope.record("cap_trim_lens", _first(out, 2), overwrite=False)
+    def after(scope, b, out, state):  # before build_accept_outs' three syncs
+        scope.decision("accept_len", out[0], committed=False)
+        scope.decision("bonus", out[1], committed=False)
+        scope.decision("cap_trim_lens", out[2], committed=False)
 
-    return run_step("dspark.verify", original, args, kwargs, before, after, own=True)
+    return run_step("dspark.verify", original, args, kwargs, before, after, own=True,
+                    point="dspark.accept_draft_tokens")
 
 
 def hook_dspark_build_accept_outs(original, *args, **kwargs):
@@ -505,7 +281,8 @@ def hook_dspark_build_accept_outs(original, *args, **kwargs):
     def after(scope, b, out, state):
         _record_accept_outs(scope, out)
 
-    return run_step("dspark.verify", original, args, kwargs, before, after, own=True)
+    return run_step("dspark.verify", original, args, kwargs, before, after, own=True,
+                    point="dspark.build_accept_outs")
 
 
 def hook_dspark_accept_sampling_core(original, *args, **kwargs):
@@ -513,29 +290,76 @@ def hook_dspark_accept_sampling_core(original, *args, **kwargs):
         cand = b.get("candidates")
         dev = _device(cand, b.get("target_logits"))
         scope.record("rng_state", rng_state(dev), overwrite=False)
+        scope.flags.add("accept_core")  # its SoftmaxTemp call makes the target probs
         return snapshot_generator(dev) if dev is not None else None
 
     def after(scope, b, out, gen):
+        scope.flags.discard("accept_core")
         cand = b.get("candidates")
         if gen is not None and isinstance(cand, torch.Tensor):
-            bs = cand.shape[0]
-            coins = torch.rand((bs, int(b.get("gamma"))), dtype=torch.float32, device=cand.device, generator=gen)
-            final = torch.rand((bs,), dtype=torch.float32, device=cand.device, generator=gen)
-            scope.record("coins", torch.cat([coins.reshape(-1), final]))
-        scope.record("accept_len", _first(out, 0), overwrite=False)
-        scope.record("cap_trim_lens", _first(out, 1), overwrite=False)
-        scope.record("accept_index", _first(out, 2), overwrite=False)
+            scope.record("coins", redraw_coins(gen, cand.shape[0], int(b.get("gamma")), cand.device))
+        scope.decision("accept_len", out[0], committed=False)
+        scope.decision("cap_trim_lens", out[1], committed=False)
+        scope.decision("accept_index", out[2], committed=False)
 
-    return run_step("dspark.verify", original, args, kwargs, before, after, own=False)
+    return run_step("dspark.verify", original, args, kwargs, before, after, own=False,
+                    point="dspark.accept_sampling_core")
+
+
+def hook_dspark_softmax_temp(original, *args, **kwargs):
+    """SoftmaxTemp.execute: the target probs when _accept_sampling_core calls it (no top-k/top-p;
+    its draft-probs calls happen outside that function)."""
+    rt = _rt()
+    scope = rt.current() if rt is not None else None
+    if scope is None or "accept_core" not in scope.flags or rt.passing_through(scope.site):
+        return original(*args, **kwargs)
+
+    def after(scope, b, out, state):
+        scope.record("target_probs", out, overwrite=True)
+
+    return run_step(scope.site, original, args, kwargs, None, after, own=False, point="dspark.softmax_temp")
+
+
+def hook_dspark_blockwise_rejection(original, *args, **kwargs):
+    """BlockwiseRejection.execute: its target probs live only inside the kernel (softmax of the
+    logits at the target temperatures, recorded here as torch computes them), its coins come from
+    the RejectionNoise key and device step counter (recorded before the call advances it)."""
+    def before(scope, b):
+        noise = b.get("noise")
+        counter = getattr(noise, "counter", None)
+        if isinstance(counter, torch.Tensor):
+            key = torch.tensor([int(getattr(noise, "key", 0))], dtype=torch.int64, device=counter.device)
+            scope.record("coins", torch.cat([key, counter.reshape(-1).to(torch.int64)]))
+        logits, temps = b.get("target_logits"), b.get("target_temperatures")
+        if "target_probs" in scope.guard.index and isinstance(logits, torch.Tensor) and temps is not None:
+            rows = logits.shape[0]
+            t = temps.reshape(-1, 1).to(torch.float32)
+            t = t.repeat_interleave(rows // t.shape[0], dim=0) if t.shape[0] != rows else t
+            scope.record("target_probs", torch.softmax(logits.float() / t, dim=-1))
+
+    def after(scope, b, out, state):
+        scope.decision("accept_len", out[0], committed=False)
+        scope.decision("bonus", out[1], committed=False)
+        scope.decision("cap_trim_lens", out[2], committed=False)
+
+    return run_step("dspark.verify", original, args, kwargs, before, after, own=False,
+                    point="dspark.blockwise_rejection")
 
 
 # --- EAGLE -------------------------------------------------------------------------------------
 
 def hook_eagle_sample(original, *args, **kwargs):
+    rt = _rt()
+    if rt is None or rt.passing_through("eagle.verify"):
+        return original(*args, **kwargs)
     b0 = bind(original, args, kwargs)
     batch = b0.get("batch")
     mode = getattr(batch, "forward_mode", None)
-    if mode is not None and mode.is_idle():
+    try:
+        idle = mode is not None and mode.is_idle()
+    except Exception:  # noqa: BLE001
+        idle = False
+    if idle:
         return original(*args, **kwargs)
 
     def before(scope, b):
@@ -549,12 +373,12 @@ def hook_eagle_sample(original, *args, **kwargs):
 
     def after(scope, b, out, state):
         predict, accept_lens, accept_index = out
-        scope.record("accept_index", accept_index, overwrite=False)
-        scope.record("accept_len", accept_lens, overwrite=False)
-        scope.record("out_tokens", predict, overwrite=False)
+        scope.decision("accept_index", accept_index, committed=True)
+        scope.decision("accept_len", accept_lens, committed=True)
+        scope.decision("out_tokens", predict, committed=True)
 
     # heal adds the rank-0 broadcast the greedy CUDA branch lacks (accept_index, accept_len, predict).
-    return run_step("eagle.verify", original, args, kwargs, before, after, own=True)
+    return run_step("eagle.verify", original, args, kwargs, before, after, own=True, point="eagle.sample")
 
 
 def hook_eagle_verify_coins(original, *args, **kwargs):
@@ -562,7 +386,105 @@ def hook_eagle_verify_coins(original, *args, **kwargs):
         coins, final = out
         scope.record("coins", torch.cat([coins.reshape(-1).float(), final.reshape(-1).float()]))
 
-    return run_step("eagle.verify", original, args, kwargs, None, after, own=False)
+    return run_step("eagle.verify", original, args, kwargs, None, after, own=False, point="eagle.verify_coins")
+
+
+def hook_target_softmax(original, *args, **kwargs):
+    """sglang.kernels.ops.sampling.softmax inside an open EAGLE step: its target probs when no
+    top-k / top-p renorm follows (a renorm's output replaces them). Opens no step of its own."""
+    rt = _rt()
+    scope = rt.current() if rt is not None else None
+    if scope is None or scope.site != "eagle.verify" or rt.passing_through(scope.site):
+        return original(*args, **kwargs)
+
+    def after(scope, b, out, state):
+        scope.record("target_probs", out, overwrite=True)
+
+    return run_step(scope.site, original, args, kwargs, None, after, own=False, point="eagle.target_softmax")
+
+
+def hook_eagle_watermark_record(original, *args, **kwargs):
+    """WatermarkState.record_speculative inside a checked EAGLE step under policy heal: deferred
+    until after the step's check, so that it records the healed accept_index / accept_lens (the
+    same tensors, which heal overwrites in place) rather than this rank's own."""
+    rt = _rt()
+    scope = rt.current() if rt is not None else None
+    if (scope is None or scope.site != "eagle.verify" or not scope.active or rt.policy != "heal"
+            or rt.passing_through(scope.site)):
+        return original(*args, **kwargs)
+    scope.deferred.append(lambda: original(*args, **kwargs))
+    return None
+
+
+# --- UNO (linear verify) -----------------------------------------------------------------------
+
+def hook_uno_accept_and_pack(original, *args, **kwargs):
+    """UnoWorkerV2._accept_and_pack: UNO's greedy linear verify (no sglang broadcast)."""
+    def before(scope, b):
+        cand = b.get("candidates")
+        scope.record("rng_state", rng_state(_device(cand)))
+        scope.record("seq_lens", b.get("committed_seq_lens"))
+        scope.record("draft_tokens", cand)
+        scope.decision("accept_index", b.get("target_top1"), committed=False)
+
+    def after(scope, b, out, state):
+        output_ids, accept_lens, new_seq_lens, correction = out
+        scope.decision("commit_lens", accept_lens, committed=True)
+        scope.decision("bonus", correction, committed=True)
+        scope.decision("out_tokens", output_ids, committed=True)
+        scope.heal_extra = [new_seq_lens]
+
+    def after_heal(scope, b, out):
+        _, accept_lens, new_seq_lens, _ = out
+        committed = b.get("committed_seq_lens")
+        if committed is not None:
+            new_seq_lens.copy_(committed + accept_lens.to(committed.dtype))
+
+    return run_step("uno.verify", original, args, kwargs, before, after, own=True, after_heal=after_heal,
+                    point="uno.accept_and_pack")
+
+
+def hook_uno_run_sampling(original, *args, **kwargs):
+    """uno_utils.run_uno_sampling: UNO's sampled linear verify (its own torch.rand coins, no sglang
+    broadcast; its target probs come from build_speculative_verify_target_probs)."""
+    def before(scope, b):
+        cand, logits = b.get("candidates"), b.get("next_token_logits")
+        scope.record("rng_state", rng_state(_device(cand, logits)))
+        scope.record("seq_lens", b.get("committed_frontiers"))
+        scope.record("draft_tokens", cand)
+        scope.record("target_logits", logits)
+
+    def after(scope, b, out, state):
+        scope.decision("commit_lens", out.accept_lens, committed=True)
+        scope.decision("bonus", out.next_seed_tokens, committed=True)
+        scope.decision("out_tokens", out.output_ids, committed=True)
+        scope.heal_extra = [out.new_seq_lens]
+
+    def after_heal(scope, b, out):
+        committed = b.get("committed_frontiers")
+        if committed is not None:
+            out.new_seq_lens.copy_(committed + out.accept_lens.to(committed.dtype))
+
+    return run_step("uno.verify", original, args, kwargs, before, after, own=True, after_heal=after_heal,
+                    point="uno.run_sampling")
+
+
+def hook_uno_rejection(original, *args, **kwargs):
+    """_run_dense_rejection / _run_sparse_rejection: their coins are their torch.rand draws (the
+    dense one builds its target probs first, which draws nothing)."""
+    def before(scope, b):
+        cand = b.get("candidates")
+        dev = _device(cand, b.get("next_token_logits"))
+        return snapshot_generator(dev) if dev is not None else None
+
+    def after(scope, b, out, gen):
+        cand = b.get("candidates")
+        if gen is not None and isinstance(cand, torch.Tensor):
+            scope.record("coins", redraw_coins(gen, cand.shape[0], cand.shape[1], cand.device))
+        scope.decision("accept_len", out[0], committed=True)  # UNO has no broadcast: what it commits
+        scope.decision("bonus", out[1], committed=False)
+
+    return run_step("uno.verify", original, args, kwargs, before, after, own=False)
 
 
 # --- the plain sampler -------------------------------------------------------------------------
@@ -575,9 +497,9 @@ def hook_sampler_forward(original, *args, **kwargs):
         scope.record("target_logits", logits)
 
     def after(scope, b, out, state):
-        scope.record("out_tokens", out if isinstance(out, torch.Tensor) else None, overwrite=False)
+        scope.decision("out_tokens", out, committed=True)
 
-    return run_step("sampler", original, args, kwargs, before, after, own=True)
+    return run_step("sampler", original, args, kwargs, before, after, own=True, point="sampler.forward")
 
 
 # hook point name (sglang_compat.HOOK_POINTS) -> hook function
@@ -586,12 +508,23 @@ HOOKS: dict[str, Callable] = {
     "dflash.accept_block": hook_dflash_accept_block,
     "dflash.sampling_accept": hook_dflash_sampling_accept,
     "dflash.target_probs": hook_target_probs,
+    "dflash.prewarm_sampling": hook_pause,
+    "spec.sampling_mask_capture": hook_pause,
     "dspark.accept_and_finalize": hook_dspark_accept_and_finalize,
+    "dspark.sampling_accept_graph": hook_dspark_sampling_accept_graph,
     "dspark.accept_draft_tokens": hook_dspark_accept_draft_tokens,
     "dspark.build_accept_outs": hook_dspark_build_accept_outs,
     "dspark.accept_sampling_core": hook_dspark_accept_sampling_core,
+    "dspark.softmax_temp": hook_dspark_softmax_temp,
+    "dspark.blockwise_rejection": hook_dspark_blockwise_rejection,
     "eagle.sample": hook_eagle_sample,
     "eagle.verify_coins": hook_eagle_verify_coins,
+    "eagle.target_softmax": hook_target_softmax,
+    "eagle.watermark_record": hook_eagle_watermark_record,
+    "uno.accept_and_pack": hook_uno_accept_and_pack,
+    "uno.run_sampling": hook_uno_run_sampling,
+    "uno.dense_rejection": hook_uno_rejection,
+    "uno.sparse_rejection": hook_uno_rejection,
     "sampler.forward": hook_sampler_forward,
 }
 
@@ -599,7 +532,7 @@ HOOKS: dict[str, Callable] = {
 def hook_renorm_output(original, probs, param, *args, **kwargs):
     """AROUND hook on a renorm binding (default renorm): record its result as target_probs."""
     out = original(probs, param, *args, **kwargs)
-    rt = RUNTIME
-    if rt is not None and not capturing():
+    rt = _rt()
+    if rt is not None:
         rt.on_renorm_output(out)
     return out

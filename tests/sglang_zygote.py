@@ -67,7 +67,12 @@ def _rank_main(name: str, rank: int, world: int, port: int, out_path: str, scena
         from sglang.srt.plugins import load_plugins
         from sglang.srt.runtime_context import get_context, get_parallel
 
-        load_plugins()  # as sglang does first thing in a scheduler process
+        # As sglang does first thing in a scheduler process. The plugin hooks only processes whose
+        # load_plugins() call comes from sglang's run_scheduler_process; these ranks stand in for
+        # scheduler processes, so they say so as a script would (test_sglang_processes.py drives
+        # the real entry functions of each kind of process).
+        os.environ.setdefault("TPGUARD_ALL_PROCESSES", "1")
+        load_plugins()
         ps.init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
                                         distributed_init_method=f"tcp://127.0.0.1:{port}", timeout=60)
         tp = ps.init_model_parallel_group([list(range(world))], rank, "gloo", use_pynccl=False,
@@ -80,10 +85,10 @@ def _rank_main(name: str, rank: int, world: int, port: int, out_path: str, scena
         result = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     finally:
         try:
-            from tpguard.hooks import sglang_sites
+            from tpguard.hooks import sglang_runtime
 
-            if sglang_sites.RUNTIME is not None:
-                sglang_sites.RUNTIME.close_all()
+            if sglang_runtime.RUNTIME is not None:
+                sglang_runtime.RUNTIME.close_all()
         except Exception:
             pass
         with open(out_path, "w") as f:

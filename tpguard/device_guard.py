@@ -30,7 +30,7 @@ import torch
 from tpguard.divergence import Divergence
 from tpguard.errors import RankTimeoutError
 from tpguard.fingerprint import fingerprint_bytes, to_signed
-from tpguard.guard import _HDR, StepGuard, all_gather_flat, attached_fingerprint
+from tpguard.guard import _HDR, FAILED_BIT, StepGuard, all_gather_flat, attached_fingerprint
 from tpguard.quantities import DECISION_QUANTITIES
 
 
@@ -133,7 +133,7 @@ class DeviceStepGuard(StepGuard):
                 ready.append((_HDR + i, fp))
             else:
                 header[_HDR + i] = fp
-        header[0], header[1], header[2] = step, self.site_id, mask
+        header[0], header[1], header[2] = step, self.site_id, mask | (int(self.local_failure) << FAILED_BIT)
         staged = slot["header"]
         staged.numpy()[:] = header  # one host write into pinned memory, then one async copy
         vec = slot["vec"]
@@ -220,10 +220,12 @@ class DeviceStepGuard(StepGuard):
 
     # --- the host half -------------------------------------------------------------------------
 
-    def check(self, step: int | None = None) -> Divergence | None:
-        """Enqueue this step; return the divergence found in an earlier step (lag steps ago)."""
+    def check(self, step: int | None = None, *, heal: bool = True) -> Divergence | None:
+        """Enqueue this step; return the divergence found in an earlier step (lag steps ago).
+        `failed_ranks` then names the ranks whose guard work failed at that earlier step."""
         step = self.step if step is None else int(step)
         self.step = step + 1
+        self.failed_ranks = []
         t0 = time.perf_counter()
         if self.wants(step):
             self.heartbeat.beat(step)
@@ -268,6 +270,7 @@ class DeviceStepGuard(StepGuard):
         q = len(self.quantities)
         flags = result[w * n:]
         gathered = result[: w * n].view(w, n)[:, : _HDR + 2 * q]
+        self.failed_ranks += [r for r, m in enumerate(gathered[:, 2].tolist()) if (m >> FAILED_BIT) & 1]
         if not bool(flags[q]) and (step % self.clean_every or (self.trace is None and self.merged_trace is None)):
             return None  # clean, and no step record to write: nothing to parse
         div = self._compare(gathered.cpu(), step)

@@ -41,13 +41,16 @@ class Divergence:
     action: str = "recorded"
     dump: str | None = None
     rows: list[int] | None = None  # diverging rows of `quantity`, when they could be named
+    healed: list[str] | None = None  # decisions rank 0 broadcast (policy heal; [] if all agreed)
+    note: str | None = None  # why the policy could not act as asked (a refused heal)
 
     def to_record(self) -> DivergenceRecord:
+        extra = {k: v for k, v in (("healed", self.healed), ("note", self.note)) if v is not None}
         return DivergenceRecord(
             run_id=self.run_id, step=self.step, site=self.site, quantity=self.quantity,
             values=self.values, culprit_ranks=self.culprit_ranks, action=self.action,
             dump=self.dump, majority_ranks=self.majority_ranks, differing=self.differing,
-            rows=self.rows,
+            rows=self.rows, extra=extra,
         )
 
 

@@ -40,6 +40,10 @@ from tpguard.trace import TraceWriter, merged_trace_path, rank_trace_path
 from tpguard.watchdog import Heartbeat, default_store, wait_with_deadline
 
 _HDR = 3  # step, site id, present mask
+# A bit of the present mask above every quantity's (at most 62): "this rank's own guard work failed
+# this step". Every rank reads it in the gathered vector, so the ranks stop guarding a site together
+# and their collectives stay paired (hooks/sglang_runtime.py).
+FAILED_BIT = 62
 _FP_ATTR = "_tpguard_fingerprint"
 
 
@@ -203,7 +207,10 @@ class StepGuard:
         self.metrics = MetricsListener(site) if metrics else None
         self.step = 0  # next step number when check() is not told
         self.last_checked: int | None = None
-        self.stats = {"checked": 0, "divergences": 0, "healed": 0, "aborted": 0, "timeouts": 0}
+        self.stats = {"checked": 0, "divergences": 0, "healed": 0, "aborted": 0, "timeouts": 0,
+                      "heal_broadcasts": 0}
+        self.local_failure = False  # set by the caller before check(): sent as FAILED_BIT
+        self.failed_ranks: list[int] = []  # ranks that sent FAILED_BIT at the last check
         self.listeners: list[Callable[[Divergence], None]] = []
         self.guard_seconds = 0.0  # time spent in record()+check(), for the harness summary
         self._reset_step()
@@ -272,15 +279,19 @@ class StepGuard:
         self._reset_step()
         self.step += 1
 
-    def check(self, step: int | None = None) -> Divergence | None:
-        """Compare this step's fingerprints across ranks; act on a divergence per the policy."""
+    def check(self, step: int | None = None, *, heal: bool = True) -> Divergence | None:
+        """Compare this step's fingerprints across ranks; act on a divergence per the policy.
+        `heal=False`: this step cannot be healed (the caller says why): policy heal records."""
         step = self.step if step is None else int(step)
         self.step = step + 1
+        self.failed_ranks = []
         if not self.wants(step):
             self._reset_step()
             return None
         t0 = time.perf_counter()
         gathered = self._all_gather(self._vector(step), step)
+        self.failed_ranks = [r for r, row in enumerate(gathered.tolist()) if (row[2] >> FAILED_BIT) & 1]
+        self._heal_allowed = heal
         div = self._compare(gathered, step)
         elapsed = time.perf_counter() - t0
         self.guard_seconds += elapsed
@@ -308,7 +319,7 @@ class StepGuard:
                 device_fps.append((i, fp))
             else:
                 host[_HDR + i] = fp
-        host[2] = mask
+        host[2] = mask | (int(self.local_failure) << FAILED_BIT)
         dev = self.info.device
         vec = torch.tensor(host, dtype=torch.int64, device=dev)
         if device_fps:  # fingerprints computed on their tensors' devices, moved to the comm device
@@ -416,10 +427,13 @@ class StepGuard:
         self.stats["divergences"] += 1
         if self.dump_dir is not None:
             div.dump = self._dump(div.step)
-        if self.policy == "heal":
-            self.heal(gathered)
+        if self.policy == "heal" and getattr(self, "_heal_allowed", True):
+            div.healed = self.heal(gathered)
             div.action = "healed"
             self.stats["healed"] += 1
+            self.stats["heal_broadcasts"] += len(div.healed)
+        elif self.policy == "heal":
+            div.note = "heal refused at this step (see the log); recorded"
         elif self.policy == "abort":
             div.action = "aborted"
             self.stats["aborted"] += 1
@@ -435,8 +449,10 @@ class StepGuard:
     def heal(self, gathered: torch.Tensor | None = None) -> list[str]:
         """Broadcast rank 0's recorded decision tensors in place; returns the healed names.
 
-        Only quantities that every rank recorded with the same number of elements are sent
-        (known from the gathered vector), so the broadcasts themselves always match up.
+        Only decisions whose fingerprints differ are sent (equal fingerprints: the ranks already
+        hold the same bytes, e.g. after sglang's own rank-0 broadcast), and only those that every
+        rank recorded with the same number of elements (known from the gathered vector), so the
+        broadcasts themselves always match up. Without `gathered`, every recorded decision.
         """
         if self.info.world_size == 1:
             return []
@@ -452,6 +468,8 @@ class StepGuard:
                     continue
                 if len({row[_HDR + q + i] for row in rows}) != 1:
                     continue
+                if len({row[_HDR + i] for row in rows}) == 1:
+                    continue  # the same bytes on every rank: nothing to heal
             tensor = self._tensors.get(name)
             if tensor is None:
                 continue
@@ -478,9 +496,28 @@ class StepGuard:
 
     def _write(self, rec, both: bool = False) -> None:
         if self.trace is not None:
-            self.trace.write(rec)
+            self.trace = self._write_or_drop(self.trace, rec)
         if both and self.merged_trace is not None:
-            self.merged_trace.write(rec)
+            self.merged_trace = self._write_or_drop(self.merged_trace, rec)
+
+    def _write_or_drop(self, writer: TraceWriter, rec) -> TraceWriter | None:
+        """A trace that can no longer be written (disk full, file gone) is dropped with one log
+        line; the guard goes on checking (its collectives must stay paired with the other ranks')."""
+        try:
+            writer.write(rec)
+            return writer
+        except (OSError, ValueError) as e:
+            import logging
+
+            logging.getLogger("tpguard").error(
+                "tpguard: site %s, rank %d: trace %s cannot be written (%s); this rank writes no more "
+                "trace records (checks go on)", self.site, self.info.rank, writer.path,
+                getattr(e, "strerror", None) or e)
+            try:
+                writer.close()
+            except Exception:
+                pass
+            return None
 
     def event(self, kind: str, message: str = "", **extra) -> None:
         """Write an event (a fix switched on, a policy change...) to this rank's trace."""
@@ -490,7 +527,10 @@ class StepGuard:
     def flush(self) -> None:
         for w in (self.trace, self.merged_trace):
             if w is not None:
-                w.flush()
+                try:
+                    w.flush()
+                except (OSError, ValueError):
+                    pass  # reported by the next write
 
     def close(self) -> None:
         self.heartbeat.close()

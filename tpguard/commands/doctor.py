@@ -79,7 +79,7 @@ def _render(disc, entry_point, backend, config, env_problem) -> str:
                  "sglang.srt.layers.dp_attention.get_dp_tp_group")
     lines += ["", "  hook points:"]
     for h in disc.hooks:
-        mark = "ok     " if h.found else "MISSING"
+        mark = "ok     " if h.found else "n/a    " if h.unavailable else "MISSING"
         lines.append(f"    {mark} {h.point.name:<28} {h.point.target}")
         if not h.found:
             lines.append(f"            {h.problem}")
@@ -98,7 +98,7 @@ def _render(disc, entry_point, backend, config, env_problem) -> str:
         state = "OFF (set TPGUARD=on or audit, or use `tpguard serve`)" if not config.enabled else config.mode
         lines.append(f"  TPGUARD: {state}; on divergence: {config.policy}; renorm: {config.renorm}; "
                      f"every: {config.every}; trace dir: {config.trace_dir or '(none)'}")
-    missing = [h.point.name for h in disc.hooks if not h.found]
+    missing = [h.point.name for h in disc.missing]
     lines.append("")
     lines.append("  verdict: " + ("ok" if not (missing or disc.version_problem or not entry_point)
                                   else f"{len(missing)} hook point(s) missing; those sites are NOT guarded"
