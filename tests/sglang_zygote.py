@@ -32,18 +32,21 @@ CLEARED = ("TPGUARD", "SGLANG_SPEC_TP_SYNC")  # prefixes a scenario's env starts
 
 
 def count_collectives() -> dict:
-    """Count gather/broadcast collectives from here on, in a rank (instrumentation of the real
-    torch.distributed functions, which still run)."""
+    """Count collectives from here on, in a rank (instrumentation of the real torch.distributed
+    functions, which still run): "n" gathers (the guard's), "broadcast" tensor broadcasts
+    (sglang's rank-0 syncs and tpguard's heal)."""
     import torch.distributed as dist
 
-    counts = {"n": 0}
-    for name in ("all_gather_into_tensor", "all_gather_single", "all_gather", "broadcast_object_list"):
+    counts = {"n": 0, "broadcast": 0}
+    for name in ("all_gather_into_tensor", "all_gather_single", "all_gather", "broadcast_object_list",
+                 "broadcast"):
         fn = getattr(dist, name, None)
         if fn is None:
             continue
+        key = "broadcast" if name == "broadcast" else "n"
 
-        def counted(*a, _fn=fn, **k):
-            counts["n"] += 1
+        def counted(*a, _fn=fn, _key=key, **k):
+            counts[_key] += 1
             return _fn(*a, **k)
 
         setattr(dist, name, counted)
@@ -72,6 +75,9 @@ def _rank_main(name: str, rank: int, world: int, port: int, out_path: str, scena
         # scheduler processes, so they say so as a script would (test_sglang_processes.py drives
         # the real entry functions of each kind of process).
         os.environ.setdefault("TPGUARD_ALL_PROCESSES", "1")
+        setup = getattr(scenarios[name], "before_plugins", None)
+        if setup is not None:  # e.g. stand in for a newer sglang whose function changed
+            setup(rank)
         load_plugins()
         ps.init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
                                         distributed_init_method=f"tcp://127.0.0.1:{port}", timeout=60)
@@ -201,3 +207,46 @@ class Zygote:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+# --- helpers for scenarios (they run in a rank, after load_plugins) ---------------------------
+
+def sampling_info(bs: int, vocab: int, *, greedy: bool = False, top_p: float = 1.0,
+                  top_k: int | None = None, min_p: float = 0.0, temperature: float = 0.8):
+    """A real SamplingBatchInfo on CPU."""
+    import torch
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    return SamplingBatchInfo(
+        temperatures=torch.full((bs, 1), 1.0 if greedy else temperature), top_ps=torch.full((bs,), top_p),
+        top_ks=torch.full((bs,), 1 if greedy else (top_k or vocab), dtype=torch.int32),
+        min_ps=torch.full((bs,), min_p), is_all_greedy=greedy, is_any_greedy=greedy,
+        need_top_p_sampling=top_p < 1.0, need_top_k_sampling=top_k is not None,
+        need_min_p_sampling=min_p > 0, vocab_size=vocab, device="cpu",
+    )
+
+
+def logits(step: int, rows: int, vocab: int, scale: float = 3.0):
+    """Seeded logits, the same on every rank."""
+    import torch
+
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randn((rows, vocab), generator=g) * scale
+
+
+def divergence_log(site: str) -> list:
+    """Divergences the plugin's guard of `site` reports on this rank: [step, site, quantity,
+    culprits, action, healed]. Creates the site's guard now (and so resolves its group)."""
+    from tpguard.hooks import sglang_runtime
+
+    log = []
+    if sglang_runtime.RUNTIME is not None:
+        sglang_runtime.RUNTIME.guard(site).listeners.append(
+            lambda d: log.append([d.step, d.site, d.quantity, d.culprit_ranks, d.action, d.healed]))
+    return log
+
+
+def plugin_stats() -> dict:
+    from tpguard.hooks import sglang_plugin
+
+    return sglang_plugin.stats()

@@ -384,11 +384,12 @@ class StepGuard:
             return
         me = self.info.rank
         if self.trace is not None:
-            self.trace.write(StepRecord(run_id=self.run_id, step=step, site=self.site, ranks=[me],
-                                        fp={q: v[me] for q, v in by_quantity.items()}))
+            self.trace = self._write_or_drop(self.trace, StepRecord(
+                run_id=self.run_id, step=step, site=self.site, ranks=[me],
+                fp={q: v[me] for q, v in by_quantity.items()}))
         if self.merged_trace is not None:
             ranks = list(range(self.info.world_size))
-            self.merged_trace.write(StepRecord(
+            self.merged_trace = self._write_or_drop(self.merged_trace, StepRecord(
                 run_id=self.run_id, step=step, site=self.site, ranks=ranks,
                 fp={q: compact_fp([v[r] for r in ranks]) for q, v in by_quantity.items()}))
 
