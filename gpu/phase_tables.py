@@ -95,8 +95,13 @@ def cell_text(c: dict | None) -> str:
 
 
 def differing(cells: list[dict | None]) -> str:
-    got = [f"{c['calls_differing']}/{c['calls'] - 1}" for c in cells if c and c.get("calls_differing") is not None]
+    got = [str(c["calls_differing"]) for c in cells if c and c.get("calls_differing") is not None]
     return "-" if not got else got[0] if len(set(got)) == 1 else ", ".join(got)
+
+
+def repeats(cells: list[dict]) -> str:
+    n = {c["calls"] - 1 for c in cells if c.get("calls")}
+    return "/".join(str(v) for v in sorted(n)) or "?"
 
 
 def kernels(d: Path, env: dict) -> str:
@@ -124,7 +129,8 @@ def kernels(d: Path, env: dict) -> str:
         floors = ", ".join(f"{k}: {v:.0f} us" for k, v in data.get("floors_us", {}).items())
         out += ("\n**256 rows**, eager us (graph us: one call replayed from a CUDA graph), median of 50 calls; "
                 f"calls differing of the repeats on one input. Copy floor (read + write): {floors}.\n\n")
-        out += table(["op", "impl", "128256 flat", "163840 flat", "163840 peaky", "calls differing"], rows)
+        out += table(["op", "impl", "128256 flat", "163840 flat", "163840 peaky",
+                      f"calls differing (of {repeats(first)})"], rows)
         sizes = sorted({c["rows"] for c in cells if c["rows"] != 256})
         rows = []
         for op, op_name in OPS.items():
@@ -133,9 +139,12 @@ def kernels(d: Path, env: dict) -> str:
                        for n in sizes]
                 if all(c is None or c.get("median_us") is None for c in got):
                     continue
-                rows.append([op_name, impl_name] + [cell_text(c) for c in got] + [differing(got)])
-        out += "\n**Batch sizes**, vocab 163840, flat logits, eager us (graph us):\n\n"
-        out += table(["op", "impl"] + [f"{n} row{'s' if n > 1 else ''}" for n in sizes] + ["calls differing"], rows)
+                rows.append([op_name, impl_name] + [cell_text(c) for c in got] + [env.get("date", "?")])
+        small = [c for c in cells if c["rows"] != 256]
+        out += ("\n**Batch sizes**, vocab 163840, flat logits, eager us (graph us); calls differing of "
+                f"{repeats(small)} repeat calls: tpguard {differing([c for c in small if c['impl'] == 'tpguard'])}, "
+                f"flashinfer default {differing([c for c in small if c['impl'] == 'flashinfer'])}:\n\n")
+        out += table(["op", "impl"] + [f"{n} row{'s' if n > 1 else ''}" for n in sizes] + ["date"], rows)
         ks = sorted({c["top_k"] for c in cells if c["rows"] == 256 and c["top_k"] != 40})
         rows = []
         for op in ("top_k", "top_k_top_p"):
@@ -170,11 +179,12 @@ def kernels(d: Path, env: dict) -> str:
     if by_op:
         sizes = sorted({r[0] for v in by_op.values() for r in v})
         label = " / ".join(str(n) for n in sizes)
-        rows = [[f"{OPS.get(op, op)} {label} rows"] + [" / ".join(f"{r[i]:.1f}" for r in sorted(v)) for i in (1, 2, 3, 4)]
+        rows = [[OPS.get(op, op)] + [" / ".join(f"{r[i]:.1f}" for r in sorted(v)) for i in (1, 2, 3, 4)]
                 for op, v in by_op.items()]
         out += ("\n**Host time per eager call**, `python gpu/renorm_host.py --gpu --batch-sizes 1,8,64` "
                 f"({host.splitlines()[0] if host else ''}), us, no sync in the loop, every way the same bits:\n\n")
-        out += table(["163840 vocab", "plans off", "untrimmed", "**trimmed** (default)", "plan graph"], rows)
+        out += table([f"163840 vocab, {label} rows", "plans off", "untrimmed templates", "**trimmed** (the default)",
+                      "plan graph"], rows)
         out += f"\n{host.strip().splitlines()[-1]}\n"
     cross = load_json(d / "cross_gpu.json") if (d / "cross_gpu.json").exists() else None
     if cross:
@@ -199,7 +209,7 @@ def fingerprint(d: Path, env: dict) -> str:
                  f"{g} us ({tb} TB/s)", f"{e} us", f"{h} us"] for n, g, tb, e, h in lanes]
         head = re.search(r"^lane loads.*$", log, re.M)
         out += f"\n**One tensor, 256 x 163840 fp32** ({head.group(0) if head else 'lane loads'}):\n\n"
-        out += table(["", "graph", "eager", "host per call"], rows)
+        out += table(["lane launch", "graph", "eager", "host per call"], rows)
     main = re.search(r"^main:.*$", log, re.M)
     if main:
         out += f"\n{main.group(0)}"
@@ -209,10 +219,10 @@ def fingerprint(d: Path, env: dict) -> str:
     sets = re.findall(r"^\s*(decisions|full)\s+(\d+)\s+(\d+) \|\s+([\d.]+)\s+([\d.]+) \|\s+([\d.]+)\s+([\d.]+)\s+(\S+) \|"
                       r"\s+([\d.]+)\s+([\d.]+) \| (.*)$", log, re.M)
     if sets:
-        rows = [[name, n, launches, f"{many} / **{graph}**", f"{host} / {triton}", check.strip()]
+        rows = [[name, n, launches, many, f"**{graph}**", f"{host} ({triton} through Triton's launches)", check.strip()]
                 for name, n, launches, many, graph, host, triton, _fast, _each, _h, check in sets]
-        out += "\n**The guard's sets** (`fingerprint_many`), us:\n\n"
-        out += table(["set", "tensors", "launches", "eager / graph", "host: direct / Triton's launches", "check"], rows)
+        out += "\nThe guard's sets (`fingerprint_many`, direct launches on), us:\n\n"
+        out += table(["set", "tensors", "launches", "eager", "graph", "host per call", "check"], rows)
     if not (lanes or main or sets):
         MISSING.append("bench.log (no result lines)")
     return out
@@ -220,15 +230,15 @@ def fingerprint(d: Path, env: dict) -> str:
 
 # --- guard -------------------------------------------------------------------------------------------
 
-GUARD_ROWS = [  # (label, key, what is added after the value)
-    ("full (11 quantities), standalone graph replay", "graph_full_us", None),
-    ("decisions (9 quantities), standalone graph replay", "graph_decisions_us", None),
-    ("full, inside a step's graph, zero-copy result (the default)", "graph_full_zero_copy_x8_us",
+GUARD_ROWS = [  # (label, key, what is added after the value): the rows of docs/benchmarks.md's guard table
+    ("full (11 quantities), inside a step's graph, zero-copy result (the default)", "graph_full_zero_copy_x8_us",
      "graph_step_full_zero_copy_added_us"),
-    ("decisions, inside a step's graph, zero-copy", "graph_decisions_zero_copy_x8_us",
+    ("full with tpguard's renorm: the `target_probs` slot filled by its write pass, renorm + guard in one graph: "
+     "what the guard adds", "graph_fused_guard_added_us", None),
+    ("decisions (9 quantities), inside a step's graph, zero-copy", "graph_decisions_zero_copy_x8_us",
      "graph_step_decisions_zero_copy_added_us"),
-    ("full with the fused `target_probs` slot: what the guard adds to the top-p renorm in one graph",
-     "graph_fused_guard_added_us", None),
+    ("full, a graph of its own (copy node)", "graph_full_us", None),
+    ("decisions, a graph of its own (copy node)", "graph_decisions_us", None),
 ]
 
 
@@ -237,13 +247,13 @@ def guard(d: Path, env: dict) -> str:
     g2 = load_json(d / "guard2.json") if (d / "guard2.json").exists() else None
     out = measured_with(env, "python -m tpguard.bench.guard" + (" ; torchrun --nproc-per-node 2 -m tpguard.bench.guard"
                                                                 if g2 else ""), 2 if g2 else 1)
-    budgets = {"graph_full_us": "100", "graph_full_zero_copy_x8_us": "100", "graph_fused_guard_added_us": "100",
-               "graph_decisions_us": "25", "graph_decisions_zero_copy_x8_us": "25"}
+    budgets = {"graph_full_zero_copy_x8_us": "100", "graph_fused_guard_added_us": "100",
+               "graph_decisions_zero_copy_x8_us": "25"}
 
     def val(g, key, added):
         if not g or g.get(key) is None:
             return "-"
-        text = f"{g[key]:.1f}"
+        text = f"**{g[key]:.1f}**" if key in budgets else f"{g[key]:.1f}"
         if added and g.get(added) is not None:
             text += f" (stand-in step +{g[added]:.1f})"
         if key == "graph_fused_guard_added_us" and g.get("graph_renorm_only_us") is not None:
@@ -253,10 +263,11 @@ def guard(d: Path, env: dict) -> str:
     rows = [[label, val(g1, key, added), val(g2, key, added), budgets.get(key, "")] for label, key, added in GUARD_ROWS]
     host = lambda g: "-" if not g or g.get("host_full_us") is None else (  # noqa: E731
         f"{g['host_full_us']:.0f} / {g['host_decisions_us']:.0f} "
-        f"({g['host_full_triton_launch_us']:.0f} / {g['host_decisions_triton_launch_us']:.0f} through Triton's launches)")
-    rows.append(["eager host time per checked step, full / decisions (direct launches)", host(g1), host(g2), ""])
-    out += f"\n**Per checked step**, {(g1 or g2 or {}).get('shape', '256 x 163840 fp32')}, graph us unless said:\n\n"
-    out += table(["", "1 GPU", "2 GPUs, NCCL", "budget"], rows)
+        f"({g['host_full_triton_launch_us']:.0f} / {g['host_decisions_triton_launch_us']:.0f})")
+    rows.append(["eager host time per checked step, full / decisions (direct launches; through Triton's launches)",
+                 host(g1), host(g2), ""])
+    out += f"\n{(g1 or g2 or {}).get('shape', '256 x 163840 fp32')}:\n\n"
+    out += table(["per checked step, graph us unless said", "1 x H200", "2 x H200, NCCL", "budget"], rows)
     fp = load_json(d / "fused_probs.json")
     if fp:
         w = fp["write_us"]
@@ -266,13 +277,15 @@ def guard(d: Path, env: dict) -> str:
                 f"fingerprint {fp['write_then_fingerprint_us']:.1f}; bits: out {fp['bit_identical_out']}, fingerprint "
                 f"{fp['fingerprint_matches']}, rows {fp['row_fps_match']}.\n")
     if g2 and g2.get("fused_heal_graph_us") is not None:
+        date = env.get("date", "?")
         rows = [["graph us", f"{g2['fused_heal_graph_us']:.1f}", f"{g2['broadcasts_graph_us']:.1f}",
-                 f"{g2['decisions_then_broadcasts_graph_us']:.1f}"],
-                ["eager us (synchronised)", f"{g2['fused_heal_eager_us']:.0f}", f"{g2['broadcasts_eager_us']:.0f}",
-                 f"{g2['decisions_then_broadcasts_eager_us']:.0f}"]]
-        out += "\n**Fused heal** over NCCL, per step:\n\n"
-        out += table(["", "fused heal (1 all-gather)", f"{g2['broadcasts_per_step']} rank-0 broadcasts",
-                      "decisions guard + broadcasts"], rows)
+                 f"{g2['decisions_then_broadcasts_graph_us']:.1f}", date],
+                ["eager us (synchronised each call)", f"{g2['fused_heal_eager_us']:.0f}", f"{g2['broadcasts_eager_us']:.0f}",
+                 f"{g2['decisions_then_broadcasts_eager_us']:.0f}", date]]
+        n = g2["broadcasts_per_step"]
+        out += "\n**Fused heal**, 2 x H200, NCCL, per step:\n\n"
+        out += table(["", "fused heal", f"{n} rank-0 broadcasts (`SGLANG_SPEC_TP_SYNC=all`)",
+                      f"decisions guard + {n} broadcasts", "date"], rows)
     graph = load_json(d / "graph_nccl.json") if (d / "graph_nccl.json").exists() else None
     if graph is not None:
         out += (f"\n`torchrun --nproc-per-node 2 gpu/graph_nccl_check.py`: {'pass' if graph.get('pass') else 'FAIL'} (clean "
