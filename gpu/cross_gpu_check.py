@@ -1,7 +1,7 @@
-"""Issue 3's "identical on every GPU of the same model": the same input on two GPUs gives the same
+"""Identical on every GPU of the same model: the same input on two GPUs gives the same
 bytes from every tpguard renorm, and the same fingerprints.
 
-    python gpu/cross_gpu_check.py [out.json]        (needs 2 GPUs; gpu/run_all.sh, phase cross_gpu)
+    python gpu/cross_gpu_check.py [out.json]        (needs 2 GPUs; gpu/check.sh runs it in its kernels phase)
 
 Inputs are made on the CPU (float64 softmax, then float32) and copied to each GPU, so both get the
 same bytes; each op runs on each GPU with the default RenormConfig and the outputs are compared

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Fetch (here, with network) what gpu/run_all.sh needs on the GPU machine, which has none:
+# Fetch (here, with network) what gpu/check.sh needs on the GPU machine, which has none:
 #   .whl/  slim flashinfer-python 0.7.2.post1 (sampling sources only: the full wheel is 62 MB and
 #          the whole carried tree must stay under 64 MiB), apache-tvm-ffi, and the cp312 wheels
 #          that sglang 0.5.23's hooked modules import beyond the machine's image
 #   .gpu/  sglang_py.zip: sglang 0.5.23's Python modules without its Rust .so files
 # flashinfer's sampling module is JIT-built on the GPU machine at first use (~100 s); copy the
-# built sampling.so back into .gpu/flashinfer-jit/ to skip that on later calls (kernels/NOTES.md).
+# built sampling.so back into .gpu/flashinfer-jit/ to skip that on later calls (gpu/check.sh returns it
+# as $OUT/sampling.so; flashinfer 0.7.2.post1 loads it from flashinfer/data/aot/sampling/ as an AOT module).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl .gpu /tmp/tpguard-fetch
@@ -17,7 +18,8 @@ python3 -m pip download -q --no-deps -d /tmp/tpguard-fetch flashinfer-python==0.
 python3 -m pip download -q --no-deps "${PIP_PLAT[@]}" -d /tmp/tpguard-fetch "apache-tvm-ffi>=0.1.11,<0.2"
 cp /tmp/tpguard-fetch/apache_tvm_ffi-*.whl .whl/
 python3 - <<'PY'
-# The slim flashinfer wheel: drop cutlass and other kernels' CUDA sources (kernels/NOTES.md).
+# The slim flashinfer wheel: drop cutlass and other kernels' CUDA sources (the sampling JIT spec,
+# flashinfer/jit/sampling.py, compiles only these three against data/include, data/cccl and data/spdlog).
 import base64, glob, hashlib, zipfile
 src = glob.glob('/tmp/tpguard-fetch/flashinfer_python-0.7.2.post1-*.whl')[0]
 dst = '.whl/flashinfer_python-0.7.2.post1-py3-none-any.whl'
@@ -52,6 +54,6 @@ python3 -m pip download -q --no-deps "${PIP_PLAT[@]}" -d .whl jiter==0.19.0 msgs
   parso==0.8.7 traitlets==5.16.1 matplotlib-inline==0.2.2 stack-data==0.6.3 executing==2.3.0 asttokens==3.0.2 \
   pure-eval==0.2.4 pexpect==4.9.0 ptyprocess==0.7.0 prompt-toolkit==3.0.53 wcwidth==0.9.4 pydantic==2.14.4 \
   pydantic-core==2.50.5 annotated-types typing-inspection
-# pytest-xdist: gpu/run_all.sh's gpu_tests run the GPU tests 8 at a time when it is there (session 12)
+# pytest-xdist: gpu/check.sh's tests phase runs the GPU tests 8 at a time when it is there
 python3 -m pip download -q --no-deps "${PIP_PLAT[@]}" -d .whl pytest-xdist==3.8.0 execnet==2.1.2
 du -sh .whl .gpu

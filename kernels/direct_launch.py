@@ -19,7 +19,7 @@ kernel up on every call (tens of us per launch). Here:
    order) with no launch hooks installed (profilers: `hooks_idle`).
 3. A later call copies the template, sets the current stream and the roles, and calls the
    launcher. The template is trimmed of per-call work Triton's launcher would repeat (host time,
-   kernels/NOTES.md "Launcher arguments"): the workspace tensors become their addresses (the C
+   docs/design-renorm.md, "Host time"): the workspace tensors become their addresses (the C
    launcher otherwise calls each one's ``data_ptr()`` and ``cuPointerGetAttribute`` per launch),
    substituted tensors are passed as addresses too, the idle hook chains become None (the C
    launcher calls a hook unless it is None), and where `CudaLauncher.__call__` is the Triton 3.6
@@ -70,7 +70,7 @@ C_LAUNCHER_CALL_SHA256 = "ead77febd3d441d474bb8bc0126006c821d25c5ba32235acd60673
 _C_LAUNCH_OK: dict[type, bool] = {}  # launcher class -> its __call__ is the one above
 LAUNCHERS = {"c": 0, "triton": 0}  # recorded launches by how they are called (benchmarks print it)
 # 0: record templates as Triton hands them (tensors, hook chains, CudaLauncher.__call__): the
-# benchmark's baseline for the trims (tpguard.bench.renorm_host --gpu times both); read at record time
+# benchmark's baseline for the trims (gpu/renorm_host.py --gpu times both); read at record time
 TRIM = os.environ.get("TPGUARD_LAUNCH_TRIM", "1") != "0"
 _VALIDATED: dict[str, bool] = {}  # compiled variant -> a direct run equal to Triton's (this process)
 # aten ops that do no GPU work (allocations, views): anything else in a captured run is refused

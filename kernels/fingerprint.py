@@ -32,15 +32,15 @@ Design (one read pass over the data, no host sync):
   several rows, so the per-column position work (``_pos_mix``) is shared by those rows.
 * Loads of the column loop: the next step's words are loaded before the current ones are
   hashed (deeper register prefetch, Triton's cp.async pipeline and cache hints measured no
-  better on an H200: kernels/NOTES-fingerprint.md, section 6). One tensor on sm_90+: the lane
-  launch reads through TMA instead (kernels/fingerprint_tma.py, `KernelConfig.lane_tma`; section 14).
+  better on an H200: docs/design-fingerprint.md, "Tried and lost"). One tensor on sm_90+: the lane
+  launch reads through TMA instead (kernels/fingerprint_tma.py, `KernelConfig.lane_tma`; docs/design-fingerprint.md).
 * Per-row groups of words are summed through ``tl.reshape`` WITHOUT ``can_reorder``: a reordering
   reshape let the sm_90 compiler mix rows of multi-row tiles (GPU run 1: wrong row fingerprints
   of [3, 5] tensors and of the guard's decisions set); the interpreter never reorders.
 
 Cost: ~14 SASS instructions per 32-bit word in the loop of the default tile (fp/2; fp/1's second
-fmix32 made it ~22; sm_90, Triton 3.6, counted offline; kernels/NOTES-fingerprint.md, sections 5 and
-7). Measured on an H200 the loop is bound by loads in flight, not by issue: the one-tensor default
+fmix32 made it ~22; sm_90, Triton 3.6, counted offline; docs/design-fingerprint.md).
+Measured on an H200 the loop is bound by loads in flight, not by issue: the one-tensor default
 `SINGLE_TENSOR_CONFIG` reads 256 x 163840 fp32 in 45.8-47.2 us through TMA (48.4-48.9 with ldg loads in
 the same processes, runs 39-40), `torch.sum` in ~46.
 `tpguard.bench.fingerprint` measures it.
@@ -130,7 +130,7 @@ class KernelConfig:
     finalize_rows: int = 1024  # rows per finalize program; also the limit for a fused top hash
     # Which of the 3 fmix32 shifts per word run as IMAD.HI on the FMA pipe instead of SHF on the
     # integer ALU pipe (a bitmask of SHIFT_*: 0 none, 1 the two ">>16", 3 all).
-    # kernels/NOTES-fingerprint.md, sections 5 and 7.
+    # docs/design-fingerprint.md, "Tried and lost".
     shifts: int = 0
     # fingerprint_many, long rows: "table" one launch per word-size class through the segment
     # table (GPU run 3 at these defaults: 119.5 us for 2 x 168 MB = 2 x the single-tensor time);
@@ -142,12 +142,12 @@ class KernelConfig:
     # the GPU's SMs x this many CTAs about once, evenly (one tensor; fingerprint_many's long rows: over all
     # the segments of a lane launch). Runs 19-20 (session 6): one tensor 48.6-48.9 us at 7, 53.9 at 8, 52.1
     # at 14 (the 8-warp default: 48.3); the full set 114.0 / 100.3 us at 7 / 14 vs 93.5: an option, off
-    # (kernels/NOTES-fingerprint.md, sections 7 and 8).
+    # (docs/design-fingerprint.md, "Tried and lost").
     fill_ctas_per_sm: int = 0
     # One tensor's lane launch read through Hopper TMA (kernels/fingerprint_tma.py; run 38: 45.7 vs 47.1 us
     # for 256 x 163840 fp32): "auto" on sm_90+ GPUs where the tensor allows, "on" there and under the
     # interpreter too (tests), "off" never. fingerprint_many never uses it: its cached plans must not hold the
-    # tensors, and a descriptor does (run 39 measured it anyway: kernels/NOTES-fingerprint.md, section 14).
+    # tensors, and a descriptor does (run 39 measured it anyway: docs/design-fingerprint.md, "Tried and lost").
     lane_tma: str = "off"
     tma_stages: int = 3  # shared-memory ring depth (run 38: 3 best; 2 48.6 us, 4 44.2 us lane launch)
     tma_warps: int = 4  # run 38: 4 warps 42.8 us vs 8 warps 43.4 us lane launch
@@ -186,7 +186,8 @@ DEFAULT_CONFIG = _config_from_env(os.environ.get("TPGUARD_FP_CONFIG", ""))  # fi
 # programs of [8 rows, 8192 words] in one wave (the defaults: 528 slots, 1.2 waves). fingerprint_many's
 # full set (2 x 168 MB, twice the programs) gained nothing from it there (97.0 vs 93.4 us).
 # Session 6: 8 warps of 8 words per thread, 48.3 us vs 50.0 at 4 warps in the same run (run 20; fill_ctas_per_sm=7:
-# 48.6-48.9), 47.5 us as the default (run 22); a plain Triton read of the same tensor: 40-41 us (gpu/read_ceiling.py).
+# 48.6-48.9), 47.5 us as the default (run 22); a plain Triton read of the same tensor: 40-41 us
+# (docs/design-fingerprint.md).
 # Session 12: the lane launch through TMA on sm_90+ (lane_tma="auto"; run 38: 45.7 us vs 47.1 with ldg loads).
 SINGLE_TENSOR_CONFIG = KernelConfig(block_words=2048, num_warps=8, maxnreg=None, lane_tma="auto")
 SHORT_ROW_WORDS = 64  # fingerprint_many: rows of up to this many words share tiles

@@ -6,7 +6,7 @@ same bits as `kernels/fingerprint.py`'s `_rows_kernel` MODE 0, which this replac
 
 Why: the ldg kernel keeps loads in flight by a manual register double buffer; here TMA copies each
 ``[8, 256]`` tile of 4-byte words into a 3-deep shared-memory ring (`tl.range(num_stages=3)`), so
-4 warps hash while the next tiles land. Run 38 (gpu/tma_probe.py, one H200, 256 x 163840 fp32, CUDA
+4 warps hash while the next tiles land. Run 38 (docs/design-fingerprint.md, one H200, 256 x 163840 fp32, CUDA
 graph replays): lane launch 42.8 us vs 44.1, the whole `fingerprint_triton` call 45.7 vs 47.1 us
 (3.67 vs 3.57 TB/s); a plain TMA read of the tensor 39.8 us, the best plain ldg read 39.0. Runs 39-40,
 in the product: the call 45.8-47.2 us vs 48.4-48.9 with ldg loads.
@@ -87,7 +87,7 @@ if triton is not None:
                          CHUNK_TILES: tl.constexpr, STAGES: tl.constexpr, SHIFTS: tl.constexpr):
         """Partial lane sums of chunk c of row block rb into partial_ptr [chunks, n_rows, 2]. Rows past
         n_rows arrive as zeros (TMA's out-of-bounds fill) and are not stored; the tail step masks its
-        columns. (gpu/tma_probe.py's two-tensor launch calls it once per tensor.)"""
+        columns. (A two-tensor launch, tried in docs/design-fingerprint.md, called it once per tensor.)"""
         s_lo = s_lo.to(tl.uint32)
         r0 = rb * BR
         rows = r0 + tl.arange(0, BR)

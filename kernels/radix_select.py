@@ -17,7 +17,7 @@ at ``gid_ptr`` (``n`` = groups * G). With SCALED=True a value ``x`` is read as
 ``fp32(x * scale)`` when ``x >= thr`` and 0 otherwise: the output of an earlier top-k renorm,
 recomputed on the fly exactly as the write pass computes it.
 
-``mass_cutoff_block_bins`` (RenormConfig.bracket_bins; kernels/NOTES.md, "Sub-bracket bins"):
+``mass_cutoff_block_bins`` (RenormConfig.bracket_bins; docs/design-renorm.md, "Sub-bracket bins"):
 mass_cutoff_block's cutoff and kept-mass bits from radix-4 rounds on one sub-bracket's entries,
 chosen from per-bin masses the bracket pass summed.
 """
@@ -219,7 +219,7 @@ def mass_cutoff_block_bins(src_ptr, n, target, base_mass, bin_mass, lo, shift, s
                            STEP: tl.constexpr, W: tl.constexpr, B: tl.constexpr):
     """(t, m, ok): mass_cutoff_block's answer and kept-mass bits over the n <= REG bracket entries
     at src_ptr (all in [lo, hi)), searched among one sub-bracket's entries only (bracket_bins;
-    kernels/NOTES.md, "Sub-bracket bins"). bin_mass: the exact float64 mass of the entries in
+    docs/design-renorm.md, "Sub-bracket bins"). bin_mass: the exact float64 mass of the entries in
     each bin (b - lo) >> shift. ok is 0 (nothing decided) when the bin holds more than W entries.
 
     Exactness (checked by the caller: hi / lo < 2**EXACT_SPAN, n <= REG): every entry is a multiple

@@ -1,5 +1,5 @@
 """Eager small-batch renorm calls replayed from CUDA graphs that their call plan owns (host time;
-kernels/NOTES.md "Plan graphs"; docs/kernels.md "Call plans").
+docs/design-renorm.md, "Host time"; docs/kernels.md "Call plans").
 
 An eager call of a few rows is host-bound: its 3-6 direct launches cost more host time than the
 GPU spends on them (run 27: top-k(40) at 1 row 55 us of host time for 23 us of GPU work,

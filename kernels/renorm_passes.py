@@ -1,4 +1,4 @@
-"""The passes every tpguard renorm runs over a [rows, vocab] float32 batch (design: kernels/NOTES.md).
+"""The passes every tpguard renorm runs over a [rows, vocab] float32 batch (design: docs/design-renorm.md).
 
 1. ``row_stats``  (rows x chunks programs, one read of the batch): per chunk the float64 sum and a
    non-finite flag; per group of G consecutive entries its max (``gmax``); one pseudo-random
@@ -58,7 +58,7 @@ MAX_BLOCK = 1 << 20  # register blocks searched by kth_largest_block (20-bit cou
 class RenormConfig:
     """Block shapes. Results depend only on these and the vocabulary size, never on the batch.
 
-    Defaults: the fastest correct variants of the H200 sweeps (docs/benchmarks.md and kernels/NOTES.md:
+    Defaults: the fastest correct variants of the H200 sweeps (docs/benchmarks.md and docs/design-renorm.md:
     runs 3 and 5 for the shapes and register caps, runs 9-11 for bracket_copy, bracket_bins and
     tps_shared); every option gives the same output bits."""
 
@@ -82,7 +82,7 @@ class RenormConfig:
     compact_sub: int = 4096  # entries per step when a select kernel compacts gathered groups
     cap_per_chunk: int = 1024  # bracket entries kept per chunk before the fallback searches
     z: float = 5.0  # bracket half-width in standard deviations of the sample estimate
-    # --- run-4 options (kernels/NOTES.md, "Run 4 design"); 0 keeps the run-3 behaviour ---
+    # --- run-4 options (docs/design-renorm.md, "Registers and occupancy"); 0 keeps the run-3 behaviour ---
     tau_mass_first: int = 1  # top-p select: M(>= tau) streamed first, the tau list compacted only when needed
     bracket_chunk: int = 0  # entries per bracket-pass program (0: chunk); smaller = more CTAs per SM
     bracket_pass_warps: int = 0  # warps of the bracket pass (0: pass_warps)
@@ -96,30 +96,30 @@ class RenormConfig:
     # SM at 4 warps) where bracket_select needs its 128. Run 20 (H200, graph): top-p flat 330 -> 316 us at 80
     # (96: 320, 64: 320), top-p logits x 4 305 -> 298, min-p flat 206 -> 202
     bracket_pass_maxnreg: int = 80
-    # --- session-3 option (kernels/NOTES.md, "bracket_copy=2"; bsel_radix, bsel_window and bracket_copy=1
+    # --- session-3 option (docs/design-renorm.md, "Registers and occupancy"; bsel_radix, bsel_window and bracket_copy=1
     # were removed in session 4 after run 9: slower, see "Session 3 variants") ---
     # bracket pass copy-out: 2 (run 9's winner: bracket pass 100 -> 75 us, top-p flat 386 -> 364) = one scan over
     # the chunk, stored from a view in the load's own lane/warp layout (no shared-memory shuffle); used where
     # that view fits (4 <= group <= 128, bracket chunk >= 128), else 0 = prefix over groups + scan inside each
     bracket_copy: int = 2
-    # --- session-4 option (kernels/NOTES.md, "Sub-bracket bins (session 4)"); 0 = run 9's code ---
+    # --- session-4 option (docs/design-renorm.md, "Sub-bracket bins"); 0 = run 9's code ---
     # B: the bracket pass sums its entries' mass per 1/B of [lo, hi) (by bit pattern); bracket_select searches
     # only the sub-bracket holding the cutoff (a power of two, 2..64). Run 10: bracket_select 85 -> 50 us, the
     # bracket pass 75 -> 95 us, top-p flat 363 -> 349 us at B = 8 (16: 351, 4: 355, 32: 365)
     bracket_bins: int = 8
-    # --- session-4 option (kernels/NOTES.md, "Top-p select rounds (session 4)") ---
+    # --- session-4 option (docs/design-renorm.md, "Top-p: where the estimate's rounds went") ---
     # top-p select: while the bracket's lo and hi searches agree, one 6-sum reduction per round instead of 12
     # (same bits). Run 11: the select pass 55.0 -> 46.7 us, top-p flat 347 -> 339 us; 0 = the two searches apart.
     # (top-k + top-p with k >= vocab, plain top-p inside the top-k select kernel, keeps them apart: not measured there)
     tps_shared: int = 1
-    # --- session-5 option (kernels/NOTES.md, "Top-p select: padded rounds split (session 5)"); 0 = run 18's code ---
+    # --- session-5 option (docs/design-renorm.md, "Top-p: where the estimate's rounds went"); 0 = run 18's code ---
     # top-p select: 1 = the sample bracket's samples as a power-of-two main block plus a power-of-two remainder
     # block (4096 + 1024 at vocab 163840, not one padded 8192 block; 128256: 4096, unchanged), and the tau search's
     # group maxima likewise (exact int64 counts: same tau); same output bits
     # (float32 summation order differs, so the estimated bracket may differ: it is verified exactly). Run 19
     # (session 6, H200, graph): the select pass 46.6 -> 37.7 us, top-p flat 336 -> 326 us, peaky 210 -> 207.
     tps_split: int = 1
-    # --- session-6 option (kernels/NOTES.md, "Bracket misses near tau (session 6)"); 0 = run 19's code ---
+    # --- session-6 option (docs/design-renorm.md, "Top-p: where the estimate's rounds went"); 0 = run 19's code ---
     # top-p select: with fewer than this many samples in [hi, tau), hi = tau (the estimate's variance there rests
     # on a handful of samples; a bracket ending below the cutoff sends the row to bracket_select's slowest path).
     # Run 20: top-p on logits N(0, 1) x 4 437 -> 305 us. The top-p select kernel only (top-k + top-p with k >= vocab,
@@ -130,7 +130,7 @@ class RenormConfig:
     # streaming passes overlap the other's per-row kernels (same bits: the kernels are batch-invariant). Run 20
     # (H200, graph, 256 x 163840): top-p flat 327.6 -> 314.6 us, top-p logits x 4 307.9 -> 270.4
     graph_row_split: int = 2
-    # --- session-7 option (kernels/pdl.py; kernels/NOTES.md, "Session 7"); 0 = run 23's launches ---
+    # --- session-7 option (kernels/pdl.py; docs/design-renorm.md, "Launches"); 0 = run 23's launches ---
     # programmatic dependent launch (sm_90+): every launch of a call after its first is made with the PDL
     # attribute and waits (griddepcontrol.wait) before it touches anything an earlier launch wrote; 1: every
     # kernel signals its dependents at its start, so the next kernel's CTAs are resident (and the write pass

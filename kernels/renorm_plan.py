@@ -1,5 +1,5 @@
-"""Cached per-call plans of the deterministic renorms (eager host time; kernels/NOTES.md, "Eager
-host time"; docs/kernels.md, "Call plans").
+"""Cached per-call plans of the deterministic renorms (eager host time; docs/design-renorm.md, "Host
+time"; docs/kernels.md, "Call plans").
 
 An eager renorm call is 4-6 Triton launches into a scratch workspace. A plan, cached per
 (op, rows, vocab, RenormConfig, device, current stream, parameter kinds, fingerprint slot or

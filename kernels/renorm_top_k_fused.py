@@ -3,7 +3,7 @@ kernels/reference.py (``top_k_renorm_reference``, ``top_k_top_p_renorm_reference
 three-launch pipeline it replaces at <= ``RenormConfig.fused_rows`` rows: renorm_top_k.py.
 
 Why: at 1-8 rows a top-k call is three short launches (row stats, select, write; ~25 us of GPU
-work) and an eager call's time is the host's time to issue them (kernels/NOTES.md, "Session 10").
+work) and an eager call's time is the host's time to issue them (docs/design-renorm.md, "Host time").
 Here the three run in one grid (CTAs per row, rows), each CTA on a run of consecutive chunks of its row
 (`chunks_per_cta`: the whole grid at one CTA per SM):
 

@@ -274,7 +274,7 @@ def sample_bracket(samp_row_ptr, n_samples, tau, m_tau, m_low, target, Z, W: tl.
         # A cutoff just below tau has only a handful of samples in [cutoff, tau), and the variance of
         # the estimate, computed from those samples, is then about 0: hi can land at or below the
         # cutoff (a numpy model missed on 3-30% of the bracket rows whose kept set is a few hundred to
-        # a few thousand entries, logits N(0, 1) x 3.5-5 at p 0.8-0.95: kernels/NOTES.md), and such a
+        # a few thousand entries, logits N(0, 1) x 3.5-5 at p 0.8-0.95: docs/design-renorm.md), and such a
         # row takes bracket_select's slowest path (every group above hi, streamed). With fewer than
         # HI_SAMPLES samples in [hi, tau), that range holds about HI_SAMPLES * W entries: take it
         # into the bracket. hi = tau is above the cutoff by the row's status (M(>= tau) < target),

@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 from tpguard.audit import AuditRow, main, print_audit, run_audit  # noqa: E402
 from tpguard.kernels.direct_launch import interpreting  # noqa: E402
 
-# tpguard's kernels on CPU tensors need the interpreter; gpu/run_all.sh exports TRITON_INTERPRET=0 for its GPU
+# tpguard's kernels on CPU tensors need the interpreter; gpu/check.sh exports TRITON_INTERPRET=0 for its GPU
 # test runs (there the audit runs on CUDA: `python -m tpguard.audit --device cuda`, docs/benchmarks.md)
 INTERPRETER = interpreting()
 

@@ -110,7 +110,7 @@ def test_bounded_trace_keeps_every_divergence(tmp_path):
     assert report["first_divergence"]["step"] == 10 and report["divergent_steps"] == 3
 
 
-# The comparison kernels on CPU tensors need the interpreter; gpu/run_all.sh exports TRITON_INTERPRET=0 (there
+# The comparison kernels on CPU tensors need the interpreter; gpu/check.sh exports TRITON_INTERPRET=0 (there
 # tests/test_gpu_guard_graphs.py runs them on the GPU).
 needs_interpreter = pytest.mark.skipif(not interpreting(),
                                        reason="TRITON_INTERPRET=0 in the environment: Triton kernels on CPU tensors")

@@ -5,9 +5,11 @@ and replayed from a CUDA graph; off under the interpreter, on CPU tensors and be
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from renorm_setup import DEVICE, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
 
@@ -121,10 +123,13 @@ def test_pdl_same_bits(op, mode):
 
 
 
+PDL_CHECK = Path(__file__).resolve().parent.parent / "gpu" / "pdl_check.py"  # a developer check, not shipped
+
+
 def _pdl_check(*args: str) -> subprocess.CompletedProcess:
-    """kernels/pdl_check.py in its own process (compiled kernels: no TRITON_INTERPRET)."""
+    """gpu/pdl_check.py in its own process (compiled kernels: no TRITON_INTERPRET)."""
     env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run([sys.executable, "-m", "tpguard.kernels.pdl_check", *args], env=env,
+    return subprocess.run([sys.executable, str(PDL_CHECK), *args], env=env,
                           capture_output=True, text=True, timeout=580)
 
 
@@ -132,7 +137,9 @@ def test_pdl_check_rules():
     """The SASS rules on opcode lists: a dependent waits before any global memory instruction
     (the write pass: before any store, its parameters loaded after), signals (late: after its last
     store), and is launched with the attribute; a first launch signals and does not wait."""
-    from tpguard.kernels import pdl_check as pc
+    spec = importlib.util.spec_from_file_location("pdl_check", PDL_CHECK)
+    pc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pc)
 
     dep, late, first = pdl.DEPENDENT, pdl.DEPENDENT_LATE, pdl.FIRST
     assert pc.check("k", dep, ["PREEXIT", "ACQBULK", "LDG.E", "STG.E"], True) == []
@@ -171,7 +178,7 @@ def test_pdl_kernels_wait_before_memory():
     check fails a compiled kernel that loads before its wait."""
     r = _pdl_check("--self-test")
     assert r.returncode == 0, r.stdout + r.stderr
-    bad = subprocess.run([sys.executable, "-m", "tpguard.kernels.pdl_check"], capture_output=True, text=True,
+    bad = subprocess.run([sys.executable, str(PDL_CHECK)], capture_output=True, text=True,
                          env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
     assert bad.returncode == 2 and "without TRITON_INTERPRET" in bad.stderr and "Traceback" not in bad.stderr
     r = _pdl_check()

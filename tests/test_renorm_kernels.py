@@ -111,7 +111,7 @@ def test_top_p_whole_row_fallbacks(cfg):
 
 
 def test_run4_options_match_reference():
-    # the run-4 options (kernels/NOTES.md): the bracket pass's own chunk and prefetch, the tau list
+    # the run-4 options (docs/design-renorm.md): the bracket pass's own chunk and prefetch, the tau list
     # compacted only for peaky rows, no register caps; every combination must keep the
     # reference's set and the same bits as the default shapes
     x = torch.cat([make_rows(2, 1500, "flat", seed=51), make_rows(1, 1500, "peaky", seed=52)])
@@ -194,7 +194,7 @@ def test_top_p_default_shapes_above_tau_groups():
     assert_matches(top_p_renorm_triton(x, 0.9), ref.top_p_renorm_reference(x, 0.9))
 
 
-# --- bracket_select's register searches; session-3 option (kernels/NOTES.md): bracket_copy -----
+# --- bracket_select's register searches; session-3 option (docs/design-renorm.md): bracket_copy -----
 # Default block shapes (chunk 4096, groups of 32, 16384 bracket entries in registers) at vocab
 # 40000: two flat rows and a peaky row at p = 0.9999 take the bracket passes (FULL) and the
 # register search among the bracket entries. The other register search of bracket_select (the
@@ -249,7 +249,7 @@ def test_bracket_select_register_searches():
 
 @pytest.mark.parametrize("tps_split", [1, 0])  # the sample bracket's split and one-block branches
 def test_bracket_hi_samples_no_miss_near_tau(tps_split):
-    # kernels/NOTES.md, "Bracket misses near tau (session 6)": cutoffs just below tau have a handful of
+    # docs/design-renorm.md, "Top-p: where the estimate's rounds went": cutoffs just below tau have a handful of
     # samples above them, and the sample bracket then ended below the cutoff on rows 0 and 3 here
     # (logits N(0, 1) x 3, p = 0.8: bracket_select's slowest path, the gather of every group above
     # hi). With RenormConfig.bracket_hi_samples (hi = tau when < 16 samples lie in [hi, tau)) every
@@ -327,7 +327,7 @@ def test_bracket_copy_same_slots():
             top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bracket_copy=bad))
 
 
-# --- session-4 option (kernels/NOTES.md, "Sub-bracket bins (session 4)"): bracket_bins ---------
+# --- session-4 option (docs/design-renorm.md, "Sub-bracket bins"): bracket_bins ---------
 
 def _bin_shift(lo: int, hi: int, bins: int) -> int:
     """radix_select.bin_shift in Python."""
@@ -610,7 +610,7 @@ TPS_OPTIONS = ({"tps_shared": 0},)  # the two searches apart (the default, 1, sh
 
 @pytest.mark.parametrize("vocab, cfg", [(40000, "default"), (700, "small")])
 def test_top_p_select_rounds_same_plan_and_bits(vocab, cfg):
-    # kernels/NOTES.md, "Top-p select rounds (session 4)": the select kernel's sample-bracket
+    # docs/design-renorm.md, "Top-p: where the estimate's rounds went": the select kernel's sample-bracket
     # rounds with the session-4 options give today's plan (status, lo, hi), target, params (cutoff,
     # 1/kept) and output bits, on flat (FULL: bracket) and peaky (DONE: gather) rows, per-row and
     # scalar p
@@ -629,7 +629,7 @@ def test_top_p_select_rounds_same_plan_and_bits(vocab, cfg):
             assert torch.equal(got[3].view(torch.int32), want[3].view(torch.int32)), changes
 
 
-# RenormConfig.tps_split (kernels/NOTES.md, "Top-p select: padded rounds split (session 5)"): the
+# RenormConfig.tps_split (docs/design-renorm.md, "Top-p: where the estimate's rounds went"): the
 # samples and the tau search's group maxima as a power-of-two main block plus a remainder block.
 # G = SG = 8 so that 1280 entries give 160 samples and 160 groups: 128 + 32, the proportions of
 # 5120 = 4096 + 1024 at vocab 163840; 1008 entries give 126: one block of 128 (128256's case).

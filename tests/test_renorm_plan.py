@@ -4,7 +4,7 @@ parameters of each call, keyed and bounded as documented.
 
 On CPU the kernels run under the Triton interpreter, where direct launches are off: these tests
 check the workspace reuse and the keys; the direct launches are checked where CUDA is present
-(test_direct_launches_on_gpu) and by ``python -m tpguard.bench.renorm_host --gpu``.
+(test_direct_launches_on_gpu) and by ``python gpu/renorm_host.py --gpu``.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def test_capture_rule(monkeypatch):
 def test_ops_do_no_other_torch_work(monkeypatch):
     # direct launches replay only Triton launches: an op that also ran a torch kernel per call
     # (a fill_, a copy_) would lose it, so the recording refuses such a run. Here the op's host
-    # code alone, with the interpreter's launches stubbed (as tpguard.bench.renorm_host does).
+    # code alone, with the interpreter's launches stubbed (as gpu/renorm_host.py does).
     import triton.runtime.interpreter as interp
 
     if not INTERPRET:

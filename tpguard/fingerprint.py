@@ -21,8 +21,8 @@ GPU fast path and must match it bit for bit):
   changes L1; two changed words keep both L1 and L2 only if their h values are swapped
   (equal sums and equal squares of two integers), save rare wraps of L2.
   ``tpguard.fp/1`` had L2 = sum_j fmix32(h_j + s_hi): the same properties at ~1.6x the integer
-  work per word, which kept the GPU kernel below the memory bandwidth (kernels/NOTES-fingerprint.md,
-  section 7).
+  work per word, which kept the GPU kernel below the memory bandwidth (docs/design-fingerprint.md,
+  "The definition, and why one hash per word").
 * ``fingerprint_rows(t)[r]`` is the row hash of row ``r`` with ``s = seed(dtype, shape[1:])``.
 * ``fingerprint(t)`` is the row hash of the row fingerprints themselves (each as two words,
   low then high) with ``s = seed(dtype, shape, "top")``: it covers dtype, full shape and

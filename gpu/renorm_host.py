@@ -1,12 +1,12 @@
 """Host time of eager renorm calls, with the call plans (kernels/renorm_plan.py) on and off
-(kernels/NOTES.md, "Eager host time").
+(docs/design-renorm.md, "Host time").
 
 CPU (development machine): tpguard's own Python per call, without the kernels: the Triton
 interpreter's launches are replaced by no-ops, so what is timed is the API checks, the plan
 lookup (or the fresh workspace), the block shapes and the argument handling around the 5-6
 launches. Plans on, under the interpreter, means the cached workspace only (no direct launches).
 
-    TRITON_INTERPRET=1 python -m tpguard.bench.renorm_host [--vocab 163840] [--calls 2000]
+    TRITON_INTERPRET=1 python gpu/renorm_host.py [--vocab 163840] [--calls 2000]
 
 GPU (``--gpu``, no TRITON_INTERPRET): host time per eager call (no sync in the loop) of each op
 at each batch size, plans off (Triton's launches into a fresh workspace), on with the launch
@@ -17,7 +17,7 @@ the plans' state and memory, a check that both give the same
 bits (and the same fingerprint slot), and that a CUDA graph captured with plans on replays
 those bits (capture takes the fresh-workspace path).
 
-    python -m tpguard.bench.renorm_host --gpu [--vocab 163840] [--batch-sizes 1,8,64,256] [--calls 200]
+    python gpu/renorm_host.py --gpu [--vocab 163840] [--batch-sizes 1,8,64,256] [--calls 200]
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def gpu(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     from tpguard.bench.args import BenchParser
 
-    ap = BenchParser(prog="python -m tpguard.bench.renorm_host")
+    ap = BenchParser(prog="gpu/renorm_host.py")
     ap.add_argument("--vocab", type=int, default=163840)
     ap.add_argument("--calls", type=int, default=None, help="timed calls per case (CPU 2000, GPU 200)")
     ap.add_argument("--gpu", action="store_true", help="time the real launches on a CUDA device")

@@ -1,6 +1,6 @@
 """GPU check of the sglang plugin: sglang 0.5.23's verify functions with flashinfer, 2 ranks.
 
-    python -m tpguard.hooks.gpu_check_sglang OUT.json [--site dflash|eagle|eagle-greedy|sampler]
+    python gpu/sglang_check.py OUT.json [--site dflash|eagle|eagle-greedy|sampler]
         [--steps 12] [--bs 32] [--draft 8] [--vocab 128256] [--top-p 0.9] [--scale 0.5]
         [--configs default,deterministic] [--nccl]
 
@@ -486,7 +486,7 @@ def verdict(results: dict, site: str) -> tuple[bool, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tpguard.hooks.gpu_check_sglang", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="gpu/sglang_check.py", description=__doc__.split("\n")[0])
     ap.add_argument("out", help="JSON file to write")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--bs", type=int, default=32)
@@ -507,12 +507,12 @@ def main(argv: list[str] | None = None) -> int:
     names = [c.strip() for c in (ns.configs or SITES[ns.site].configs).split(",") if c.strip()]
     bad = [c for c in names if c not in CONFIGS]
     if bad:
-        print(f"gpu_check_sglang: unknown config(s) {bad}; known: {', '.join(CONFIGS)}", file=sys.stderr)
+        print(f"sglang_check: unknown config(s) {bad}; known: {', '.join(CONFIGS)}", file=sys.stderr)
         return 2
     import torch
 
     if not ns.cpu and not torch.cuda.is_available():
-        print("gpu_check_sglang: no CUDA device here (--cpu for a dry run)", file=sys.stderr)
+        print("sglang_check: no CUDA device here (--cpu for a dry run)", file=sys.stderr)
         return 2
     args = {"steps": ns.steps, "bs": ns.bs, "draft": ns.draft, "vocab": ns.vocab, "top_p": ns.top_p,
             "scale": ns.scale, "repeats": ns.repeats, "cpu": ns.cpu, "nccl": ns.nccl, "site": ns.site}

@@ -17,8 +17,8 @@ every op, scalar and per-row parameters, with and without the fingerprint slot, 
 specialisation of the arguments (16-byte pointers, ints == 1 and % 16) is rebuilt from the values.
 
 Usage (a process without TRITON_INTERPRET, exit code 2 otherwise; Triton's bundled ptxas and nvdisasm):
-    python -m tpguard.kernels.pdl_check [--modes 1,2] [--ops top_p,top_k,...]
-    python -m tpguard.kernels.pdl_check --self-test   # the check fails a kernel that loads before its wait
+    python gpu/pdl_check.py [--modes 1,2] [--ops top_p,top_k,...]
+    python gpu/pdl_check.py --self-test   # the check fails a kernel that loads before its wait
 Prints one line per distinct compiled launch and exits 1 if any check fails (tests/test_pdl.py runs it).
 """
 
@@ -252,7 +252,7 @@ def main(argv=None) -> int:
             raise argparse.ArgumentTypeError(f"ops are some of {','.join(sorted(known))}, got {text!r}")
         return set(text.split(","))
 
-    ap = argparse.ArgumentParser(prog="python -m tpguard.kernels.pdl_check")
+    ap = argparse.ArgumentParser(prog="gpu/pdl_check.py")
     ap.add_argument("--modes", default=[1, 2], type=modes, help="RenormConfig.pdl values, e.g. 1,2")
     ap.add_argument("--ops", default={c[0] for c in CASES}, type=ops, help="e.g. top_p,top_k")
     ap.add_argument("--self-test", action="store_true", help="only: the check on a kernel that breaks the rule")
