@@ -167,11 +167,11 @@ def run_rank(rank: int, world: int, port: int, a: dict) -> dict:
     from sglang.srt.plugins import load_plugins
     from sglang.srt.runtime_context import get_parallel
 
-    from tpguard.hooks import sglang_sites
+    from tpguard.hooks import sglang_runtime
 
     load_plugins()
     via = "load_plugins"
-    if sglang_sites.RUNTIME is None:  # tpguard not pip-installed here: no entry point to find
+    if sglang_runtime.RUNTIME is None:  # tpguard not pip-installed here: no entry point to find
         from sglang.srt.plugins.hook_registry import HookRegistry
 
         from tpguard.hooks.sglang_plugin import register
@@ -179,7 +179,7 @@ def run_rank(rank: int, world: int, port: int, a: dict) -> dict:
         register()
         HookRegistry.apply_hooks()
         via = "register() (no entry point found)"
-    rt = sglang_sites.RUNTIME
+    rt = sglang_runtime.RUNTIME
     ps.init_distributed_environment(world_size=world, rank=rank, local_rank=gpu, backend=backend,
                                     distributed_init_method=f"tcp://127.0.0.1:{port}", timeout=600)
     tp = ps.init_model_parallel_group([list(range(world))], rank, backend, use_pynccl=False,
@@ -241,18 +241,25 @@ def _sampling_info(dev, bs: int, vocab: int, *, top_p: float = 1.0, top_k: int |
 
 
 def drive_dflash(rank, tp, rt, dev, a) -> dict:
-    """DFlash: `compute_dflash_sampling_correct_drafts_and_bonus` (sglang's JIT verify kernel), or
-    `build_speculative_verify_target_probs` alone if that kernel cannot be built here."""
+    """DFlash: `DFlashWorkerV2._accept_block` on its sampling path (sglang's JIT verify kernel,
+    then its DFLASH_ACCEPT_SAMPLE broadcast), the step's owner as in a server; if the JIT kernel
+    cannot be built here, `build_speculative_verify_target_probs` alone."""
     import torch
     from sglang.srt.speculative import dflash_utils
-    from sglang.srt.speculative.spec_tp_sync import SpecTpSync, SpecTpSyncSite
+    from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSync
 
-    tp_sync = SpecTpSync(tp)  # as DFlashWorkerV2._accept_block uses it after the verify function
     bs, n, vocab = a["bs"], a["draft"], a["vocab"]
+    worker = DFlashWorkerV2.__new__(DFlashWorkerV2)  # the attributes _accept_block reads
+    worker._selector_sample, worker._tp_sync, worker.block_size = None, SpecTpSync(tp), n
+    worker._use_triton_accept_bonus, worker.device = False, dev
+    draft_input = DFlashDraftInputV2.create_idle_input(device=dev)
     info = _sampling_info(dev, bs, vocab, top_p=a["top_p"])
-    guard = rt.guard("dflash.verify")
     decisions = []
-    verify_fn, jit_error = "compute_dflash_sampling_correct_drafts_and_bonus", None
+    verify_fn, jit_error = "DFlashWorkerV2._accept_block (sampling path)", None
+    if not dflash_utils.is_dflash_sampling_verify_available():
+        jit_error = "is_dflash_sampling_verify_available() is False here"
     for step in range(a["steps"]):
         g = torch.Generator(device=dev).manual_seed(step)  # identical inputs on both ranks
         logits = torch.randn((bs * n, vocab), device=dev, generator=g) * a["scale"]
@@ -260,24 +267,60 @@ def drive_dflash(rank, tp, rt, dev, a) -> dict:
         torch.manual_seed(1234 + step)  # the coins: identical on both ranks (seeds CUDA too)
         if jit_error is None:
             try:
-                accept_len, bonus = dflash_utils.compute_dflash_sampling_correct_drafts_and_bonus(
+                accept_len, _, bonus, _, _ = worker._accept_block(
                     candidates=candidates, next_token_logits=logits, sampling_info=info,
-                    threshold_single=1.0, threshold_acc=1.0)
-                if a.get("spec_sync"):
-                    tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, accept_len)
-                    tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, bonus)
+                    draft_input=draft_input, prefix_lens=torch.full((bs,), 100, device=dev), bs=bs)
                 decisions.append(torch.cat([accept_len.reshape(-1).long(), bonus.reshape(-1).long()]))
                 continue
             except Exception as e:  # the JIT kernel could not be built or loaded here
                 if step != 0:
                     raise
                 jit_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
-                verify_fn = "build_speculative_verify_target_probs"
-                guard.skip()  # keep both ranks' step numbers aligned (the check never ran)
+        verify_fn = "build_speculative_verify_target_probs"
         dflash_utils.build_speculative_verify_target_probs(
             next_token_logits=logits, sampling_info=info, draft_token_num=n, bs=bs)
     renorm = dflash_utils.top_p_renorm_prob or dflash_utils._dflash_top_p_renorm_prob
     return {"decisions": decisions, "verify_fn": verify_fn, "jit_error": jit_error, "renorm": renorm}
+
+
+def drive_dspark(rank, tp, rt, dev, a) -> dict:
+    """DSpark, eager: `TargetVerifyExecutor.accept_and_finalize` with a sampled accept (its target
+    probs through flashinfer's top-p renorm, sglang's Triton chain sampler), then
+    `build_accept_outs` with its three DSPARK_ACCEPT_SAMPLE broadcasts."""
+    import torch
+    from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+    from sglang.srt.speculative.dspark_components import dspark_verify
+    from sglang.srt.speculative.dspark_components.dspark_draft import DraftBlockResult
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSync
+
+    bs, n, vocab = a["bs"], a["draft"], a["vocab"]
+    ex = dspark_verify.TargetVerifyExecutor.__new__(dspark_verify.TargetVerifyExecutor)
+    ex._simulated_correct_len, ex.gamma, ex.verify_num_draft_tokens = None, n - 1, n
+    ex._fused_argmax = ex._block_verification = False
+    ex._rejection_noise, ex._tp_sync = None, SpecTpSync(tp)
+    info = _sampling_info(dev, bs, vocab, top_p=a["top_p"])
+    draft_input = DFlashDraftInputV2.create_idle_input(device=dev)
+    decisions = []
+    for step in range(a["steps"]):
+        g = torch.Generator(device=dev).manual_seed(300 + step)
+        logits = torch.randn((bs * n, vocab), device=dev, generator=g) * a["scale"]
+        ids = torch.randint(0, vocab, (bs, n), device=dev, generator=g)
+        drafts = ids[:, 1:].contiguous()
+        block = DraftBlockResult(draft_tokens=drafts, corrected_logits=None,
+                                 greedy_mask=torch.zeros(bs, dtype=torch.bool, device=dev),
+                                 temperatures=info.temperatures, greedy_draft=True)
+        torch.manual_seed(555 + step)  # the coins: identical on both ranks
+        accept = ex.accept_and_finalize(
+            folded_accept=False, bs=bs, verify_ids_2d=ids, target_logits=logits, draft_block=block,
+            sampling_info=info, draft_input=draft_input, layout=None,
+            prefix_lens=torch.full((bs,), 50, device=dev), draft_tokens=drafts)
+        decisions.append(torch.cat([accept.correct_len.reshape(-1).long(), accept.bonus.reshape(-1).long(),
+                                    accept.out_tokens.reshape(-1).long()]))
+    from sglang.srt.speculative import dflash_utils
+
+    renorm = dflash_utils.top_p_renorm_prob or dflash_utils._dflash_top_p_renorm_prob
+    return {"decisions": decisions, "verify_fn": "TargetVerifyExecutor.accept_and_finalize (eager, sampled)",
+            "jit_error": None, "renorm": renorm}
 
 
 def _eagle_inputs(step: int, dev, bs: int, n: int, vocab: int, scale: float, info):
@@ -383,10 +426,11 @@ class Site:
 
 # --site name -> the guard it reports to, the driver, the sglang config it publishes, default configs
 SITES = {
-    "dflash": Site("dflash.verify", drive_dflash, {}, "default,deterministic"),
+    "dflash": Site("dflash.verify", drive_dflash, {}, "default,audit,deterministic"),
+    "dspark": Site("dspark.verify", drive_dspark, {}, "default,audit,deterministic"),
     "eagle": Site("eagle.verify", drive_eagle,
                   {"sampling_backend": "flashinfer", "speculative_use_rejection_sampling": False},
-                  "default,deterministic"),
+                  "default,audit,deterministic"),
     "eagle-greedy": Site("eagle.verify", drive_eagle_greedy, {"sampling_backend": "flashinfer"}, "record,heal"),
     "sampler": Site("sampler", drive_sampler, {"sampling_backend": "flashinfer"}, "default,deterministic"),
 }
@@ -460,9 +504,13 @@ def verdict(results: dict, site: str) -> tuple[bool, list[str]]:
         planted = set(r.get("planted_steps") or [])
         natural = {k: v for k, v in q.items() if k != planted_quantity} if planted else q
         if name == "default":
-            good = n > 0 and set(natural) == {"target_probs"}
-            notes.append(f"default: {n}/{steps} steps diverged, first quantity {q or '-'}"
-                         + ("" if good else "  <- expected divergences named target_probs"))
+            # sglang's own broadcasts stay on: the decisions they align raise no alarm, so every
+            # divergence is named target_probs and the outputs are equal (the sampler has none)
+            aligned = r.get("outputs_identical", False) or site == "sampler"
+            good = n > 0 and set(natural) == {"target_probs"} and aligned
+            notes.append(f"default: {n}/{steps} steps diverged, first quantity {q or '-'}, outputs "
+                         f"identical {r.get('outputs_identical')}"
+                         + ("" if good else "  <- expected divergences named target_probs only, equal outputs"))
         elif name == "audit":
             good = n > 0 and r.get("outputs_identical", False)
             notes.append(f"audit: {n}/{steps} checks would have diverged ({q or '-'}), outputs identical "

@@ -104,16 +104,18 @@ class Scope:
         self._put(name, tensor, "input")
 
     def decision(self, name: str, tensor, committed: bool) -> None:
-        """A decision: `committed` (after sglang's broadcast, or the owner's result) or computed
-        (before any broadcast). The mode's preferred kind wins; a computed value keeps the first
-        (nothing can have changed it yet), a committed one the last (what the rank ends with)."""
+        """A decision: `committed` (after sglang's broadcast, or the owner's result: what the rank
+        goes on with) or computed (before a broadcast; intermediates such as DSpark's accept_index
+        are never committed). `on` counts committed values only; `audit` prefers computed ones and
+        falls back to committed. A computed value keeps the first (nothing can have changed it
+        yet), a committed one the last (what the rank ends with)."""
         if not self._wanted(name, tensor):
+            return
+        if self.prefer == "committed" and not committed:
             return
         kind = "committed" if committed else "computed"
         have = self.recorded.get(name)
-        if have == self.prefer and kind != self.prefer:
-            return
-        if have == kind == "computed":
+        if have == "computed" and (kind == "committed" or have == kind):
             return
         self._put(name, tensor, kind)
 

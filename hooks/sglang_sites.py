@@ -298,9 +298,13 @@ def hook_dspark_accept_sampling_core(original, *args, **kwargs):
         cand = b.get("candidates")
         if gen is not None and isinstance(cand, torch.Tensor):
             scope.record("coins", redraw_coins(gen, cand.shape[0], int(b.get("gamma")), cand.device))
-        scope.decision("accept_len", out[0], committed=False)
-        scope.decision("cap_trim_lens", out[1], committed=False)
-        scope.decision("accept_index", out[2], committed=False)
+        correct_len, cap_trim_lens, accept_index = out[0], out[1], out[2]
+        scope.decision("accept_len", correct_len, committed=False)
+        scope.decision("cap_trim_lens", cap_trim_lens, committed=False)
+        # the kernel writes each row's accept_index up to its accept length only (a reused buffer)
+        cols = torch.arange(accept_index.shape[-1], device=accept_index.device)
+        valid = cols[None, :] <= correct_len.reshape(-1, 1).to(cols.dtype)
+        scope.decision("accept_index", torch.where(valid, accept_index, -1), committed=False)
 
     return run_step("dspark.verify", original, args, kwargs, before, after, own=False,
                     point="dspark.accept_sampling_core")
@@ -425,7 +429,7 @@ def hook_uno_accept_and_pack(original, *args, **kwargs):
         scope.record("rng_state", rng_state(_device(cand)))
         scope.record("seq_lens", b.get("committed_seq_lens"))
         scope.record("draft_tokens", cand)
-        scope.decision("accept_index", b.get("target_top1"), committed=False)
+        scope.decision("accept_index", b.get("target_top1"), committed=True)  # UNO has no broadcast
 
     def after(scope, b, out, state):
         output_ids, accept_lens, new_seq_lens, correction = out
@@ -482,7 +486,7 @@ def hook_uno_rejection(original, *args, **kwargs):
         if gen is not None and isinstance(cand, torch.Tensor):
             scope.record("coins", redraw_coins(gen, cand.shape[0], cand.shape[1], cand.device))
         scope.decision("accept_len", out[0], committed=True)  # UNO has no broadcast: what it commits
-        scope.decision("bonus", out[1], committed=False)
+        scope.decision("bonus", out[1], committed=True)
 
     return run_step("uno.verify", original, args, kwargs, before, after, own=False)
 

@@ -402,11 +402,15 @@ def test_abort_raises_on_every_rank_at_the_same_step(zygote):
 
 
 def test_dspark_sampled_accept_records_each_quantity(zygote):
+    """accept_draft_tokens alone (no build_accept_outs after it): its decisions are computed, not
+    committed, so `on` records its inputs and `audit` its decisions too."""
+    inputs = {"rng_state", "draft_tokens", "target_logits", "target_probs", "coins"}
+    decisions = {"accept_index", "accept_len", "bonus", "cap_trim_lens"}
     r0, r1 = zygote.run("dspark_accept", {"TPGUARD": "on"}, timeout=120)
-    assert r0["recorded"] == r1["recorded"]
-    assert {"rng_state", "draft_tokens", "target_logits", "target_probs", "coins", "accept_index",
-            "accept_len", "bonus", "cap_trim_lens"} <= set(r0["recorded"][0])
+    assert r0["recorded"] == r1["recorded"] and set(r0["recorded"][0]) == inputs
     assert r0["log"] and r0["log"][0][2] == "target_logits" and r0["log"][0][3] == [1]
+    a0, a1 = zygote.run("dspark_accept", {"TPGUARD": "audit"}, timeout=120)
+    assert a0["recorded"] == a1["recorded"] and set(a0["recorded"][0]) == inputs | decisions
 
 
 def test_eagle_verify_coins_divergence_named(zygote):
