@@ -1,0 +1,151 @@
+"""Dumps: each rank's tensors of a divergent step, and what `tpguard replay` needs to re-run it.
+
+One safetensors file per rank, step and site, written atomically (a temporary file, then a rename):
+
+    <trace dir>/dumps/<run id>.step<step>.<site>.rank<rank>.safetensors
+
+Tensors: each recorded quantity under its own name (the value the rank recorded, before any heal),
+plus, when the writer knows them, the per-row sampling parameters of the renorm stage
+(``param.temperature``, ``param.top_k`` (0: off), ``param.top_p``, ``param.min_p``: one value per
+row of ``target_probs``). Metadata (strings): ``format``, ``run_id``, ``step``, ``site``, ``rank``,
+``world_size``, ``quantities`` (JSON list, causal order) and ``context`` (JSON, a `DumpContext`):
+the algorithm and draft tree, how ``target_probs`` was made from ``target_logits``, the renorm
+backend with versions, how the coins were drawn, the accept thresholds. docs/replay.md lists the
+fields; the harness (launch/harness.py) and the SGLang plugin write them through `write_dump`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+DUMP_FORMAT = "tpguard.dump/1"
+DUMPS_SUBDIR = "dumps"
+PARAM_PREFIX = "param."
+PARAM_NAMES = ("temperature", "top_k", "top_p", "min_p")
+RENORM_STAGES = ("top_k", "top_p", "min_p")  # the order the dense verify path applies them in
+
+
+def dumps_dir(trace_dir: str | os.PathLike | None) -> Path:
+    """Where dumps of a trace directory go (the harness's `--dump`, the plugin's TPGUARD_DUMP)."""
+    return Path(trace_dir or ".") / DUMPS_SUBDIR
+
+
+def dump_name(run_id: str, step: int, site: str, rank: int) -> str:
+    return f"{run_id}.step{int(step)}.{site}.rank{int(rank)}.safetensors"
+
+
+@dataclass
+class DumpContext:
+    """What re-running the step needs beyond the recorded tensors (JSON in the dump's metadata).
+
+    algo: "dflash" (chain accept) or "eagle" (tree accept), or another site's algorithm;
+    tree_parents: per request, each node's parent (node 0, the root, has -1), nodes in order;
+    probs: how target_probs came from target_logits: {"path": "dense", "stages": [...]}:
+      softmax(logits / temperature) in float32, then the renorm stages in order (top_k, top_p,
+      min_p), each called on all rows with the per-row parameters;
+    renorm: {"name": a `--renorm` backend name (launch/renorm_backends.py), "source",
+      "deterministic"};
+    coins: {"draw": "torch.rand", "shape": [...]} when the coins are the first draws of the
+      generator whose state is `rng_state`, else {};
+    accept: {"threshold_single", "threshold_acc"}, the coins' layout
+      ("coins": [bs, nodes + 1], the last column the bonus coin);
+    device: where the step ran ("cpu", "cuda"); versions: torch, tpguard, triton, flashinfer,
+      sglang, CUDA and the device's name.
+    """
+
+    algo: str
+    tree_parents: list[int] | None = None
+    probs: dict = field(default_factory=dict)
+    renorm: dict = field(default_factory=dict)
+    coins: dict = field(default_factory=dict)
+    accept: dict = field(default_factory=dict)
+    device: str = "cpu"
+    versions: dict = field(default_factory=dict)
+    params: dict[str, torch.Tensor] = field(default_factory=dict)  # written as tensors, not metadata
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.pop("params")
+        return d
+
+
+def renorm_stages(top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> list[str]:
+    """The renorm stages a batch needs (SGLang's rule and the harness's: any row asking for it)."""
+    on = {"top_k": bool((top_k > 0).any()), "top_p": bool((top_p < 1).any()), "min_p": bool((min_p > 0).any())}
+    return [k for k in RENORM_STAGES if on[k]]
+
+
+def sampling_params(temperature, top_k, top_p, min_p, rows_per_request: int = 1) -> dict[str, torch.Tensor]:
+    """Per-row parameter tensors (CPU) from per-request values (arrays, lists or tensors; SGLang's
+    [bs, 1] `temperatures` included), repeated `rows_per_request` times (the verify positions):
+    float32 temperature, top_p, min_p; int64 top_k with 0 meaning off (SGLang's TOP_K_ALL, any
+    value >= 1 << 30, becomes 0)."""
+    def rows(x, dtype):
+        t = torch.as_tensor(x).detach().reshape(-1).to("cpu", dtype)
+        return t.repeat_interleave(rows_per_request) if rows_per_request > 1 else t.clone()
+
+    k = rows(top_k, torch.int64)
+    k = torch.where(k >= (1 << 30), torch.zeros_like(k), k)
+    return {"temperature": rows(temperature, torch.float32), "top_k": k,
+            "top_p": rows(top_p, torch.float32), "min_p": rows(min_p, torch.float32)}
+
+
+def runtime_versions(device: str = "cpu") -> dict:
+    """Versions a replay must match to reproduce bytes: tpguard, torch, triton, flashinfer,
+    sglang (those imported), CUDA and the device's name."""
+    import tpguard
+
+    versions = {"tpguard": tpguard.__version__, "torch": torch.__version__}
+    for name in ("triton", "flashinfer", "sglang"):
+        mod = sys.modules.get(name)
+        if mod is not None:
+            versions[name] = getattr(mod, "__version__", "?")
+    if device.startswith("cuda") and torch.cuda.is_available():
+        versions["cuda"] = torch.version.cuda
+        versions["device_name"] = torch.cuda.get_device_name()
+    return versions
+
+
+def make_context(algo: str, *, tree_parents=None, renorm_name: str, renorm_source: str = "",
+                 deterministic: bool | None = None, params: dict[str, torch.Tensor] | None = None,
+                 stages: list[str] | None = None, coins_shape=None, threshold_single: float = 1.0,
+                 threshold_acc: float = 1.0, device: str = "cpu") -> DumpContext:
+    """A `DumpContext` from plain values: what the harness writes and what the SGLang plugin can
+    call at its verify site (`params` from `sampling_params`; `stages` default: `renorm_stages`
+    of the params; `coins_shape` only when the coins are the first draws after `rng_state`)."""
+    params = params or {}
+    if stages is None and params:
+        stages = renorm_stages(params["top_k"], params["top_p"], params["min_p"])
+    return DumpContext(
+        algo=algo, tree_parents=list(tree_parents) if tree_parents is not None else None,
+        probs={"path": "dense", "stages": list(stages or [])},
+        renorm={"name": renorm_name, "source": renorm_source, "deterministic": deterministic},
+        coins={"draw": "torch.rand", "shape": [int(s) for s in coins_shape]} if coins_shape is not None else {},
+        accept={"threshold_single": float(threshold_single), "threshold_acc": float(threshold_acc)},
+        device=device, versions=runtime_versions(device), params=params)
+
+
+def write_dump(directory: str | os.PathLike, *, run_id: str, step: int, site: str, rank: int, world_size: int,
+               quantities, tensors: dict[str, torch.Tensor], context: DumpContext | None = None) -> str:
+    """Save one rank's tensors of one step atomically; returns the file's path."""
+    from safetensors.torch import save_file
+
+    path = Path(directory) / dump_name(run_id, step, site, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = {k: v.detach().contiguous().cpu().clone() for k, v in tensors.items()}
+    meta = {"format": DUMP_FORMAT, "run_id": run_id, "step": str(int(step)), "site": site,
+            "rank": str(int(rank)), "world_size": str(int(world_size)), "quantities": json.dumps(list(quantities))}
+    if context is not None:
+        for name, t in context.params.items():
+            out[PARAM_PREFIX + name] = t.detach().contiguous().cpu().clone()
+        meta["context"] = json.dumps(context.to_json())
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(out, str(tmp), metadata=meta)
+    os.replace(tmp, path)
+    return str(path)
