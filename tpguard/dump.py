@@ -22,8 +22,6 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-
 DUMP_FORMAT = "tpguard.dump/1"
 DUMPS_SUBDIR = "dumps"
 PARAM_PREFIX = "param."
@@ -76,7 +74,7 @@ class DumpContext:
 
 
 def renorm_stages(top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> list[str]:
-    """The renorm stages a batch needs (SGLang's rule and the harness's: any row asking for it)."""
+    """The renorm stages the harness's batch needs: any row asking for it (top_k 0 is off)."""
     on = {"top_k": bool((top_k > 0).any()), "top_p": bool((top_p < 1).any()), "min_p": bool((min_p > 0).any())}
     return [k for k in RENORM_STAGES if on[k]]
 
@@ -84,21 +82,50 @@ def renorm_stages(top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor)
 def sampling_params(temperature, top_k, top_p, min_p, rows_per_request: int = 1) -> dict[str, torch.Tensor]:
     """Per-row parameter tensors (CPU) from per-request values (arrays, lists or tensors; SGLang's
     [bs, 1] `temperatures` included), repeated `rows_per_request` times (the verify positions):
-    float32 temperature, top_p, min_p; int64 top_k with 0 meaning off (SGLang's TOP_K_ALL, any
-    value >= 1 << 30, becomes 0)."""
+    float32 temperature, top_p, min_p; int64 top_k as the renorm was given it, except 0, which
+    means off (the harness's convention; replay passes the vocabulary size for it)."""
+    import torch
+
     def rows(x, dtype):
         t = torch.as_tensor(x).detach().reshape(-1).to("cpu", dtype)
         return t.repeat_interleave(rows_per_request) if rows_per_request > 1 else t.clone()
 
-    k = rows(top_k, torch.int64)
-    k = torch.where(k >= (1 << 30), torch.zeros_like(k), k)
-    return {"temperature": rows(temperature, torch.float32), "top_k": k,
+    return {"temperature": rows(temperature, torch.float32), "top_k": rows(top_k, torch.int64),
             "top_p": rows(top_p, torch.float32), "min_p": rows(min_p, torch.float32)}
+
+
+def context_from_sampling_info(sampling_info, draft_token_num: int, *, algo: str, renorm_name: str,
+                               renorm_source: str = "", deterministic: bool | None = None,
+                               tree_parents=None, sparse_topk: bool = False, coins_shape=None,
+                               stages: list[str] | None = None, device: str = "cuda") -> DumpContext:
+    """The context of an SGLang verify step, for the plugin's dumps: `sampling_info` is SGLang's
+    SamplingBatchInfo (temperatures, top_ks, top_ps, min_ps, need_*_sampling), `draft_token_num`
+    the verify positions per request (the rows of target_probs per request); `renorm_name` a
+    `--renorm` backend name (flashinfer, flashinfer-det, tpguard, torch); `sparse_topk` whether
+    `build_speculative_verify_target_probs` took its sparse top-k path (replay re-runs the dense
+    one only); `tree_parents` per request (None: a chain of `draft_token_num` nodes); `stages`
+    default: top_k then top_p as SamplingBatchInfo's need_* flags say (the stages
+    `build_speculative_verify_target_probs` applies; it has no min-p stage)."""
+    params = sampling_params(sampling_info.temperatures, sampling_info.top_ks, sampling_info.top_ps,
+                             sampling_info.min_ps, draft_token_num)
+    if stages is None:
+        need = {"top_k": bool(getattr(sampling_info, "need_top_k_sampling", True)),
+                "top_p": bool(getattr(sampling_info, "need_top_p_sampling", False))}
+        stages = [k for k in ("top_k", "top_p") if need[k]]
+    parents = list(tree_parents) if tree_parents is not None else [-1] + list(range(draft_token_num - 1))
+    ctx = make_context(algo, tree_parents=parents, renorm_name=renorm_name, renorm_source=renorm_source,
+                       deterministic=deterministic, params=params, stages=stages, coins_shape=coins_shape,
+                       device=device)
+    if sparse_topk:
+        ctx.probs["path"] = "sparse_topk"
+    return ctx
 
 
 def runtime_versions(device: str = "cpu") -> dict:
     """Versions a replay must match to reproduce bytes: tpguard, torch, triton, flashinfer,
     sglang (those imported), CUDA and the device's name."""
+    import torch
+
     import tpguard
 
     versions = {"tpguard": tpguard.__version__, "torch": torch.__version__}
