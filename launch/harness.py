@@ -73,7 +73,7 @@ def dump_context(opts: HarnessOptions, tree, renorm, pipeline: VerifyPipeline, i
     params = sampling_params(inp.temperature, inp.top_k, inp.top_p, inp.min_p, tree.nodes)
     return make_context(opts.algo, tree_parents=tree.parent, renorm_name=renorm.name, renorm_source=renorm.source,
                         deterministic=renorm.deterministic, params=params,
-                        coins_shape=(len(inp.seq_lens), tree.nodes + 1),
+                        coins_shapes=[(len(inp.seq_lens), tree.nodes + 1)],
                         threshold_single=pipeline.threshold_single, threshold_acc=pipeline.threshold_acc,
                         device=opts.device)
 

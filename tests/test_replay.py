@@ -25,9 +25,9 @@ DECISION_PLAN = [("coins", 1), ("accept_index", 2), ("accept_len", 3), ("bonus",
                  ("out_tokens", 6)]
 
 
-def launch(trace: Path, *args: str) -> subprocess.CompletedProcess:
-    """`tpguard launch --nproc-per-node 2 ...` (torch.distributed.run underneath)."""
-    return subprocess.run([sys.executable, "-m", "tpguard.cli", "launch", "--nproc-per-node", "2", *args,
+def launch(trace: Path, *args: str, ranks: int = 2) -> subprocess.CompletedProcess:
+    """`tpguard launch --nproc-per-node N ...` (torch.distributed.run underneath)."""
+    return subprocess.run([sys.executable, "-m", "tpguard.cli", "launch", "--nproc-per-node", str(ranks), *args,
                            "--trace", str(trace), *QUICK], capture_output=True, text=True, timeout=300)
 
 
@@ -53,6 +53,8 @@ def runs(tmp_path_factory):
                                      "--inject", "rng_state@7:1"]),
         "decisions-only": (launch, ["--steps", "2", "--renorm", "torch", "--quantities", "decisions",
                                     "--inject", "accept_len@1:1"]),
+        "four-ranks": (lambda trace, *a: launch(trace, *a, ranks=4),
+                       ["--steps", "2", "--renorm", "torch", "--inject", "bonus@1:2"]),
     }
     for name, (how, args) in plan.items():
         p = how(root / name, *args)
@@ -202,3 +204,13 @@ def test_diagnose_hint_names_the_dumps_and_a_replay_command_that_runs(runs, caps
     assert cli_main([*args[1:], "--calls", "2"]) == 0
     assert "verdict: DETERMINISTIC" in capsys.readouterr().out
     assert replay_hint(runs / "probs-fault", first.run_id, 0, first.site) is None  # step 0 was clean
+
+
+def test_four_ranks_the_culprit_alone_is_not_reproduced(runs, capsys):
+    rc, j, _ = replay(capsys, runs / "four-ranks")
+    assert rc == 0 and j["world_size"] == 4 and j["first_differing"] == "bonus"
+    bonus = tensors(j)["bonus"]
+    assert bonus["groups"] == [[0, 1, 3], [2]] and bonus["culprit_ranks"] == [2]
+    assert [d["rank"] for d in bonus["distances"]] == [2] and bonus["distances"][0]["reference_rank"] == 0
+    assert j["reproduced"] == {"0": True, "1": True, "2": False, "3": True}
+    assert "rank 2's bonus, out_tokens come from no call" in j["summary"]

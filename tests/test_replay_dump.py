@@ -40,7 +40,7 @@ def test_context_from_sglang_sampling_batch_info():
 
 def test_write_dump_layout_metadata_and_read_back(tmp_path):
     ctx = make_context("eagle", tree_parents=[-1, 0, 0, 1], renorm_name="torch", deterministic=True,
-                       params=sampling_params([1.0], [0], [0.9], [0.0], 4), coins_shape=(1, 5))
+                       params=sampling_params([1.0], [0], [0.9], [0.0], 4), coins_shapes=[(1, 5)])
     path = write_dump(dumps_dir(tmp_path), run_id="r-1.x", step=12, site="eagle.verify", rank=1, world_size=2,
                       quantities=["target_probs", "bonus"], context=ctx,
                       tensors={"target_probs": torch.rand(4, 16), "bonus": torch.tensor([3])})
@@ -51,7 +51,7 @@ def test_write_dump_layout_metadata_and_read_back(tmp_path):
     assert (d.run_id, d.step, d.site, d.rank, d.world_size) == ("r-1.x", 12, "eagle.verify", 1, 2)
     assert d.quantities == ["target_probs", "bonus"]
     assert d.context["probs"] == {"path": "dense", "stages": ["top_p"]}
-    assert d.context["coins"] == {"draw": "torch.rand", "shape": [1, 5]}
+    assert d.context["coins"] == {"draw": "torch.rand", "shapes": [[1, 5]]}
     assert d.context["renorm"] == {"name": "torch", "source": "", "deterministic": True}
     assert d.context["versions"]["torch"] == torch.__version__
     assert set(d.entries) == {"target_probs", "bonus", "param.temperature", "param.top_k", "param.top_p",

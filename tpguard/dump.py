@@ -49,8 +49,9 @@ class DumpContext:
       min_p), each called on all rows with the per-row parameters;
     renorm: {"name": a `--renorm` backend name (launch/renorm_backends.py), "source",
       "deterministic"};
-    coins: {"draw": "torch.rand", "shape": [...]} when the coins are the first draws of the
-      generator whose state is `rng_state`, else {};
+    coins: {"draw": "torch.rand", "shapes": [[...], ...]} when the coins are the first draws of
+      the generator whose state is `rng_state` (one `torch.rand` per shape, in order; the
+      recorded coins are their values in that order), else {};
     accept: {"threshold_single", "threshold_acc"}, the coins' layout
       ("coins": [bs, nodes + 1], the last column the bonus coin);
     device: where the step ran ("cpu", "cuda"); versions: torch, tpguard, triton, flashinfer,
@@ -96,7 +97,7 @@ def sampling_params(temperature, top_k, top_p, min_p, rows_per_request: int = 1)
 
 def context_from_sampling_info(sampling_info, draft_token_num: int, *, algo: str, renorm_name: str,
                                renorm_source: str = "", deterministic: bool | None = None,
-                               tree_parents=None, sparse_topk: bool = False, coins_shape=None,
+                               tree_parents=None, sparse_topk: bool = False, coins_shapes=None,
                                stages: list[str] | None = None, device: str = "cuda") -> DumpContext:
     """The context of an SGLang verify step, for the plugin's dumps: `sampling_info` is SGLang's
     SamplingBatchInfo (temperatures, top_ks, top_ps, min_ps, need_*_sampling), `draft_token_num`
@@ -114,7 +115,7 @@ def context_from_sampling_info(sampling_info, draft_token_num: int, *, algo: str
         stages = [k for k in ("top_k", "top_p") if need[k]]
     parents = list(tree_parents) if tree_parents is not None else [-1] + list(range(draft_token_num - 1))
     ctx = make_context(algo, tree_parents=parents, renorm_name=renorm_name, renorm_source=renorm_source,
-                       deterministic=deterministic, params=params, stages=stages, coins_shape=coins_shape,
+                       deterministic=deterministic, params=params, stages=stages, coins_shapes=coins_shapes,
                        device=device)
     if sparse_topk:
         ctx.probs["path"] = "sparse_topk"
@@ -141,11 +142,12 @@ def runtime_versions(device: str = "cpu") -> dict:
 
 def make_context(algo: str, *, tree_parents=None, renorm_name: str, renorm_source: str = "",
                  deterministic: bool | None = None, params: dict[str, torch.Tensor] | None = None,
-                 stages: list[str] | None = None, coins_shape=None, threshold_single: float = 1.0,
+                 stages: list[str] | None = None, coins_shapes=None, threshold_single: float = 1.0,
                  threshold_acc: float = 1.0, device: str = "cpu") -> DumpContext:
     """A `DumpContext` from plain values: what the harness writes and what the SGLang plugin can
     call at its verify site (`params` from `sampling_params`; `stages` default: `renorm_stages`
-    of the params; `coins_shape` only when the coins are the first draws after `rng_state`)."""
+    of the params; `coins_shapes` only when the coins are the first `torch.rand` draws after
+    `rng_state`, one shape per draw)."""
     params = params or {}
     if stages is None and params:
         stages = renorm_stages(params["top_k"], params["top_p"], params["min_p"])
@@ -153,7 +155,8 @@ def make_context(algo: str, *, tree_parents=None, renorm_name: str, renorm_sourc
         algo=algo, tree_parents=list(tree_parents) if tree_parents is not None else None,
         probs={"path": "dense", "stages": list(stages or [])},
         renorm={"name": renorm_name, "source": renorm_source, "deterministic": deterministic},
-        coins={"draw": "torch.rand", "shape": [int(s) for s in coins_shape]} if coins_shape is not None else {},
+        coins=({"draw": "torch.rand", "shapes": [[int(x) for x in shape] for shape in coins_shapes]}
+               if coins_shapes else {}),
         accept={"threshold_single": float(threshold_single), "threshold_acc": float(threshold_acc)},
         device=device, versions=runtime_versions(device), params=params)
 

@@ -85,7 +85,22 @@ def replay(paths: list[str | Path], run: str | None = None, step: int | None = N
     else:
         rp.verdict = "not-rerun"
         rp.summary = f"replay does not re-run the stage that makes {q}"
+    if rp.runs:
+        _version_notes(rp)
     return rp
+
+
+def _version_notes(rp: Replay) -> None:
+    """Bytes are comparable with the run's only on the same software and device: say what differs."""
+    from tpguard.dump import runtime_versions
+
+    then = (rp.dumps.context or {}).get("versions") or {}
+    now = runtime_versions(rp.device)
+    keys = ("tpguard", "torch", "triton", "flashinfer", "cuda", "device_name")
+    changed = [f"{k} {then[k]} there, {now[k]} here" for k in keys if k in then and k in now and then[k] != now[k]]
+    if changed:
+        rp.notes.append(f"the run's versions differ from this machine's ({'; '.join(changed)}): "
+                        "re-run bytes may differ from the recorded ones")
 
 
 def _ranks(rs) -> str:
@@ -168,6 +183,11 @@ def _renorm(rp: Replay) -> None:
     recorded = _recorded(rp, ["target_probs"], rp.first)
     rows = _differing_rows(recorded, "target_probs")
     groups = _group_ranks(rp.first)
+    shape = recorded[rp.first.majority[0]]["target_probs"].shape
+
+    def fit(t):
+        return t.reshape(shape) if t.numel() == shape.numel() else t
+
     run_name = ctx["renorm"]["name"]
     chain = " -> ".join(stages) if stages else "no renorm"
     rp.stage = "renorm"
@@ -183,8 +203,8 @@ def _renorm(rp: Replay) -> None:
             rp.runs.append(Repeat(_backend_label(name, name == run_name), name, role, error=str(e)))
             continue
 
-        def stage(b=backend):
-            return {"target_probs": rerun.target_probs(logits, params, stages, b)}
+        def stage(b=backend):  # in the recorded layout (SGLang's DFlash records [bs, nodes, vocab])
+            return {"target_probs": fit(rerun.target_probs(logits, params, stages, b))}
 
         rep = rerun.repeat(_backend_label(name, name == run_name, backend), name, role, stage, rp.calls,
                            recorded, "target_probs", rows)
@@ -199,7 +219,7 @@ def _renorm(rp: Replay) -> None:
             last = i == len(stages) - 1
 
             def one(kind=kind, prefix=prefix, param=param):
-                return {"target_probs": b.call(kind, prefix, param)}
+                return {"target_probs": fit(b.call(kind, prefix, param))}
 
             # The last renorm's output is target_probs: compared with the ranks' bytes when its
             # input is the one every call of the earlier stages gives.
@@ -307,7 +327,8 @@ def _renorm_verdict(rp: Replay, run_rep: Repeat, stages: list[str]) -> None:
 def _coins(rp: Replay) -> None:
     dumps, ctx = rp.dumps, rp.dumps.context or {}
     draw = ctx.get("coins") or {}
-    if not draw.get("shape"):
+    shapes = draw.get("shapes")
+    if not shapes:
         return _cannot(rp, "the dumps do not record how the coins were drawn (context.coins): cannot redraw them")
     if _missing(dumps, ["rng_state"]):
         return _cannot(rp, "the dumps lack rng_state: the coins cannot be redrawn")
@@ -317,11 +338,12 @@ def _coins(rp: Replay) -> None:
     state = dumps.ranks[rp.first.majority[0]].tensor("rng_state")
     recorded = _recorded(rp, ["coins"], rp.first)
     rp.stage = "coins"
-    rp.stage_text = (f"re-run of coins: {draw.get('draw', 'torch.rand')} {draw['shape']} from the agreed rng_state, "
-                     f"{rp.calls} calls:")
+    shape = recorded[rp.first.majority[0]]["coins"].shape
+    draws = " then ".join(f"{draw.get('draw', 'torch.rand')} {list(s)}" for s in shapes)
+    rp.stage_text = f"re-run of coins: {draws} from the agreed rng_state, {rp.calls} calls:"
     rep = rerun.repeat("coins from rng_state", "torch.rand", "run",
-                       lambda: {"coins": rerun.redraw_coins(state, draw["shape"], rp.device).reshape(
-                           recorded[rp.first.majority[0]]["coins"].shape)}, rp.calls, recorded)
+                       lambda: {"coins": rerun.redraw_coins(state, shapes, rp.device).reshape(shape)},
+                       rp.calls, recorded)
     _expand(rep, _group_ranks(rp.first))
     rp.runs.append(rep)
     _note_reproduced(rp, rep)
@@ -423,6 +445,8 @@ def _downstream(rp: Replay) -> None:
             entry["follows"] = {q: rerun.same_bytes(out[q], d.tensor(q).to(rp.device)) for q in names}
         except StageUnavailable as e:
             entry["error"] = str(e)
+        except Exception as e:  # noqa: BLE001 - inputs the accept step cannot take: said, not raised
+            entry["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
         rp.downstream.append(entry)
     flips = [q for q in names if (t := _diff(rp, q)) is not None and not t.identical]
     if flips and all(e.get("follows") and all(e["follows"].values()) for e in rp.downstream):

@@ -82,14 +82,16 @@ def target_probs(logits: torch.Tensor, params: dict[str, torch.Tensor], stages: 
     return probs
 
 
-def redraw_coins(rng_state: torch.Tensor, shape: list[int], device: str) -> torch.Tensor:
+def redraw_coins(rng_state: torch.Tensor, shapes: list[list[int]], device: str) -> torch.Tensor:
+    """The `torch.rand` draws of `shapes`, in order, from a generator set to `rng_state`, flattened
+    and concatenated (one draw: its flat values)."""
     g = torch.Generator(device=device)
     try:
         g.set_state(rng_state.cpu())
     except (RuntimeError, TypeError) as e:
         raise StageUnavailable(f"the recorded rng_state is not a {device} generator's state "
                                f"({' '.join(str(e).split())[:120]}): replay with the run's --device") from None
-    return torch.rand(shape, generator=g, device=device)
+    return torch.cat([torch.rand(shape, generator=g, device=device).reshape(-1) for shape in shapes])
 
 
 def coins_matrix(coins: torch.Tensor, bs: int, nodes: int) -> torch.Tensor:
@@ -110,6 +112,8 @@ def accept_step(draft_tokens: torch.Tensor, probs: torch.Tensor, coins: torch.Te
     from tpguard.launch.tree import from_parents
 
     tree = from_parents(algo, list(parents))
+    if draft_tokens.dim() != 2:
+        raise StageUnavailable(f"draft_tokens of shape {list(draft_tokens.shape)} are not [requests, nodes]")
     bs, n = draft_tokens.shape
     if n != tree.nodes:
         raise StageUnavailable(f"draft_tokens has {n} nodes per request, the recorded tree {tree.nodes}")
