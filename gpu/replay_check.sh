@@ -33,6 +33,9 @@ if [[ -n "${DRY:-}" ]]; then  # small shapes on the CPU, emulated atomics in fla
   CALLS=${DRY_CALLS:-10}
 fi
 
+"$PYTHON" -c "import safetensors" 2>/dev/null || {
+  echo "replay_check: the dumps need safetensors (a tpguard dependency): add its wheel (cp312 manylinux) to .whl/" >&2
+  exit 2; }
 [[ -n "${DRY:-}" ]] || "$PYTHON" - <<'EOF' || { echo "replay_check: torch with CUDA and flashinfer are required" >&2; exit 2; }
 import time
 

@@ -182,3 +182,25 @@ def test_no_dumps_and_bad_arguments(dumps, tmp_path, capsys):
     assert "--step" in bad(capsys, dumps / "a", "--step", "-1")
     if not torch.cuda.is_available():
         assert "no CUDA device here" in bad(capsys, dumps / "a", "--device", "cuda")
+
+
+def test_the_runs_backend_cannot_run_here(dumps, tmp_path, capsys):
+    # a dump of a GPU run with flashinfer's default renorm, replayed where flashinfer cannot run
+    from tpguard.launch.renorm_backends import flashinfer_available
+
+    if torch.cuda.is_available() and flashinfer_available():
+        pytest.skip("flashinfer runs here")
+    d = copy_run(dumps / "a", tmp_path / "a")
+    for f in files(d):
+        with safe_open(str(f), framework="pt") as fh:
+            ctx = json.loads(fh.metadata()["context"])
+        ctx.update(device="cuda", renorm={"name": "flashinfer", "source": "flashinfer.sampling", "deterministic": False})
+        rewrite(f, context=json.dumps(ctx))
+    rc = cli_main(["replay", str(d), "--calls", "2", "--json"])
+    out = capsys.readouterr()
+    j = json.loads(out.out)
+    assert rc == 2 and j["verdict"] == "cannot-rerun"
+    assert j["runs"][0]["backend"] == "flashinfer" and j["runs"][0]["error"]
+    assert [(r["backend"], r["differing"]) for r in j["runs"][1:]] == [("tpguard", 0), ("torch", 0)]
+    assert any("the run used cuda, this replay cpu" in n for n in j["notes"])
+    assert len(out.err.strip().splitlines()) == 1 and "flashinfer cannot run here" in out.err

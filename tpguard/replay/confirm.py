@@ -279,8 +279,9 @@ def _renorm_verdict(rp: Replay, run_rep: Repeat, stages: list[str]) -> None:
     fix_text = "; ".join(f"{r.backend}: {r.differing} of {r.calls}" for r in fixes)
     if run_rep.error is not None:
         rp.verdict = "cannot-rerun"
-        rp.summary = (f"the run's backend {run_rep.backend} cannot run here ({run_rep.error}); "
-                      + (f"deterministic backends: {fix_text} calls differ" if fixes else "nothing re-run"))
+        rp.summary = (f"the run's backend {run_rep.backend} cannot run here ({run_rep.error}): replay where it "
+                      "runs to confirm the cause; "
+                      + (f"deterministic backends here: {fix_text} calls differ" if fixes else "nothing re-run"))
         return
     # The last renorm alone, on an input the earlier stages give every time, is the same
     # computation as the whole stage: its calls count as reproductions too.
