@@ -55,11 +55,10 @@ def _no_record(name, tensor) -> None:
 def _make_guard(opts: HarnessOptions, run_id: str, renorm_desc: str):
     if opts.no_guard:
         return None
+    from tpguard.dump import dumps_dir
     from tpguard.guard import StepGuard
 
     config = {**opts.config(), "renorm_backend": renorm_desc}
-    from tpguard.dump import dumps_dir
-
     dump_dir = dumps_dir(opts.trace) if opts.dump else None
     return StepGuard(group=None, site=f"{opts.algo}.verify", quantities=opts.guarded_quantities,
                      policy=opts.on_divergence, trace=opts.trace, merged=opts.merged, timeout_s=opts.timeout,
