@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -56,13 +55,26 @@ def _no_record(name, tensor) -> None:
 def _make_guard(opts: HarnessOptions, run_id: str, renorm_desc: str):
     if opts.no_guard:
         return None
+    from tpguard.dump import dumps_dir
     from tpguard.guard import StepGuard
 
     config = {**opts.config(), "renorm_backend": renorm_desc}
-    dump_dir = Path(opts.trace) / "dumps" if opts.dump else None
+    dump_dir = dumps_dir(opts.trace) if opts.dump else None
     return StepGuard(group=None, site=f"{opts.algo}.verify", quantities=opts.guarded_quantities,
                      policy=opts.on_divergence, trace=opts.trace, merged=opts.merged, timeout_s=opts.timeout,
                      dump_dir=dump_dir, algo=opts.algo, run_id=run_id, every=opts.every, config=config)
+
+
+def dump_context(opts: HarnessOptions, tree, renorm, pipeline: VerifyPipeline, inp):
+    """What `tpguard replay` needs to re-run this step (tpguard/dump.py)."""
+    from tpguard.dump import make_context, sampling_params
+
+    params = sampling_params(inp.temperature, inp.top_k, inp.top_p, inp.min_p, tree.nodes)
+    return make_context(opts.algo, tree_parents=tree.parent, renorm_name=renorm.name, renorm_source=renorm.source,
+                        deterministic=renorm.deterministic, params=params,
+                        coins_shapes=[(len(inp.seq_lens), tree.nodes + 1)],
+                        threshold_single=pipeline.threshold_single, threshold_acc=pipeline.threshold_acc,
+                        device=opts.device)
 
 
 def tally(summary: RunSummary, div) -> None:
@@ -95,6 +107,9 @@ def run_harness(opts: HarnessOptions) -> RunSummary:
     # the renorm's write pass fingerprints target_probs only when the guard records them
     pipeline.fingerprint_probs = "target_probs" in opts.guarded_quantities
     collective = StateCollective(state_group, rank, world, run_id, opts.timeout, pg_backend)
+    step_inputs = {}  # this step's StepInputs, for a dump's per-row sampling parameters
+    if guard is not None and opts.dump:
+        guard.dump_context = lambda _step: dump_context(opts, tree, renorm, pipeline, step_inputs["now"])
 
     summary = RunSummary(run_id=run_id, world_size=world, backend=pg_backend, device=str(device), algo=opts.algo,
                          logits=opts.logits, renorm=renorm.describe(), policy=opts.on_divergence,
@@ -118,7 +133,8 @@ def run_harness(opts: HarnessOptions) -> RunSummary:
             try:
                 collective.run(step, workload.take_blocks())
                 checking = guard is not None and guard.wants(step)
-                outs = pipeline.run(step, workload.inputs(), record if checking else _no_record)
+                step_inputs["now"] = workload.inputs()
+                outs = pipeline.run(step, step_inputs["now"], record if checking else _no_record)
                 if guard is not None:
                     try:
                         guard.check(step)

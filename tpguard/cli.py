@@ -47,6 +47,29 @@ def diagnose(
     raise typer.Exit(run_diagnose(paths, as_json=json_out, run=run, html_path=html))
 
 
+@app.command()
+def replay(
+    paths: List[str] = typer.Argument(..., help="trace directories (their dumps/), dump folders or dump files"),
+    run: Optional[str] = typer.Option(None, "--run", help="the run, when the dumps hold several"),
+    step: Optional[int] = typer.Option(None, "--step", help="the step (default: the first dumped one)"),
+    site: Optional[str] = typer.Option(None, "--site", help="the site, when a step has dumps of several"),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu | cuda (default: the run's, if here)"),
+    calls: int = typer.Option(100, "--calls", help="calls of the re-run stage per backend"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+):
+    """Re-run a divergent step from its dumps: tensor diff, the stage re-run, cause and fix confirmed."""
+    from tpguard.commands.replay import run_replay
+
+    if device is not None and device not in ("cpu", "cuda"):
+        raise click_exc.BadParameter(f"must be cpu or cuda, got {device!r}", param_hint="'--device'")
+    if calls < 1:
+        raise click_exc.BadParameter(f"must be >= 1, got {calls}", param_hint="'--calls'")
+    if step is not None and step < 0:
+        raise click_exc.BadParameter(f"must be >= 0, got {step}", param_hint="'--step'")
+    raise typer.Exit(run_replay(paths, run=run, step=step, site=site, device=device, calls=calls,
+                                as_json=json_out))
+
+
 @app.command(context_settings=PASSTHROUGH_HELP)
 def launch(ctx: typer.Context,
            nproc_per_node: int = typer.Option(2, "--nproc-per-node", help="ranks to start")):

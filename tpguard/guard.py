@@ -199,6 +199,8 @@ class StepGuard:
         self.every = max(1, int(every))
         self.clean_every = max(1, int(clean_every))
         self.dump_dir = Path(dump_dir) if dump_dir else None
+        # Set by the caller: step -> tpguard.dump.DumpContext (what `tpguard replay` re-runs with)
+        self.dump_context: Callable[[int], object] | None = None
         self.run_id = agree_on_run_id(self.info, run_id, self.timeout_s)
         self.site_id = site_id(site)
         self.sample_one_in = int(sample_one_in)
@@ -482,16 +484,13 @@ class StepGuard:
         return healed
 
     def _dump(self, step: int) -> str | None:
-        """Each rank saves this step's tensors atomically; returns the path of this rank's file."""
-        from safetensors.torch import save_file
+        """Each rank saves this step's tensors (tpguard/dump.py); returns this rank's file."""
+        from tpguard.dump import write_dump
 
-        path = self.dump_dir / f"{self.run_id}.step{step}.{self.site}.rank{self.info.rank}.safetensors"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().contiguous().cpu().clone() for k, v in self._dump_copies.items()}
-        tmp = path.with_suffix(".tmp")
-        save_file(tensors, str(tmp), metadata={"run_id": self.run_id, "step": str(step), "site": self.site})
-        os.replace(tmp, path)
-        return str(path)
+        return write_dump(self.dump_dir, run_id=self.run_id, step=step, site=self.site, rank=self.info.rank,
+                          world_size=self.info.world_size, quantities=self.quantities,
+                          tensors=self._dump_copies,
+                          context=self.dump_context(step) if self.dump_context is not None else None)
 
     # --- trace plumbing -----------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from tpguard.diagnose.matcher import Analysis
 from tpguard.diagnose.reader import TraceSet
 from tpguard.diagnose.rules import explain
+from tpguard.replay.hint import replay_hint
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Diagnosis:
                 "values": d.values, "differing_at_step": a.first.differing_at_step,
                 "agreeing_before": a.first.agreeing_before, "not_captured": a.first.not_captured,
                 "rows": _rows_for(ts, a.first.step, a.first.site, d.quantity),
+                "replay": replay_hint(ts.files[0].path.parent, ts.run_id, a.first.step, a.first.site),
             }
         return {
             "verdict": "diverged" if self.diverged else "clean",
@@ -118,6 +120,8 @@ def render_text(diag: Diagnosis) -> str:
             lines.append(f"    {fp}  ranks {ranks}")
         if f["rows"]:
             lines.append(f"  diverging rows of {f['quantity']}: {f['rows']}")
+        if f["replay"]:  # the dumps of that step (--dump / TPGUARD_DUMP=1): re-run it
+            lines.append(f"  dumps: {', '.join(f['replay']['dumps'])}\n  replay: {f['replay']['command']}")
         if f["agreeing_before"]:
             lines.append(f"  agreed before it: {', '.join(f['agreeing_before'])}")
         if f["not_captured"]:

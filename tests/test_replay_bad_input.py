@@ -1,0 +1,206 @@
+"""`tpguard replay` on dumps it cannot use: one line on stderr, exit code 2, never a traceback.
+
+Torn and garbage files, a missing rank (with and without the partial file a dying rank leaves),
+dumps of two runs mixed, renamed files, the same rank twice, dumps without the world size or
+without a replay context (what the SGLang plugin wrote before it passed one), bad arguments.
+The dumps come from the real harness (`tpguard launch`, 2 ranks, `--dump`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from tpguard.cli import main as cli_main
+
+
+def launch(trace: Path, *args: str) -> None:
+    p = subprocess.run([sys.executable, "-m", "tpguard.cli", "launch", "--nproc-per-node", "2", "--steps", "2",
+                        "--renorm", "torch", *args, "--trace", str(trace), "--dump", "--no-progress", "--quiet",
+                        "--timeout", "60"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1, (p.stdout[-2000:], p.stderr[-2000:])
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    """Two runs' dumps: target_probs planted at step 1 (run a), accept_len at step 1 (run b)."""
+    root = tmp_path_factory.mktemp("replay-bad")
+    launch(root / "a", "--inject", "target_probs@1:1")
+    launch(root / "b", "--inject", "accept_len@1:1")
+    return root
+
+
+def files(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "dumps").glob("*.safetensors"))
+
+
+def copy_run(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def rewrite(path: Path, drop=(), **meta) -> None:
+    """Save `path` again with its metadata changed (keys in `drop` removed, `meta` set)."""
+    with safe_open(str(path), framework="pt") as f:
+        old = dict(f.metadata())
+    tensors = load_file(str(path))
+    new = {k: v for k, v in old.items() if k not in drop}
+    new.update(meta)
+    save_file(tensors, str(path), metadata=new)
+
+
+def bad(capsys, *args) -> str:
+    rc = cli_main(["replay", "--calls", "2", *map(str, args)])
+    out = capsys.readouterr()
+    assert rc == 2, (rc, out.out[-1500:], out.err)
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tpguard"), out.err
+    assert "Traceback" not in out.out + out.err
+    return lines[0]
+
+
+def test_the_good_dumps_replay(dumps, capsys):
+    assert cli_main(["replay", str(dumps / "a"), "--calls", "2"]) == 0
+    assert cli_main(["replay", str(dumps / "b"), "--calls", "2"]) == 0
+    capsys.readouterr()
+
+
+def test_torn_file(dumps, tmp_path, capsys):
+    d = copy_run(dumps / "a", tmp_path / "a")
+    f = files(d)[1]
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 3])
+    assert "torn dump" in bad(capsys, d) and f.name in bad(capsys, d)
+
+
+def test_file_cut_inside_its_header_and_garbage(dumps, tmp_path, capsys):
+    d = copy_run(dumps / "a", tmp_path / "a")
+    f = files(d)[1]
+    f.write_bytes(f.read_bytes()[:200])
+    assert "torn or not a dump" in bad(capsys, d)
+    f.write_text("not a dump\n")
+    assert "torn or not a dump" in bad(capsys, d)
+    f.write_bytes(b"")
+    assert "torn or not a dump" in bad(capsys, d)
+
+
+def test_missing_rank_and_the_partial_file_of_a_rank_that_died(dumps, tmp_path, capsys):
+    d = copy_run(dumps / "a", tmp_path / "a")
+    f = files(d)[1]
+    f.unlink()
+    msg = bad(capsys, d)
+    assert "rank(s) [1] have no dump" in msg and "world size 2, found rank(s) [0]" in msg
+    f.with_name(f.name + ".tmp").write_bytes(b"\0" * 100)
+    assert "the rank stopped while writing" in bad(capsys, d)
+
+
+def test_mixed_runs(dumps, tmp_path, capsys):
+    d = tmp_path / "mixed" / "dumps"
+    d.mkdir(parents=True)
+    a0, _ = files(dumps / "a")
+    _, b1 = files(dumps / "b")
+    shutil.copy(a0, d)
+    shutil.copy(b1, d)
+    assert "choose one with --run" in bad(capsys, d.parent)
+    run_a = a0.name.split(".step")[0]
+    assert "rank(s) [1] have no dump" in bad(capsys, d.parent, "--run", run_a)
+    # the other run's file renamed to pass for this run's rank 1: its metadata says otherwise
+    shutil.copy(b1, d / a0.name.replace(".rank0.", ".rank1."))
+    assert "renamed or mixed dumps" in bad(capsys, d.parent, "--run", run_a)
+
+
+def test_two_paths_holding_the_same_rank(dumps, tmp_path, capsys):
+    d = copy_run(dumps / "a", tmp_path / "a")
+    other = tmp_path / "copy"
+    other.mkdir()
+    shutil.copy(files(d)[0], other)
+    assert "two dumps of rank 0" in bad(capsys, d, other)
+
+
+def test_renamed_step(dumps, tmp_path, capsys):
+    d = copy_run(dumps / "a", tmp_path / "a")
+    for f in files(d):
+        f.rename(f.with_name(f.name.replace(".step1.", ".step5.")))
+    assert "renamed or mixed dumps" in bad(capsys, d)
+
+
+def test_world_size_disagreement_and_a_stray_rank(dumps, tmp_path, capsys):
+    d = copy_run(dumps / "a", tmp_path / "a")
+    rewrite(files(d)[1], world_size="3")
+    assert "disagree on the world size" in bad(capsys, d)
+    d2 = copy_run(dumps / "a", tmp_path / "b")
+    f0 = files(d2)[0]
+    stray = f0.with_name(f0.name.replace(".rank0.", ".rank2."))
+    shutil.copy(f0, stray)
+    rewrite(stray, rank="2")
+    assert "rank(s) [2] in a run of world size 2" in bad(capsys, d2)
+
+
+def test_world_size_from_the_trace_when_the_dumps_lack_it(dumps, tmp_path, capsys):
+    d = copy_run(dumps / "a", tmp_path / "a")
+    for f in files(d):
+        rewrite(f, drop=("world_size",))
+    assert cli_main(["replay", str(d), "--calls", "2"]) == 0  # the trace header says 2
+    capsys.readouterr()
+    for t in d.glob("*.jsonl"):
+        t.unlink()
+    assert "cannot tell how many ranks" in bad(capsys, d)
+
+
+def test_dumps_without_a_replay_context(dumps, tmp_path, capsys):
+    d = copy_run(dumps / "a", tmp_path / "a")
+    for f in files(d):
+        rewrite(f, drop=("context",))
+    rc = cli_main(["replay", str(d), "--calls", "2", "--json"])
+    out = capsys.readouterr()
+    assert rc == 2 and json.loads(out.out)["verdict"] == "cannot-rerun"
+    assert "do not record how target_probs was made" in out.err and len(out.err.strip().splitlines()) == 1
+
+
+def test_a_foreign_safetensors_file(tmp_path, capsys):
+    d = tmp_path / "dumps"
+    d.mkdir()
+    save_file({"x": torch.zeros(3)}, str(d / "weights.safetensors"))
+    assert "not a tpguard dump" in bad(capsys, tmp_path)
+
+
+def test_no_dumps_and_bad_arguments(dumps, tmp_path, capsys):
+    assert "no dumps under" in bad(capsys, tmp_path)
+    assert "no such file or directory" in bad(capsys, tmp_path / "nope")
+    assert "has no dump of step 7" in bad(capsys, dumps / "a", "--step", "7")
+    assert "no dumps of run 'nope'" in bad(capsys, dumps / "a", "--run", "nope")
+    assert "has no dump of site 'x.verify'" in bad(capsys, dumps / "a", "--site", "x.verify")
+    assert "--calls" in bad(capsys, dumps / "a", "--calls", "0")
+    assert "--device" in bad(capsys, dumps / "a", "--device", "tpu")
+    assert "--step" in bad(capsys, dumps / "a", "--step", "-1")
+    if not torch.cuda.is_available():
+        assert "no CUDA device here" in bad(capsys, dumps / "a", "--device", "cuda")
+
+
+def test_the_runs_backend_cannot_run_here(dumps, tmp_path, capsys):
+    # a dump of a GPU run with flashinfer's default renorm, replayed where flashinfer cannot run
+    from tpguard.launch.renorm_backends import flashinfer_available
+
+    if torch.cuda.is_available() and flashinfer_available():
+        pytest.skip("flashinfer runs here")
+    d = copy_run(dumps / "a", tmp_path / "a")
+    for f in files(d):
+        with safe_open(str(f), framework="pt") as fh:
+            ctx = json.loads(fh.metadata()["context"])
+        ctx.update(device="cuda", renorm={"name": "flashinfer", "source": "flashinfer.sampling", "deterministic": False})
+        rewrite(f, context=json.dumps(ctx))
+    rc = cli_main(["replay", str(d), "--calls", "2", "--json"])
+    out = capsys.readouterr()
+    j = json.loads(out.out)
+    assert rc == 2 and j["verdict"] == "cannot-rerun"
+    assert j["runs"][0]["backend"] == "flashinfer" and j["runs"][0]["error"]
+    assert [(r["backend"], r["differing"]) for r in j["runs"][1:]] == [("tpguard", 0), ("torch", 0)]
+    assert any("the run used cuda, this replay cpu" in n for n in j["notes"])
+    assert len(out.err.strip().splitlines()) == 1 and "flashinfer cannot run here" in out.err

@@ -1,0 +1,26 @@
+"""`tpguard replay DIR [--run ID] [--step N] [--site S] [--device cpu|cuda] [--calls N] [--json]`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from tpguard.errors import TPGuardError
+
+
+def run_replay(paths: list[str], run: str | None = None, step: int | None = None, site: str | None = None,
+               device: str | None = None, calls: int = 100, as_json: bool = False) -> int:
+    from tpguard.replay import render_text, replay
+
+    try:
+        rp = replay(paths, run=run, step=step, site=site, device=device, calls=calls)
+    except TPGuardError as e:
+        print(f"tpguard replay: {e}", file=sys.stderr)
+        return e.exit_code
+    if as_json:
+        print(json.dumps(rp.to_json()), flush=True)
+    else:
+        print(render_text(rp), flush=True)
+    if rp.verdict == "cannot-rerun":  # the report is printed; the reason is the last line on stderr too
+        print(f"tpguard replay: {rp.summary}", file=sys.stderr)
+    return rp.exit_code
