@@ -165,6 +165,7 @@ class Runtime:
 
     def open(self, site: str) -> Scope:
         guard = self.guard(site)
+        guard.dump_context = None  # set by the step's target-probs hook when dumps are on
         scope = Scope(site, guard, guard.wants(), prefer="computed" if self.audit else "committed")
         self._stack().append(scope)
         return scope
@@ -263,8 +264,10 @@ class Runtime:
         if not self.guards:  # the first guard of this process: agree on the run id, open the trace
             self._open_trace(site, GroupInfo(pg))
         dump_dir = None
-        if self.config.dump:
-            dump_dir = os.path.join(self.config.trace_dir or ".", "tpguard-dumps")
+        if self.config.dump:  # the layout `tpguard replay` reads: <trace dir>/dumps/
+            from tpguard.dump import dumps_dir
+
+            dump_dir = dumps_dir(self.config.trace_dir or ".")
         cls = StepGuard
         if self.use_device_guard(GroupInfo(pg)):
             from tpguard.device_guard import DeviceStepGuard as cls  # no host sync; lag of one step
@@ -275,6 +278,12 @@ class Runtime:
                 metrics=True)
         self.guards[site] = g
         return g
+
+    def renorm_name(self, device_type: str) -> str:
+        """The renorm this process's target probs come from, as `tpguard replay` names backends."""
+        if self.config.renorm == "deterministic":
+            return {"flashinfer": "flashinfer-det"}.get(self.renorm_backend or "", self.renorm_backend or "torch")
+        return "flashinfer" if device_type == "cuda" else "torch"  # sglang's own kernels
 
     def use_device_guard(self, info) -> bool:
         """The production guard (no host sync) where it applies: NCCL groups, policy record or

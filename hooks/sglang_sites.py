@@ -181,7 +181,12 @@ def hook_target_probs(original, *args, **kwargs):
     """build_speculative_verify_target_probs (DFlash; DSpark's and UNO's sampled accepts call it
     too, inside their own step)."""
     def before(scope, b):
-        scope.record("target_logits", b.get("next_token_logits"), overwrite=False)
+        logits = b.get("next_token_logits")
+        scope.record("target_logits", logits, overwrite=False)
+        rt = _rt()
+        if rt.config.dump and isinstance(logits, torch.Tensor) and b.get("sampling_info") is not None:
+            ctx = _dump_context(rt, scope, b, logits)
+            scope.guard.dump_context = lambda step: ctx
 
     def after(scope, b, out, state):
         if _same_bytes(scope.fp_source, out):
@@ -190,6 +195,23 @@ def hook_target_probs(original, *args, **kwargs):
 
     return run_step("dflash.verify", original, args, kwargs, before, after, own=False,
                     point="dflash.target_probs")
+
+
+def _dump_context(rt, scope: Scope, b: dict, logits: torch.Tensor):
+    """What `tpguard replay` needs to re-run these target probs: per-row sampling parameters, the
+    renorm, the algorithm, and whether sglang took its sparse top-k path (replayed as such)."""
+    from tpguard.dump import context_from_sampling_info
+
+    info, n = b["sampling_info"], int(b.get("draft_token_num") or 1)
+    vocab = logits.shape[-1]
+    max_top_k = b.get("max_top_k")
+    if max_top_k is None and getattr(info, "need_top_k_sampling", False):
+        max_top_k = int(info.top_ks.max())
+    sparse = (b.get("use_sparse_topk", True) and bool(getattr(info, "need_top_k_sampling", False))
+              and max_top_k is not None and 0 < int(max_top_k) < vocab)
+    algo = {"dflash": "dflash", "dspark": "dflash", "uno": "dflash"}.get(scope.site.split(".")[0], "eagle")
+    return context_from_sampling_info(info, n, algo=algo, renorm_name=rt.renorm_name(logits.device.type),
+                                      sparse_topk=sparse, device=logits.device.type)
 
 
 def _same_bytes(src, out) -> bool:
