@@ -71,11 +71,17 @@ def _signature(fn) -> inspect.Signature:
 
 
 def bind(fn, args, kwargs) -> dict:
-    """Arguments by name, however the caller passed them."""
+    """Arguments by name, however the caller passed them (a ``**kwargs`` parameter's entries too:
+    sglang's ``execute(cls, *args, **kwargs)`` dispatchers)."""
     try:
-        return dict(_signature(fn).bind_partial(*args, **kwargs).arguments)
+        sig = _signature(fn)
+        bound = dict(sig.bind_partial(*args, **kwargs).arguments)
     except (TypeError, ValueError):
         return dict(kwargs)
+    for p in sig.parameters.values():
+        if p.kind is inspect.Parameter.VAR_KEYWORD and isinstance(bound.get(p.name), dict):
+            bound.update(bound.pop(p.name))
+    return bound
 
 
 # --- a verify step's scope ---------------------------------------------------------------------
