@@ -11,6 +11,10 @@
   tpguard work, no collective.
 * DSpark's folded accept (read after the target-verify graph): checked once; `heal` is refused
   with one log line, and the plugin says so at start-up.
+* EAGLE's greedy branch with a watermark: under `heal`, sglang's `record_speculative` sees the
+  healed accept_index / accept_lens. (sglang dispatches `verify_tree_greedy_func` by platform; on
+  this CPU box it would run no kernel, so the test takes its XPU dispatch: sglang's own Triton
+  kernel, under the interpreter.)
 """
 
 from __future__ import annotations
@@ -36,7 +40,10 @@ PRELOAD = (
     "sglang.srt.speculative.dspark_components.dspark_verify",
     "sglang.kernels.ops.speculative.dspark.dspark_accept",
     "sglang.kernels.ops.speculative.dspark.blockwise_rejection",
-    "sglang.srt.sampling.sampling_batch_info",
+    "sglang.srt.sampling.sampling_batch_info", "sglang.srt.speculative.eagle_utils",
+    "sglang.srt.speculative.eagle_info", "sglang.srt.managers.schedule_batch",
+    "sglang.srt.model_executor.forward_batch_info", "sglang.srt.layers.logits_processor",
+    "sglang.kernels.ops.speculative.spec_tree", "sglang.srt.sampling.watermarking.core",
     "tpguard.guard", "tpguard.hooks.sglang_plugin", "tpguard.hooks.sglang_sites", "tpguard.hooks.sglang_runtime",
 )
 
@@ -206,6 +213,69 @@ def scenario_dspark_folded(rank, world, tp):
     return {"outs": outs, "log": log, "lines": lines, "counts": counts, "stats": plugin_stats()}
 
 
+def _record_what_watermark_sees(rank):
+    """Stands in for sglang's `WatermarkState.record_speculative` (before the plugin wraps it):
+    the same function, noting the accept_index / accept_lens it records."""
+    from sglang.srt.sampling.watermarking import core
+
+    original = core.WatermarkState.record_speculative
+    core.WATERMARK_SEEN = []
+
+    def record_speculative(self, req_pool_indices, context_hashes, selected, accept_index, accept_lens):
+        core.WATERMARK_SEEN.append([accept_index.tolist(), accept_lens.tolist()])
+        return original(self, req_pool_indices, context_hashes, selected, accept_index, accept_lens)
+
+    core.WatermarkState.record_speculative = record_speculative
+
+
+def scenario_eagle_greedy_watermark(rank, world, tp):
+    """EAGLE greedy verify with a watermark state. Step 1: rank 1's logits reject request 0's
+    second draft (its first one still accepted), so its accept_index / accept_lens differ."""
+    import torch
+    from sglang.kernels.ops.speculative import spec_tree
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+    from sglang.srt.sampling.watermarking import core
+    from sglang.srt.speculative import eagle_utils
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    spec_tree._is_xpu = True  # sglang's Triton verify_tree_greedy (see the module docstring)
+    log = divergence_log("eagle.verify")
+    bs, n, vocab = 2, 4, 48
+    ws = core.WatermarkState(max_num_reqs=4, context_window=2, max_contexts_per_req=8, key="0123456789abcdef",
+                             device="cpu", vocab_size=vocab, default_enabled=True)
+    outs = []
+    for step in range(2):
+        info = sampling_info(bs, vocab, greedy=True)
+        info.has_watermark_candidates = True
+        lg = logits(step, bs * n, vocab)
+        target = lg.argmax(-1).view(bs, n)
+        draft = torch.cat([torch.full((bs, 1), 3), target[:, :-1]], dim=1)  # every draft accepted
+        if step == 1 and rank == 1:
+            lg[2, (target[0, 2] + 1) % vocab] += 50.0  # request 0, position 2: another argmax
+        seq_lens = torch.tensor([7, 9])
+        nxt = torch.arange(1, n + 1).repeat(bs, 1)
+        nxt[:, -1] = -1
+        vi = EagleVerifyInput(
+            draft_token=draft.reshape(-1), custom_mask=torch.tril(torch.ones(n, n, dtype=torch.bool)).repeat(
+                bs, 1, 1).flatten(), positions=(seq_lens.view(-1, 1) + torch.arange(n)).reshape(-1),
+            retrieve_index=torch.arange(bs * n).view(bs, n), retrieve_next_token=nxt,
+            retrieve_next_sibling=torch.full((bs, n), -1), retrieve_cum_len=None, spec_steps=n - 1, topk=1,
+            draft_token_num=n, capture_hidden_mode=CaptureHiddenMode.FULL, seq_lens_sum=int(seq_lens.sum()),
+            seq_lens_cpu=seq_lens.clone(), draft_probs=None)
+        batch = ScheduleBatch(reqs=[], device="cpu", seq_lens=seq_lens, forward_mode=ForwardMode.TARGET_VERIFY,
+                              sampling_info=info)
+        batch.req_pool_indices = torch.arange(bs)
+        out = eagle_utils.eagle_sample(vi, batch, LogitsProcessorOutput(next_token_logits=lg), watermark_state=ws,
+                                       watermark_full_mask=False)
+        outs.append([t.tolist() for t in out])
+    return {"outs": outs, "log": log, "watermark_saw": core.WATERMARK_SEEN}
+
+
+scenario_eagle_greedy_watermark.before_plugins = _record_what_watermark_sees
+
+
 def plain_startup_note():
     """load_plugins() in a scheduler-like process with heal or audit: one start-up line."""
     from sglang.srt.plugins import load_plugins
@@ -292,3 +362,12 @@ def test_folded_accept_limits_said_at_start_up(zygote):
         (lines,) = zygote.run("startup_note", {**env, "TPGUARD_ALL_PROCESSES": "1"})
         assert len(lines) == 1 and "audit cannot see" in lines[0]
     assert zygote.run("startup_note", {**ON, "TPGUARD_ALL_PROCESSES": "1"}) == [[]]
+
+
+def test_eagle_greedy_heal_reaches_the_watermark(zygote):
+    r0, r1 = zygote.run("eagle_greedy_watermark", ON, timeout=120)
+    assert r0["log"] == r1["log"] and r0["log"][0][:4] == [1, "eagle.verify", "target_logits", [1]]
+    assert r0["outs"][1] != r1["outs"][1] and r0["watermark_saw"][1] != r1["watermark_saw"][1]
+    h0, h1 = zygote.run("eagle_greedy_watermark", HEAL, timeout=120)
+    assert h0["outs"] == h1["outs"] == r0["outs"]  # the greedy branch has no broadcast: heal's
+    assert h0["watermark_saw"] == h1["watermark_saw"] == r0["watermark_saw"]  # recorded after the heal
