@@ -9,6 +9,9 @@
   step's coins and its target probs are recorded.
 * `SpeculativeSamplingMaskCapture.from_logits` (sglang's mask rebuild after acceptance): no
   tpguard work, no collective.
+* DSpark's sampling-accept region (`DsparkSamplingAcceptGraph.run`; the worker skips
+  accept_and_finalize on its steps): a key's first step runs the region eagerly and is checked
+  once (capture and replay need CUDA: the GPU check).
 * DSpark's folded accept (read after the target-verify graph): checked once; `heal` is refused
   with one log line, and the plugin says so at start-up.
 * EAGLE's greedy branch with a watermark: under `heal`, sglang's `record_speculative` sees the
@@ -38,6 +41,8 @@ PRELOAD = (
     "sglang.srt.speculative.uno_utils", "sglang.srt.speculative.uno_worker_v2",
     "sglang.srt.speculative.spec_sampling_mask",
     "sglang.srt.speculative.dspark_components.dspark_verify",
+    "sglang.srt.speculative.dspark_components.dspark_sampling_accept_graph",
+    "sglang.srt.speculative.dspark_components.dspark_draft_sampler",
     "sglang.kernels.ops.speculative.dspark.dspark_accept",
     "sglang.kernels.ops.speculative.dspark.blockwise_rejection",
     "sglang.srt.sampling.sampling_batch_info", "sglang.srt.speculative.eagle_utils",
@@ -169,6 +174,48 @@ def scenario_dspark_blockwise(rank, world, tp):
         accept = ex.accept_and_finalize(folded_accept=False, **_dspark_inputs(step, 2, 32, info, greedy=False))
         outs.append([accept.correct_len.tolist(), accept.bonus.tolist()])
     return {"outs": outs, "log": log, "recorded": recorded, "stats": plugin_stats()}
+
+
+def scenario_dspark_sampling_graph(rank, world, tp):
+    """One step through the sampling-accept region (its eager first step for a key). Rank 1
+    reseeds its generator: its coins differ, so does its accept (sglang's broadcast off)."""
+    import torch
+    from sglang.srt.speculative.dspark_components.dspark_draft import DraftParams
+    from sglang.srt.speculative.dspark_components.dspark_draft_sampler import DsparkDraftSampler
+    from sglang.srt.speculative.dspark_components.dspark_sampling_accept_graph import DsparkSamplingAcceptGraph
+    from sglang.srt.speculative.dspark_components.dspark_verify import DsparkVerifyEpilogue, StaticVerifyIO
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSync
+    from tpguard.hooks import sglang_runtime
+
+    log = divergence_log("dspark.verify")
+    recorded = []
+    guard = sglang_runtime.RUNTIME.guard("dspark.verify")
+    check = guard.check
+
+    def check_and_note(step=None, **kw):
+        recorded.append(sorted(guard._fps))
+        return check(step, **kw)
+
+    guard.check = check_and_note
+    bs, stride, vocab = 2, 4, 32
+    sync = SpecTpSync(tp)
+    epilogue = DsparkVerifyEpilogue(max_bs=bs, verify_num_draft_tokens=stride, device="cpu", tp_sync=sync)
+    lg = logits(0, bs * stride, vocab)
+    cand = torch.cat([torch.full((bs, 1), 3), lg.argmax(-1).view(bs, stride)[:, :-1]], dim=1)
+    epilogue.static_io[bs] = StaticVerifyIO(
+        candidates=cand, logits=lg, hidden=torch.zeros(bs * stride, 8), seq_lens=torch.tensor([9, 12]),
+        req_pool_indices=torch.arange(bs), out_cache_loc=torch.arange(bs * stride),
+        positions=torch.arange(bs * stride))
+    sampler = DsparkDraftSampler.__new__(DsparkDraftSampler)  # the draft sampler's buffers the region reads
+    sampler.greedy_draft, sampler.step_logits = True, None
+    sampler.params = DraftParams(temperatures=torch.full((bs,), 0.7), greedy_mask=torch.zeros(bs, dtype=torch.bool),
+                                 step_temperatures=torch.full((bs,), 0.7))
+    region = DsparkSamplingAcceptGraph(epilogue=epilogue, resolve_draft_sampler=lambda: sampler, tp_sync=sync,
+                                       fused_argmax=False, block_verification=False, device="cpu")
+    torch.manual_seed(5 + rank)
+    accept = region.run(bs=bs, target_logits=lg)
+    return {"accept": [accept.correct_len.tolist(), accept.bonus.tolist()], "log": log, "recorded": recorded,
+            "stats": plugin_stats()}
 
 
 def scenario_mask_capture(rank, world, tp):
@@ -371,3 +418,11 @@ def test_eagle_greedy_heal_reaches_the_watermark(zygote):
     h0, h1 = zygote.run("eagle_greedy_watermark", HEAL, timeout=120)
     assert h0["outs"] == h1["outs"] == r0["outs"]  # the greedy branch has no broadcast: heal's
     assert h0["watermark_saw"] == h1["watermark_saw"] == r0["watermark_saw"]  # recorded after the heal
+
+
+def test_dspark_sampling_accept_region_is_checked_once(zygote):
+    r0, r1 = zygote.run("dspark_sampling_graph", {**ON, "SGLANG_SPEC_TP_SYNC": "off"}, timeout=120)
+    assert r0["stats"]["dspark.verify"]["checked"] == r1["stats"]["dspark.verify"]["checked"] == 1
+    assert {"rng_state", "target_logits", "accept_len", "bonus", "cap_trim_lens", "commit_lens",
+            "out_tokens"} <= set(r0["recorded"][0])
+    assert r0["log"] == r1["log"] and r0["log"][0][:4] == [0, "dspark.verify", "rng_state", [1]]
