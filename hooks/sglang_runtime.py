@@ -99,6 +99,7 @@ class Scope:
     deferred: list = field(default_factory=list)  # sglang calls that must see the healed decisions
     heal_refused: str | None = None  # why this step cannot be healed (said once in the log)
     failure: str | None = None  # the first exception in tpguard's own work this step
+    void: bool = False  # no verify step happened here after all (every rank alike): no check
     flags: set = field(default_factory=set)  # where in the step we are ("accept_core", ...)
 
     def record(self, name: str, tensor, overwrite: bool = True) -> None:
@@ -333,6 +334,9 @@ class Runtime:
     def finish(self, scope: Scope, after_heal: Callable | None) -> None:
         """The step's one check, its heal, then the sglang calls deferred until after it."""
         guard = scope.guard
+        if scope.void:
+            guard.discard()
+            return
         try:
             guard.local_failure = scope.failure is not None
             heal_ok = scope.heal_refused is None

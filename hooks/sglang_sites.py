@@ -38,8 +38,9 @@ SYNC_SITES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 DECISION_SYNC = {"accept_index", "accept_len", "bonus", "cap_trim_lens", "out_tokens"}
 
-FOLDED_NOTE = ("DSpark's folded accept runs inside the target-verify CUDA graph (with its KV inject "
-               "and history writes): tpguard checks its committed values after the replay; audit "
+FOLDED_NOTE = ("DSpark's folded accept runs inside the target-verify CUDA graph, and its sampling-accept "
+               "region (SGLANG_OPT_DSV41_SAMPLING_ACCEPT_GRAPH) in a graph of its own, each with its KV "
+               "inject and history writes: tpguard checks their committed values after the replay; audit "
                "cannot see what a rank computed before the in-graph broadcast, and heal is refused "
                "there (recorded instead; it could not undo the in-graph writes)")
 
@@ -271,12 +272,20 @@ def hook_dspark_sampling_accept_graph(original, *args, **kwargs):
         logits = b.get("target_logits")
         scope.record("rng_state", rng_state(_device(logits)))
         scope.record("target_logits", logits)
+        scope.heal_refused = f"dspark.verify: {FOLDED_NOTE}"  # the region commits KV and history
 
     def after(scope, b, out, state):
         if out is not None:
             _record_accept_outs(scope, out)
 
-    return run_step("dspark.verify", original, args, kwargs, before, after, own=True,
+    def region(*a, **k):
+        out = original(*a, **k)
+        scope = _rt().current()
+        if out is None and scope is not None:  # the step takes the eager accept_and_finalize,
+            scope.void = True  # which checks it (host state: the same on every rank)
+        return out
+
+    return run_step("dspark.verify", region, args, kwargs, before, after, own=True,
                     point="dspark.sampling_accept_graph")
 
 

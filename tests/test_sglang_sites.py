@@ -212,10 +212,11 @@ def scenario_dspark_sampling_graph(rank, world, tp):
                                  step_temperatures=torch.full((bs,), 0.7))
     region = DsparkSamplingAcceptGraph(epilogue=epilogue, resolve_draft_sampler=lambda: sampler, tp_sync=sync,
                                        fused_argmax=False, block_verification=False, device="cpu")
+    skipped = region.run(bs=bs, target_logits=lg.clone())  # not the graph's logits: the eager path's step
     torch.manual_seed(5 + rank)
     accept = region.run(bs=bs, target_logits=lg)
     return {"accept": [accept.correct_len.tolist(), accept.bonus.tolist()], "log": log, "recorded": recorded,
-            "stats": plugin_stats()}
+            "stats": plugin_stats(), "skipped": skipped is None}
 
 
 def scenario_mask_capture(rank, world, tp):
@@ -422,6 +423,7 @@ def test_eagle_greedy_heal_reaches_the_watermark(zygote):
 
 def test_dspark_sampling_accept_region_is_checked_once(zygote):
     r0, r1 = zygote.run("dspark_sampling_graph", {**ON, "SGLANG_SPEC_TP_SYNC": "off"}, timeout=120)
+    assert r0["skipped"]  # that call left the step to accept_and_finalize: no check of its own
     assert r0["stats"]["dspark.verify"]["checked"] == r1["stats"]["dspark.verify"]["checked"] == 1
     assert {"rng_state", "target_logits", "accept_len", "bonus", "cap_trim_lens", "commit_lens",
             "out_tokens"} <= set(r0["recorded"][0])

@@ -281,6 +281,10 @@ class StepGuard:
         self._reset_step()
         self.step += 1
 
+    def discard(self) -> None:
+        """Drop what was recorded; no step happened (the step number stays)."""
+        self._reset_step()
+
     def check(self, step: int | None = None, *, heal: bool = True) -> Divergence | None:
         """Compare this step's fingerprints across ranks; act on a divergence per the policy.
         `heal=False`: this step cannot be healed (the caller says why): policy heal records."""
