@@ -43,6 +43,8 @@ def html_target_problem(html_path: str, inputs: list[str]) -> str | None:
             head = f.read(4096)
     except OSError as e:
         return f"cannot read it to check it ({e.strerror})"
+    if b'"schema":"tpguard.trace/' in head.replace(b" ", b""):
+        return "is a tpguard trace: not overwritten"
     if head and not is_report(head):
         return "exists and is not a tpguard report: not overwritten (remove it or name another file)"
     return None
