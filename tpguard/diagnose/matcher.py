@@ -300,7 +300,7 @@ def _try_block(checker: BlockChecker, cursors: list[FileCursor], hint: int) -> t
     heads = []
     for c in live:
         line = c.buf[c.pos]
-        m = HEAD_STEP.search(line, 0, 80) if c.in_run and looks_like_step(line) else None
+        m = HEAD_STEP.search(line) if c.in_run and looks_like_step(line) else None
         if m is None:
             return None
         heads.append(int(m.group(1)))
