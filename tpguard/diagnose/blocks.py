@@ -1,10 +1,10 @@
 """Clean blocks: stretches where every rank recorded the same values, compared as raw bytes.
 
-A block is the next n lines of every file still being read. It is clean when each line of the
-first file is a step record of the run in tpguard's own layout (compact, or the spacing of a
-standard `json.dumps`), and the files' blocks are byte-identical once each file's `ranks` field
-is removed: every rank then holds the same value of every quantity at every step, and nothing
-needs parsing. The first file's lines are checked as templates: hex digits masked, each
+A block is the next n lines of the files whose next record is at the smallest step. It is clean
+when each line of the first file is a step record of the run in tpguard's key order, spaced as
+tpguard writes it (compact) or as a standard `json.dumps` does (", " and ": "), and the files'
+blocks are byte-identical once each file's `ranks` field is removed: every rank then holds the
+same value of every quantity at every step, and nothing needs parsing. The first file's lines are checked as templates: hex digits masked, each
 distinct template (a handful per block: step-number widths, sites) matched once by a regex that
 only accepts a step record of this run with 16-hex-digit or null values.
 """
@@ -17,19 +17,47 @@ from dataclasses import dataclass
 
 import orjson
 
-COMPACT_STEP = b'{"type":"step",'
-SPACED_STEP = b'{"type": "step", '
 _MASK = bytes.maketrans(b"0123456789abcdef", b"\0" * 16)
 _CAPTURED = b'"' + b"\0" * 16 + b'"'  # a masked fingerprint: the template holds a compared value
-RANKS_FIELD = re.compile(rb',"ranks":(\[[0-9, ]*\])')
-STEP_NUMBER = re.compile(rb',"step":([0-9]+),"site":"')
-STEP_SITE = re.compile(rb',"step":([0-9]+),"site":"([^"\\]*)"')
 MAX_TEMPLATES = 32
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The patterns of one spacing of tpguard's step records (key order: type, run_id, step,
+    site, ranks, fp)."""
+
+    start: bytes
+    ranks_field: re.Pattern  # the field removed before files are compared; group 1 the list
+    step_number: re.Pattern
+    step_site: re.Pattern
+    template: re.Pattern  # a whole line, hex digits masked
+
+
+def _layout(run_id: str, colon: bytes, comma: bytes) -> Layout:
+    def lit(b: bytes) -> bytes:
+        return re.escape(b.translate(_MASK))
+
+    string = rb'"[^"\\\n]*"'  # masked: hex digits read as NUL (raw NUL bytes are refused before)
+    pair = string + lit(colon) + rb'(?:"\x00{16}"|null)'
+    key = lambda name: comma + b'"' + name + b'"' + colon  # noqa: E731
+    template = (lit(b'{"type"' + colon + b'"step"' + key(b"run_id") + orjson.dumps(run_id) + key(b"step"))
+                + rb"\x00+" + lit(key(b"site")) + string + lit(key(b"ranks")) + rb"\[[\x00, ]*\]"
+                + lit(key(b"fp") + b"{") + rb"(?:" + pair + lit(comma) + rb")*" + pair + lit(b"}}"))
+    return Layout(
+        start=b'{"type"' + colon + b'"step"' + comma,
+        ranks_field=re.compile(re.escape(key(b"ranks")) + rb"(\[[0-9, ]*\])"),
+        step_number=re.compile(re.escape(key(b"step")) + rb"([0-9]+)" + re.escape(key(b"site") + b'"')),
+        step_site=re.compile(re.escape(key(b"step")) + rb"([0-9]+)" + re.escape(key(b"site")) + rb'"([^"\\]*)"'),
+        template=re.compile(template))
+
+
+STARTS = (b'{"type":"step",', b'{"type": "step", ')
 
 
 def looks_like_step(line: bytes) -> bool:
     """Cheap test before a block is tried: a step record in a layout the block check reads."""
-    return line.startswith(COMPACT_STEP) or line.startswith(SPACED_STEP)
+    return line.startswith(STARTS)
 
 
 @dataclass
@@ -40,24 +68,10 @@ class CleanBlock:
     last_sites: set[str]  # sites recorded at the block's last step
 
 
-def _compact(block: bytes) -> bytes:
-    """json.dumps's default spacing made compact. Only for blocks without a backslash: a string
-    there holds no quote, so `": ` and `, "` can only be separators."""
-    return block.replace(b'": ', b'":').replace(b', "', b',"')
-
-
 class BlockChecker:
     def __init__(self, run_id: str):
-        def lit(b: bytes) -> bytes:
-            return re.escape(b.translate(_MASK))
-
-        string = rb'"[^"\\\n]*"'  # masked: hex digits read as NUL (raw NUL bytes are refused before)
-        value = rb'(?:"\x00{16}"|null)'
-        pair = string + b":" + value
-        self.template = re.compile(
-            lit(b'{"type":"step","run_id":' + orjson.dumps(run_id) + b',"step":') + rb"\x00+"
-            + lit(b',"site":') + string + lit(b',"ranks":') + rb"\[[\x00, ]*\]"
-            + lit(b',"fp":{') + rb"(?:" + pair + rb",)*" + pair + lit(b"}}"))
+        # tpguard's writer (orjson), and a standard json.dumps (", " and ": ")
+        self.layouts = (_layout(run_id, b":", b","), _layout(run_id, b": ", b", "))
 
     def check(self, cursors: list, n: int) -> CleanBlock | None:
         """The block of the next n lines of every cursor if it is clean, else None."""
@@ -65,15 +79,13 @@ class BlockChecker:
         first = blocks[0]
         if not first.endswith(b"\n") or b"\0" in first:
             return None  # a torn last line (only a file's last line lacks its newline), or bytes no JSON line holds
-        if not first.startswith(COMPACT_STEP):
-            if not first.startswith(SPACED_STEP) or any(b"\\" in b for b in blocks):
-                return None
-            blocks = [_compact(b) for b in blocks]
-            first = blocks[0]
+        layout = next((x for x in self.layouts if first.startswith(x.start)), None)
+        if layout is None:
+            return None
         covered: set[int] = set()
         reference = None
         for c, b in zip(cursors, blocks):
-            m = RANKS_FIELD.search(b, 0, b.index(b"\n"))
+            m = layout.ranks_field.search(b, 0, b.index(b"\n"))
             if m is None:
                 return None
             field = m.group(0)
@@ -95,13 +107,13 @@ class BlockChecker:
         if len(templates) > MAX_TEMPLATES:
             return None
         for t in templates:
-            if _CAPTURED not in t or self.template.fullmatch(t) is None:
+            if _CAPTURED not in t or layout.template.fullmatch(t) is None:
                 return None
-        numbers = STEP_NUMBER.findall(first)
+        numbers = layout.step_number.findall(first)
         if len(numbers) != n:
             return None
         steps = list(map(int, numbers))
-        if not all(map(operator.lt, steps, steps[1:])) and not _in_order(first, steps):
+        if not all(map(operator.lt, steps, steps[1:])) and not _in_order(layout, first, steps):
             return None
         if any(steps[0] <= c.last_step for c in cursors):
             return None  # the slow path checks the order across the boundary
@@ -116,9 +128,9 @@ class BlockChecker:
         return CleanBlock(steps, frozenset(covered), first_site, last_sites)
 
 
-def _in_order(block: bytes, steps: list[int]) -> bool:
+def _in_order(layout: Layout, block: bytes, steps: list[int]) -> bool:
     """Steps never decrease and no (step, site) repeats (several sites per step)."""
-    pairs = STEP_SITE.findall(block)
+    pairs = layout.step_site.findall(block)
     if len(pairs) != len(steps):
         return False
     prev, seen = -1, set()
