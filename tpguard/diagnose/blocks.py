@@ -63,7 +63,7 @@ def looks_like_step(line: bytes) -> bool:
 @dataclass
 class CleanBlock:
     steps: list[int]  # step of each line, in order
-    covered: frozenset[int]  # ranks that recorded every line of the block
+    covered: frozenset[int]  # ranks that recorded every line of the block (compared when two or more)
     first_site: str
     last_sites: set[str]  # sites recorded at the block's last step
 
@@ -100,8 +100,6 @@ class BlockChecker:
                 reference = rest
             elif rest != reference:
                 return None
-        if len(covered) < 2:
-            return None
         templates = set(first.translate(_MASK).split(b"\n"))
         templates.discard(b"")
         if len(templates) > MAX_TEMPLATES:

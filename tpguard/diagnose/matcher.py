@@ -215,8 +215,10 @@ class _Walk:
         steps = block.steps
         distinct = len(set(steps))
         a.steps += distinct - (steps[0] == self.prev_step)
-        a.compared_steps += distinct - (steps[0] == self.prev_compared)
-        self.prev_step = self.prev_compared = steps[-1]
+        self.prev_step = steps[-1]
+        if len(block.covered) >= 2:  # one rank alone (the others stopped early) is read, not compared
+            a.compared_steps += distinct - (steps[0] == self.prev_compared)
+            self.prev_compared = steps[-1]
         a.step_records += n * len(cursors)
         for r in self.all_ranks - block.covered:
             self._missing(r, steps[0], block.first_site, count=n)

@@ -101,7 +101,8 @@ def build(ts: TraceSet, a: Analysis) -> Diagnosis:
     if a.first is not None:
         rule = explain(a.first)
         diag.cause, diag.fix = rule.cause, rule.fix
-    diag.timeouts = [_timeout(ev) for ev in ts.events if ev.kind == "timeout" or "dead_ranks" in ev.extra]
+    diag.timeouts = [_timeout(ev) for ev in ts.events
+                     if ev.kind == "timeout" or _field(ev, "dead_ranks") is not None]
     if diag.timeouts and a.first is None:
         dead = sorted({r for t in diag.timeouts for r in t["dead_ranks"] or []})
         missing = sorted({r for t in diag.timeouts for r in t["missing_ranks"] or []} - set(dead))
@@ -129,13 +130,18 @@ def _rank_list(value) -> list[int] | None:
     return None
 
 
+def _field(ev, name: str):
+    """An optional field of an event: beyond the record type (in `extra`) or, where a writer's
+    EventRecord declares it, an attribute."""
+    return ev.extra.get(name, getattr(ev, name, None))
+
+
 def _timeout(ev) -> dict:
-    extra = ev.extra
-    missing = _rank_list(extra.get("missing_ranks"))
+    missing = _rank_list(_field(ev, "missing_ranks"))
     if missing is None:
-        missing = _rank_list(extra.get("missing"))
+        missing = _rank_list(_field(ev, "missing"))
     return {"kind": ev.kind, "step": ev.step, "site": ev.site, "rank": ev.rank, "message": ev.message,
-            "missing_ranks": missing, "dead_ranks": _rank_list(extra.get("dead_ranks"))}
+            "missing_ranks": missing, "dead_ranks": _rank_list(_field(ev, "dead_ranks"))}
 
 
 def _gap(g: Gap) -> str:
