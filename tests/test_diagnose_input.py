@@ -91,6 +91,7 @@ def _write_run(path: Path, rank: int, steps: int = 5, **header) -> Path:
 @pytest.mark.parametrize("other,named", [
     ({"world_size": 4}, "world_size 2 vs 4"),
     ({"created": "2026-01-01T12:00:00+00:00"}, "created '2026-01-01T10:00:00+00:00' vs '2026-01-01T12:00:00+00:00'"),
+    ({"created": "2026-01-01T10:00:30+00:00"}, "created '2026-01-01T10:00:00+00:00' vs '2026-01-01T10:00:30+00:00'"),
     ({"config": {"seed": 0, "top_p": 0.5}}, "config.top_p 0.9 vs 0.5"),
 ])
 def test_headers_that_differ_are_named(tmp_path, other, named):
@@ -100,7 +101,7 @@ def test_headers_that_differ_are_named(tmp_path, other, named):
     err = one_line(tpguard("diagnose", str(a), str(b)), 2)
     assert named in err and str(a) in err and str(b) in err
     # Seconds apart (ranks writing their headers after the run id is agreed): one run.
-    c = _write_run(tmp_path / "c" / "x.rank1.jsonl", 1, **{**base, "created": "2026-01-01T10:00:20+00:00"})
+    c = _write_run(tmp_path / "c" / "x.rank1.jsonl", 1, **{**base, "created": "2026-01-01T10:00:03+00:00"})
     assert tpguard("diagnose", str(a), str(c)).returncode == 0
 
 

@@ -29,9 +29,10 @@ BLOCK_LINES = 4096
 # plain or compressed.
 SEGMENT = re.compile(r"\.jsonl(\.[0-9]+)?(\.gz|\.zst)?$")
 FIRST_LINE_LIMIT = 8 << 20  # a header is a few hundred bytes; more without a newline is not a trace
-# Headers of one run are written within seconds of each other (after the run id is agreed);
-# further apart, they are two runs that reuse one run id.
-CREATED_TOLERANCE_S = 60.0
+# Every rank writes its header right after a collective (the run id's broadcast, a process
+# group's set-up, the first verify step): within a second or two, stamped to the second. Further
+# apart, the files are of two runs that reuse one run id (a rerun takes longer than this to start).
+CREATED_TOLERANCE_S = 10.0
 FINGERPRINT = re.compile(r"[0-9a-f]{16}")
 HEX_RUN = re.compile(r"[0-9a-f]*")
 _INT, _STR, _STR_OR_NONE, _SIXTEEN = {int}, {str}, {str, type(None)}, {16}
