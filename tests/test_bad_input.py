@@ -145,7 +145,9 @@ def test_nothing_compared_is_said(tmp_path, capsys):
     paths = write_synthetic_trace(tmp_path, 10)
     paths[0].write_text(paths[0].read_text().splitlines(keepends=True)[0])  # header only
     rc, out, err = run_cli(["diagnose", *map(str, paths), "--json"], capsys)
-    assert rc == 0 and any("nothing was compared" in w for w in json.loads(out)["warnings"])
+    j = json.loads(out)
+    assert rc == 7 and j["verdict"] == "nothing_compared" and j["compared_steps"] == 0
+    assert any("rank 0 recorded no captured value" in w for w in j["warnings"])
 
 
 def test_unexpected_error_is_one_line_exit_5(tmp_path, capsys, monkeypatch):

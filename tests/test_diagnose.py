@@ -138,6 +138,25 @@ def test_timeout_event_is_reported(tmp_path):
                             "missing_ranks": [1]}).encode() + b"\n")
     j = diagnose(paths).to_json()
     assert j["timeouts"][0]["missing_ranks"] == [1] and "stopped reaching the guard" in j["cause"]
+    assert "rank(s) [1]" in j["cause"] and "rank(s) [1]'s own logs" in j["fix"]
+
+
+@pytest.mark.parametrize("fields,named,died", [
+    ({"dead_ranks": [1], "missing_ranks": [1]}, [1], True),
+    ({"missing": [1]}, [1], False),  # the other spelling of the field
+    ({"dead_ranks": "x", "missing": {"a": 1}}, None, False),  # garbage: ignored, never a crash
+])
+def test_timeout_event_names_the_dead_or_missing_rank(tmp_path, fields, named, died):
+    paths = write_synthetic_trace(tmp_path, 5, run_id="t")
+    paths[1].write_text("".join(paths[1].read_text().splitlines(keepends=True)[:4]))  # rank 1 stops at step 2
+    with open(paths[0], "ab") as f:
+        f.write(json.dumps({"type": "event", "run_id": "t", "kind": "timeout", "step": 5, "site": "s", "rank": 0,
+                            "message": "tpguard: a rank did not reach step 5", **fields}).encode() + b"\n")
+    j = diagnose(paths).to_json()
+    t = j["timeouts"][0]
+    assert (t["dead_ranks"] if died else t["missing_ranks"]) == named
+    assert ("died (killed" in j["cause"]) == died
+    assert "rank(s) [1]'s own logs" in j["fix"]  # from the event, else the rank that stopped early
 
 
 def test_html_report_is_self_contained(tmp_path, capsys):
@@ -192,3 +211,19 @@ def test_fingerprint_definitions_recorded_and_mixed_ones_warned(tmp_path):
     for other in (None, "tpguard.fp/1"):
         j = diagnose([write("b0", FORMAT_VERSION), write("b1", other)]).to_json()
         assert any("different fingerprint definitions" in w for w in j["warnings"]), j["warnings"]
+
+
+def test_exit_codes_are_one_documented_table():
+    """docs/exit-codes.md lists every exit code of tpguard/errors.py once, and the diagnose page
+    links it."""
+    from pathlib import Path
+
+    import tpguard.errors as errors
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    table = (docs / "exit-codes.md").read_text()
+    codes = {name: value for name, value in vars(errors).items() if name.startswith("EXIT_")}
+    assert len(codes) == 10
+    for name, value in codes.items():
+        assert table.count(f"| {value} | `{name}` |") == 1, name
+    assert "(exit-codes.md)" in (docs / "diagnose.md").read_text()

@@ -1,8 +1,10 @@
 """The `tpguard` command: one typer app; each command's work lives in tpguard/commands/.
 
-Exit codes (docs/diagnose.md, docs/harness.md): 0 ok/clean, 1 diverged, 2 bad input or
-arguments (one line on stderr, never a traceback), 3 aborted on divergence, 4 rank timeout,
-5 internal error (a tpguard bug: one line; TPGUARD_DEBUG=1 shows the traceback).
+Exit codes (tpguard/errors.py, one table in docs/exit-codes.md): 0 ok/clean, 1 diverged, 2 bad
+input or arguments (one line on stderr, never a traceback), 3 aborted on divergence, 4 rank
+timeout, 5 internal error (a tpguard bug: one line; TPGUARD_DEBUG=1 shows the traceback), 6 a rank
+died, 7 diagnose: nothing compared, 130 / 143 SIGINT / SIGTERM. `python -m tpguard` runs main()
+too (tpguard/__main__.py).
 """
 
 from __future__ import annotations
@@ -36,12 +38,15 @@ PASSTHROUGH_HELP = {**PASSTHROUGH, "help_option_names": []}
 
 @app.command()
 def diagnose(
-    paths: List[str] = typer.Argument(..., help="trace files or directories (per-rank, merged, mixed)"),
+    paths: List[str] = typer.Argument(..., help="trace files or directories (per-rank, merged, mixed; .gz/.zst too)"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
     run: Optional[str] = typer.Option(None, "--run", help="the run to read when the files hold several"),
-    html: Optional[str] = typer.Option(None, "--html", help="also write a self-contained HTML report"),
+    html: Optional[str] = typer.Option(None, "--html", help="also write a self-contained HTML report "
+                                       "(replaces only an earlier report)"),
 ):
-    """Name the first divergence in traces: step, site, quantity, culprit rank, cause and fix."""
+    """Name the first divergence in traces: step, site, quantity, culprit rank, cause and fix.
+
+    Exit 0 clean, 1 diverged, 7 nothing compared, 2 unusable input (docs/exit-codes.md)."""
     from tpguard.commands.diagnose import run_diagnose
 
     raise typer.Exit(run_diagnose(paths, as_json=json_out, run=run, html_path=html))

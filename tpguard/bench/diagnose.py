@@ -1,12 +1,16 @@
-"""`tpguard bench diagnose`: diagnose throughput on a generated long trace.
+"""`tpguard bench diagnose`: diagnose throughput on a generated long trace, per JSON layout.
 
 Writes a 2-rank per-rank trace of N steps (default 1,000,000) with one divergence near the end,
-then times `tpguard.diagnose.diagnose` on it and prints steps/s and peak memory.
-Usage: python -m tpguard.bench.diagnose [--steps N] [--ranks R] [--dir DIR] [--keep]
+in tpguard's compact layout and in the spacing of a standard `json.dumps` (", " and ": "), then
+times, for each, a bare `json.loads` of every line (the yardstick: any layout should read within
+3x of it) and `tpguard.diagnose.diagnose`, and prints steps/s, the ratio and peak memory.
+Usage: python -m tpguard.bench.diagnose [--steps N] [--ranks R] [--layout compact|spaced|both]
+       [--dir DIR] [--keep]
 """
 
 from __future__ import annotations
 
+import json
 import resource
 import shutil
 import tempfile
@@ -19,62 +23,94 @@ from tpguard.bench.args import BenchParser
 from tpguard.quantities import CANONICAL_ORDER
 from tpguard.records import Header, to_json
 
+LAYOUTS = ("compact", "spaced")
+
 
 def write_synthetic_trace(directory: Path, steps: int, ranks: int = 2, diverge_at: int | None = None,
-                          quantity: str = "target_probs", culprit: int = 1, run_id: str = "bench") -> list[Path]:
-    """Per-rank files as the guard writes them; `quantity` differs on `culprit` from `diverge_at` on."""
+                          quantity: str = "target_probs", culprit: int = 1, run_id: str = "bench",
+                          layout: str = "compact") -> list[Path]:
+    """Per-rank files as the guard writes them (`layout` "compact"), or as `json.dumps` with its
+    default separators writes the same records ("spaced"); `quantity` and every later one differ
+    on `culprit` from `diverge_at` on."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    colon, comma = (b":", b",") if layout == "compact" else (b": ", b", ")
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     qi = CANONICAL_ORDER.index(quantity)
+    keys = [b'"%s"%s' % (q.encode(), colon) for q in CANONICAL_ORDER]
     for r in range(ranks):
         path = directory / f"{run_id}.rank{r}.jsonl"
-        header = Header(run_id=run_id, world_size=ranks, ranks=[r], algo="synthetic")
+        header = to_json(Header(run_id=run_id, world_size=ranks, ranks=[r], algo="synthetic"))
         with open(path, "wb") as f:
-            f.write(orjson.dumps(to_json(header)) + b"\n")
-            prefix = b'{"type":"step","run_id":"%s","step":' % run_id.encode()
-            middle = b',"site":"synthetic.verify","ranks":[%d],"fp":{' % r
+            f.write((orjson.dumps(header) if layout == "compact" else json.dumps(header).encode()) + b"\n")
+            prefix = (b'{"type"%s"step"%s"run_id"%s%s%s"step"%s'
+                      % (colon, comma, colon, orjson.dumps(run_id), comma, colon))
+            middle = (b'%s"site"%s"synthetic.verify"%s"ranks"%s[%d]%s"fp"%s{'
+                      % (comma, colon, comma, colon, r, comma, colon))
             for s in range(steps):
                 vals = []
-                for i, q in enumerate(CANONICAL_ORDER):
+                for i in range(len(CANONICAL_ORDER)):
                     v = (s * 0x9E3779B97F4A7C15 + i * 0x632BE59BD9B4E019) & 0xFFFFFFFFFFFFFFFF
                     if diverge_at is not None and s >= diverge_at and r == culprit and i >= qi:
                         v ^= 1
-                    vals.append(b'"%s":"%016x"' % (q.encode(), v))
-                f.write(prefix + str(s).encode() + middle + b",".join(vals) + b"}}\n")
+                    vals.append(b'%s"%016x"' % (keys[i], v))
+                f.write(prefix + str(s).encode() + middle + comma.join(vals) + b"}}\n")
         paths.append(path)
     return paths
+
+
+def time_json_loads(paths: list[Path]) -> float:
+    """Seconds for a bare `json.loads` of every line of the files (nothing else done)."""
+    loads = json.loads
+    t0 = time.perf_counter()
+    for p in paths:
+        with open(p, "rb") as f:
+            for line in f:
+                loads(line)
+    return time.perf_counter() - t0
+
+
+def time_diagnose(paths: list[Path]) -> tuple[float, dict]:
+    from tpguard.diagnose import diagnose
+
+    t0 = time.perf_counter()
+    j = diagnose(paths).to_json()
+    return time.perf_counter() - t0, j
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = BenchParser(prog="tpguard bench diagnose")
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--dir", default=None, help="where to write the trace (default: a temp dir)")
-    ap.add_argument("--keep", action="store_true", help="keep the generated trace")
+    ap.add_argument("--layout", choices=(*LAYOUTS, "both"), default="both",
+                    help="compact (tpguard's writer), spaced (json.dumps's default separators), or both")
+    ap.add_argument("--dir", default=None, help="where to write the traces (default: a temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep the generated traces")
     args = ap.parse_args(argv)
     if args.steps < 20 or args.ranks < 2:
         ap.error(f"--steps must be >= 20 and --ranks >= 2, got {args.steps} and {args.ranks}")
-    from tpguard.diagnose import diagnose
-
-    tmp = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tpguard-bench-"))
+    layouts = LAYOUTS if args.layout == "both" else (args.layout,)
+    root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tpguard-bench-"))
     try:
-        t0 = time.perf_counter()
-        paths = write_synthetic_trace(tmp, args.steps, args.ranks, diverge_at=args.steps - 10)
-        t_write = time.perf_counter() - t0
-        size = sum(p.stat().st_size for p in paths)
-        t0 = time.perf_counter()
-        diag = diagnose(paths)
-        t_diag = time.perf_counter() - t0
-        j = diag.to_json()
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(f"trace: {args.ranks} ranks x {args.steps} steps, {size / 1e6:.1f} MB (written in {t_write:.1f} s)")
-        print(f"diagnose: {t_diag:.2f} s  ({args.steps / t_diag:,.0f} steps/s, "
-              f"{size / 1e6 / t_diag:.0f} MB/s), peak RSS {rss:.0f} MB")
-        f = j["first_divergence"]
-        print(f"verdict: {j['verdict']} at step {f['step'] if f else '-'} ({f['quantity'] if f else '-'})")
+        for layout in layouts:
+            t0 = time.perf_counter()
+            paths = write_synthetic_trace(root / layout, args.steps, args.ranks, diverge_at=args.steps - 10,
+                                          layout=layout)
+            t_write = time.perf_counter() - t0
+            size = sum(p.stat().st_size for p in paths)
+            t_json = time_json_loads(paths)
+            t_diag, j = time_diagnose(paths)
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            f = j["first_divergence"]
+            print(f"{layout}: {args.ranks} ranks x {args.steps} steps, {size / 1e6:.1f} MB (written in {t_write:.1f} s)")
+            print(f"  json.loads of every line: {t_json:.2f} s")
+            print(f"  diagnose: {t_diag:.2f} s ({args.steps / t_diag:,.0f} steps/s, {size / 1e6 / t_diag:.0f} MB/s), "
+                  f"{t_diag / t_json:.2f}x json.loads; peak RSS {rss:.0f} MB")
+            print(f"  verdict: {j['verdict']} at step {f['step'] if f else '-'} ({f['quantity'] if f else '-'})")
     finally:
         if not args.keep and not args.dir:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

@@ -1,5 +1,8 @@
 """One self-contained HTML page (no network, no script): quantities x steps around the first
-divergence, each cell coloured by agreement, per-rank values and culprits on hover."""
+divergence, each cell coloured by agreement, per-rank values and culprits on hover.
+
+Every page carries MARKER: `tpguard diagnose --html FILE` overwrites FILE only when it holds one
+(an earlier report), never a trace or any other file."""
 
 from __future__ import annotations
 
@@ -8,6 +11,10 @@ import html
 from tpguard.diagnose.matcher import StepView
 from tpguard.diagnose.report import Diagnosis
 from tpguard.divergence import causal_order, compare
+
+MARKER = '<meta name="generator" content="tpguard diagnose">'
+# Reports written before the marker began with exactly this.
+LEGACY_START = "<!doctype html><html><head><meta charset='utf-8'><title>tpguard diagnose</title>"
 
 _CSS = """
 body{font:14px system-ui,sans-serif;margin:24px;color:#222}
@@ -51,11 +58,12 @@ def render_html(diag: Diagnosis) -> str:
     j = diag.to_json()
     a = diag.analysis
     f = j["first_divergence"]
-    verdict = ("<span class='verdict diverged'>DIVERGED</span>" if f else
-               "<span class='verdict clean'>CLEAN</span>")
+    verdict = {"diverged": "<span class='verdict diverged'>DIVERGED</span>",
+               "clean": "<span class='verdict clean'>CLEAN</span>",
+               "nothing_compared": "<span class='verdict diverged'>NOTHING COMPARED</span>"}[j["verdict"]]
     head = [f"<h1>tpguard diagnose: run {html.escape(j['run_id'])}</h1>",
             f"<div>{verdict} &middot; {len(j['ranks'])} of {j['world_size']} ranks &middot; algo "
-            f"{html.escape(j['algo'])} &middot; {j['steps']} steps &middot; {j['divergent_steps']} divergent</div>"]
+            f"{html.escape(j['algo'])} &middot; {j['steps']} steps &middot; {j['compared_steps']} compared &middot; {j['divergent_steps']} divergent</div>"]
     if f:
         head.append(f"<div class='box'>First divergence: step <b>{f['step']}</b>, site <b>"
                     f"{html.escape(f['site'])}</b>, quantity <b>{html.escape(f['quantity'])}</b>, culprit "
@@ -63,6 +71,8 @@ def render_html(diag: Diagnosis) -> str:
     if diag.cause:
         head.append(f"<div class='box cause'><b>Cause.</b> {html.escape(diag.cause)}</div>")
         head.append(f"<div class='box fix'><b>Fix.</b> {html.escape(diag.fix)}</div>")
+    for x in j["findings"]:
+        head.append(f"<div class='box cause'>finding: {html.escape(x)}</div>")
     for w in j["warnings"]:
         head.append(f"<div class='box'>warning: {html.escape(w)}</div>")
 
@@ -91,5 +101,10 @@ def render_html(diag: Diagnosis) -> str:
               "<span style='background:#f4a3a8'></span>differ"
               "<span style='background:#eee'></span>not captured"
               " &nbsp;(hover a cell for per-rank values; the outlined cell is the first divergence)</div>")
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>tpguard diagnose</title>"
+    return ("<!doctype html><html><head><meta charset='utf-8'>" + MARKER + "<title>tpguard diagnose</title>"
             f"<style>{_CSS}</style></head><body>{''.join(head)}{legend}{''.join(grid)}</body></html>")
+
+
+def is_report(head: bytes) -> bool:
+    """Whether a file starting with `head` (its first few KB) is a page this module wrote."""
+    return MARKER.encode() in head or head.startswith(LEGACY_START.encode())

@@ -1,31 +1,42 @@
-"""Reader: open any number of trace files (per-rank, merged, mixed) and stream their records.
+"""Reader: open any number of trace files (per-rank, merged, mixed, compressed) and stream their records.
 
-Headers are read up front (first line of each file) to check runs, world size and rank coverage.
-Bodies are read through one `FileCursor` per file: a small buffer of raw lines that the matcher
-either consumes in blocks (clean stretches compared as bytes, never parsed) or one step at a time
-(parsed). Memory stays constant whatever the trace length.
+Headers are read up front (first line of each file) to check that the files are of one run:
+world size, algo, config (the seed, ...), creation time and rank coverage. Bodies are read
+through one `FileCursor` per file: a small buffer of raw lines that the matcher either consumes
+in blocks (clean stretches compared as bytes, see matcher.py) or one step at a time (parsed and
+checked: hex fingerprints, non-negative steps in order, the header's run id). Memory stays
+constant whatever the trace length.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import functools
 import glob
+import operator
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 
+from tpguard.diagnose.source import open_trace, truncated
 from tpguard.errors import TraceError
 from tpguard.records import SCHEMA, DivergenceRecord, EventRecord, Header, from_json
-from tpguard.trace import iter_lines
 
 BLOCK_LINES = 4096
-# The parts of a line in tpguard's own step layout that the block comparison uses.
-STEP_PREFIX = b'{"type":"step","run_id":"'
-RANKS_FIELD = re.compile(rb',"ranks":\[[0-9, ]*\]')
-STEP_NUMBER = re.compile(rb',"step":([0-9]+),"site":"')
-# Files a directory argument stands for: traces and their rotated segments (NAME.jsonl.1, ...).
-SEGMENT = re.compile(r"\.jsonl(\.[0-9]+)?$")
+# Files a directory argument stands for: traces and their rotated segments (NAME.jsonl.1, ...),
+# plain or compressed.
+SEGMENT = re.compile(r"\.jsonl(\.[0-9]+)?(\.gz|\.zst)?$")
+FIRST_LINE_LIMIT = 8 << 20  # a header is a few hundred bytes; more without a newline is not a trace
+# Every rank writes its header right after a collective (the run id's broadcast, a process
+# group's set-up, the first verify step): within a second or two, stamped to the second. Further
+# apart, the files are of two runs that reuse one run id (a rerun takes longer than this to start).
+CREATED_TOLERANCE_S = 10.0
+FINGERPRINT = re.compile(r"[0-9a-f]{16}")
+HEX_RUN = re.compile(r"[0-9a-f]*")
+_INT, _STR, _STR_OR_NONE, _SIXTEEN = {int}, {str}, {str, type(None)}, {16}
+_CAPTURED = functools.partial(operator.is_not, None)
 
 
 @dataclass
@@ -54,23 +65,32 @@ class TraceSet:
         return [FileCursor(f, self) for f in self.files]
 
 
+def show(text: str, limit: int = 60) -> str:
+    """A name from a trace, fit for a one-line message (garbage shown escaped)."""
+    return text if text.isprintable() and len(text) <= limit else ascii(text[:limit])
+
+
 class FileCursor:
     """Buffered raw lines of one file, consumed as clean blocks or as one parsed step at a time.
 
     Step records come out as (step, site, ranks, fp). Divergence and event records met on the way
-    are kept in the TraceSet; records of other runs are skipped.
+    are kept in the TraceSet; records of other runs are skipped. Every parsed step record is
+    checked: a malformed one is a TraceError naming the file and line.
     """
 
     def __init__(self, f: TraceFile, ts: TraceSet):
         self.file = f
         self.ts = ts
-        self._fh = open(f.path, "rb")
+        self._fh = open_trace(f.path)
         self.buf: list[bytes] = []
         self.pos = 0  # next unread line in buf
         self.lineno = 0  # lines consumed before buf[pos]
         self.eof = False
         self.in_run = True
+        self.header_run = f.header.run_id  # the run of the header above the current line
+        self.header_ranks = frozenset(f.header.ranks)
         self.last_step = -1
+        self.last_sites: set[str] = set()  # sites recorded at last_step (a repeat is a duplicated line)
         self._head: tuple | None = None  # parsed step record at buf[pos], if any
 
     # -- raw buffer --------------------------------------------------------------------------
@@ -82,6 +102,9 @@ class FileCursor:
             more = self._fh.readlines(max(1 << 20, 400 * n))
             if not more:
                 self.eof = True
+                if truncated(self._fh):
+                    self.ts.warn(f"{self.file.path}: compressed data ends early (the file was cut?); "
+                                 "read up to its last complete line")
                 self._fh.close()
             self.buf = rest + more
             self.pos = 0
@@ -108,30 +131,68 @@ class FileCursor:
                 self.skip(1)
                 continue
             kind = obj.get("type")
-            if kind == "step" and self.in_run:
-                rec = self._step_fields(obj)
-                if rec[0] < self.last_step:
-                    self.ts.warn(f"{self.file.path}:{self.lineno + 1}: steps go backwards "
-                                 f"({self.last_step} then {rec[0]}); results for that file may be incomplete")
-                self._head = rec
-                return rec
+            if kind == "step":
+                rec = self._checked_step(obj)
+                if rec is not None:
+                    self._head = rec
+                    return rec
             self.skip(1)
-            self._other(kind, obj)
+            if kind != "step":
+                self._other(kind, obj)
         return self._head
 
     def pop(self) -> tuple:
         rec = self._head
         assert rec is not None
-        self.last_step = rec[0]
+        self.passed(rec[0], rec[1])
         self.skip(1)
+        return rec
+
+    def passed(self, step: int, site: str) -> None:
+        """A record of (step, site) was consumed: the next one of this file must come after it."""
+        if step != self.last_step:
+            self.last_step = step
+            self.last_sites = set()
+        self.last_sites.add(site)
+
+    def where(self, offset: int = 1) -> str:
+        return f"{self.file.path}:{self.lineno + offset}"
+
+    def _checked_step(self, obj: dict) -> tuple | None:
+        """The step record at the cursor, checked; None if it belongs to another run's header."""
+        rid = obj.get("run_id")
+        if rid != self.header_run:
+            raise TraceError(f"{self.where()}: step record of run {show(str(rid))!r} under a header of run "
+                             f"{show(self.header_run)!r}")
+        if not self.in_run:
+            return None
+        rec = self.step_fields(obj)
+        step, site = rec[0], rec[1]
+        if step < self.last_step:
+            raise TraceError(f"{self.where()}: step {step} after step {self.last_step}: lines out of order "
+                             "(a trace lists its steps in increasing order)")
+        if step == self.last_step and site in self.last_sites:
+            raise TraceError(f"{self.where()}: a second record of step {step}, site {show(site)!r} "
+                             "(a duplicated line?)")
         return rec
 
     def _other(self, kind, obj) -> None:
         where = f"{self.file.path}:{self.lineno}"
         if kind == "header":
-            self.in_run = obj.get("run_id") == self.ts.run_id
             if obj.get("schema") != SCHEMA:
                 raise TraceError(f"{where}: unknown schema {obj.get('schema')!r}")
+            try:
+                header = from_json(obj)
+            except TraceError as e:
+                raise TraceError(f"{where}: {e}") from None
+            self.header_run = header.run_id
+            self.header_ranks = frozenset(header.ranks)
+            self.in_run = header.run_id == self.ts.run_id
+            if self.in_run:  # one file holding two runs that share a run id (files concatenated)
+                differ = header_differences(self.ts.files[0].header, header)
+                if differ:
+                    raise TraceError(f"{where}: a header of run {self.ts.run_id} that differs from the run's "
+                                     f"first header in {_describe(differ)}: two runs that reuse one run id?")
         elif kind in ("divergence", "event"):
             if self.in_run and obj.get("run_id", self.ts.run_id) == self.ts.run_id:
                 try:
@@ -140,8 +201,8 @@ class FileCursor:
                     self.ts.warn(f"{where}: {e}; record ignored")
                     return
                 (self.ts.divergences if kind == "divergence" else self.ts.events).append(rec)
-        elif kind != "step":
-            self.ts.warn(f"{where}: unknown record type {kind!r} ignored")
+        else:
+            self.ts.warn(f"{where}: unknown record type {show(str(kind))!r} ignored")
 
     def _parse(self, raw: bytes, lineno: int) -> dict | None:
         path = self.file.path
@@ -163,60 +224,100 @@ class FileCursor:
         self.fill(2)
         return self.eof and self.pos + 1 == len(self.buf)
 
-    def _step_fields(self, obj: dict) -> tuple:
-        where = f"{self.file.path}:{self.lineno + 1}"
+    def step_fields(self, obj: dict, offset: int = 1) -> tuple:
+        """(step, site, ranks, fp) of a step record, every field checked (this runs once per
+        record on the parsed path: the common shapes are checked with C-level set operations)."""
         try:
             step, site, ranks, fp = obj["step"], obj["site"], obj["ranks"], obj["fp"]
         except KeyError as e:
-            raise TraceError(f"{where}: step record without {e.args[0]}") from None
+            raise TraceError(f"{self.where(offset)}: step record without {e.args[0]}") from None
         if type(step) is not int or type(fp) is not dict or type(ranks) is not list:
-            raise TraceError(f"{where}: malformed step record")
+            raise TraceError(f"{self.where(offset)}: malformed step record")
+        if step < 0:
+            raise TraceError(f"{self.where(offset)}: negative step {step}")
         if type(site) is not str:
-            raise TraceError(f"{where}: step record whose site is not a string ({site!r})")
+            raise TraceError(f"{self.where(offset)}: step record whose site is not a string ({site!r})")
+        if not (set(map(type, ranks)) <= _INT and self.header_ranks.issuperset(ranks)
+                and len(set(ranks)) == len(ranks)):
+            self._bad_ranks(ranks, offset)
+        values = fp.values()
+        kinds = set(map(type, values))
+        if kinds <= _STR:
+            pass
+        elif kinds <= _STR_OR_NONE:
+            values = list(filter(_CAPTURED, values))
+        else:
+            values = self._listed_values(fp, ranks, offset)
+        # One regex over all values: a call per value would cost as much as the JSON parse.
+        if values and (set(map(len, values)) != _SIXTEEN or not HEX_RUN.fullmatch("".join(values))):
+            q, bad = next((q, x) for q, v in fp.items() for x in (v if type(v) is list else [v])
+                          if x is not None and not FINGERPRINT.fullmatch(x))
+            raise TraceError(f"{self.where(offset)}: fp[{show(q)!r}] = {show(bad, 40)!r} is not a fingerprint "
+                             "(16 lower-case hex digits)")
+        return step, site, ranks, fp
+
+    def _bad_ranks(self, ranks: list, offset: int) -> None:
         if any(type(r) is not int or not 0 <= r < self.ts.world_size for r in ranks):
-            raise TraceError(f"{where}: step record with bad ranks {ranks!r} "
+            raise TraceError(f"{self.where(offset)}: step record with bad ranks {ranks!r} "
                              f"(integers in [0, {self.ts.world_size}))")
+        raise TraceError(f"{self.where(offset)}: step record of ranks {ranks} in a file whose header "
+                         f"covers ranks {sorted(self.header_ranks)}")
+
+    def _listed_values(self, fp: dict, ranks: list, offset: int) -> list[str]:
+        """The captured values of an fp holding per-rank lists, each entry checked."""
+        values = []
         for q, v in fp.items():
-            if v is None or type(v) is str:
+            if v is None:
+                continue
+            if type(v) is str:
+                values.append(v)
                 continue
             if type(v) is not list:
-                raise TraceError(f"{where}: fp[{q!r}] is neither a fingerprint string, a list nor null")
+                raise TraceError(f"{self.where(offset)}: fp[{q!r}] is neither a fingerprint string, a list nor null")
             if len(v) != len(ranks):
-                raise TraceError(f"{where}: fp list length differs from ranks")
-            if any(x is not None and type(x) is not str for x in v):
-                raise TraceError(f"{where}: fp[{q!r}] holds a value that is not a fingerprint string")
-        return step, site, ranks, fp
+                raise TraceError(f"{self.where(offset)}: fp list length differs from ranks")
+            for x in v:
+                if x is not None:
+                    if type(x) is not str:
+                        raise TraceError(f"{self.where(offset)}: fp[{q!r}] holds a value that is not a "
+                                         "fingerprint string")
+                    values.append(x)
+        return values
 
 
 class EmptyTrace(TraceError):
     """A file with no complete header line: its writer was killed before writing one."""
 
 
+def _looks_like_torn_header(line: bytes) -> bool:
+    """An unfinished first line that starts a header (compact or spaced layout)."""
+    text = line.lstrip()
+    return any(p.startswith(text[:len(p)]) for p in (b'{"type":"header"', b'{"type": "header"'))
+
+
 def read_header(path: Path) -> Header:
-    if _torn_header_only(path):
-        raise EmptyTrace(f"{path}: empty trace (its only line, the header, is torn)")
-    noop = lambda msg: None  # noqa: E731 - torn lines are reported when the body is streamed
-    for lineno, obj in iter_lines(path, noop):
-        if obj.get("type") != "header":
-            raise TraceError(f"{path}: no header (line {lineno} is a {obj.get('type')!r} record)")
-        try:
-            rec = from_json(obj)
-        except TraceError as e:
-            raise TraceError(f"{path}: {e}") from None
-        assert isinstance(rec, Header)
-        return rec
-    raise EmptyTrace(f"{path}: empty trace (no header)")
-
-
-def _torn_header_only(path: Path) -> bool:
-    """The file is one unfinished line that starts a header: killed while writing line 1."""
+    with open_trace(path) as f:
+        first = f.readline(FIRST_LINE_LIMIT)
+        finished = first.endswith(b"\n")
+        at_end = not finished and not f.read(1)
+    if not first:
+        raise EmptyTrace(f"{path}: empty trace (no header)")
     try:
-        with open(path, "rb") as f:
-            head = f.read(1 << 16)
-    except OSError:
-        return False  # iter_lines reports it
-    return (0 < len(head) < 1 << 16 and b"\n" not in head
-            and head.startswith(b'{"type":"header"'[:len(head)]))
+        obj = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        if at_end and _looks_like_torn_header(first):
+            raise EmptyTrace(f"{path}: empty trace (its only line, the header, is torn)") from None
+        raise TraceError(f"{path}: not a tpguard trace (line 1 is not JSON)") from None
+    if type(obj) is not dict:
+        raise TraceError(f"{path}: not a tpguard trace (line 1 is not a JSON object)")
+    if obj.get("type") != "header":
+        raise TraceError(f"{path}: no header (line 1 is a {show(str(obj.get('type')))!r} record)")
+    try:
+        rec = from_json(obj)
+    except TraceError as e:
+        raise TraceError(f"{path}: {e}") from None
+    assert isinstance(rec, Header)
+    return rec
 
 
 def _expand(p: Path) -> list[Path]:
@@ -224,7 +325,7 @@ def _expand(p: Path) -> list[Path]:
     if p.is_dir():
         found = sorted(q for q in p.iterdir() if SEGMENT.search(q.name) and q.is_file())
         if not found:
-            raise TraceError(f"{p}: directory holds no *.jsonl trace")
+            raise TraceError(f"{p}: directory holds no *.jsonl trace (plain, .gz or .zst)")
         return found
     if not p.exists() and glob.has_magic(str(p)):
         found = sorted(Path(q) for q in glob.glob(str(p)) if Path(q).is_file())
@@ -236,18 +337,25 @@ def _expand(p: Path) -> list[Path]:
     return [p]
 
 
-def _read_headers(paths: list[str | Path], warn) -> list[TraceFile]:
-    files, seen, empty = [], set(), []
+def trace_paths(paths: list[str | Path]) -> list[Path]:
+    """The files the arguments stand for (directories and patterns expanded), each once."""
+    out, seen = [], set()
     for arg in paths:
         for q in _expand(Path(arg)):
             key = q.resolve()
-            if key in seen:  # the same file named twice (a file and its directory): read it once
-                continue
-            seen.add(key)
-            try:
-                files.append(TraceFile(q, read_header(q)))
-            except EmptyTrace:
-                empty.append(q)
+            if key not in seen:  # the same file named twice (a file and its directory): read it once
+                seen.add(key)
+                out.append(q)
+    return out
+
+
+def _read_headers(paths: list[str | Path], warn) -> list[TraceFile]:
+    files, empty = [], []
+    for q in trace_paths(paths):
+        try:
+            files.append(TraceFile(q, read_header(q)))
+        except EmptyTrace:
+            empty.append(q)
     if empty and files:  # a rank killed before its first line: the other files still count
         for q in empty:
             warn(f"{q}: empty trace (no header line: its writer was killed before writing?); skipped")
@@ -255,6 +363,55 @@ def _read_headers(paths: list[str | Path], warn) -> list[TraceFile]:
         raise TraceError(f"{empty[0]}: empty trace (no header)" if len(empty) == 1
                          else f"all {len(empty)} trace files are empty (no header)")
     return files
+
+
+def _created(h: Header) -> _dt.datetime | None:
+    try:
+        t = _dt.datetime.fromisoformat(h.created)
+    except (TypeError, ValueError):
+        return None  # free-form in other writers: not compared
+    return t if t.tzinfo is not None else t.replace(tzinfo=_dt.timezone.utc)
+
+
+def header_differences(a: Header, b: Header) -> list[tuple[str, object, object]]:
+    """Header fields that differ between two files of one run id: (field, a's value, b's value).
+
+    Files of one run share world size, algo and config (the seed, sampling parameters, ...), and
+    were created within CREATED_TOLERANCE_S; anything else is two runs that reuse one run id."""
+    out = []
+    if a.world_size != b.world_size:
+        out.append(("world_size", a.world_size, b.world_size))
+    if a.algo != b.algo:
+        out.append(("algo", a.algo, b.algo))
+    if isinstance(a.config, dict) and isinstance(b.config, dict):
+        keys = sorted(a.config.keys() & b.config.keys(), key=lambda k: (k != "seed", k))
+        out += [(f"config.{k}", a.config[k], b.config[k]) for k in keys if a.config[k] != b.config[k]]
+    ta, tb = _created(a), _created(b)
+    if ta is not None and tb is not None and abs((ta - tb).total_seconds()) > CREATED_TOLERANCE_S:
+        out.append(("created", a.created, b.created))
+    return out
+
+
+def _describe(differ: list[tuple[str, object, object]]) -> str:
+    def value(v) -> str:
+        text = repr(v)
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    return ", ".join(f"{name} {value(x)} vs {value(y)}" for name, x, y in differ)
+
+
+def _check_one_run(run_id: str, files: list[TraceFile]) -> None:
+    """TraceError naming the header fields in which the files of `run_id` disagree."""
+    ref = files[0]
+    pairs, named = [], set()
+    for f in files[1:]:
+        differ = [d for d in header_differences(ref.header, f.header) if d[0] not in named]
+        if differ:
+            named.update(d[0] for d in differ)
+            pairs.append(f"{ref.path} vs {f.path}: {_describe(differ)}")
+    if pairs:
+        raise TraceError(f"run {run_id}: the files' headers differ, two runs that reuse one run id? "
+                         f"{'; '.join(pairs[:3])}; give the files of one run")
 
 
 def open_traces(paths: list[str | Path], run: str | None = None) -> TraceSet:
@@ -271,10 +428,8 @@ def open_traces(paths: list[str | Path], run: str | None = None) -> TraceSet:
     elif len(runs) > 1:
         raise TraceError(f"traces from {len(runs)} runs ({', '.join(runs)}): choose one with --run")
     run_id = run or runs[0]
-    sizes = {f.header.world_size for f in files}
-    if len(sizes) > 1:
-        raise TraceError(f"run {run_id}: files disagree on world_size ({sorted(sizes)})")
-    world_size = sizes.pop()
+    _check_one_run(run_id, files)
+    world_size = files[0].header.world_size
     ranks = sorted({r for f in files for r in f.header.ranks})
     bad = [r for r in ranks if not 0 <= r < world_size]
     if bad:

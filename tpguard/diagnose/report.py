@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tpguard.diagnose.matcher import Analysis
-from tpguard.diagnose.reader import TraceSet
+from tpguard.diagnose.matcher import Analysis, Gap
+from tpguard.diagnose.reader import TraceSet, show
 from tpguard.diagnose.rules import explain
 from tpguard.replay.hint import replay_hint
+
+FINDINGS_SHOWN = 10
 
 
 @dataclass
@@ -22,6 +24,26 @@ class Diagnosis:
     def diverged(self) -> bool:
         return self.analysis.first is not None
 
+    @property
+    def verdict(self) -> str:
+        """'diverged', 'clean', or 'nothing_compared': no step and site held a value of one
+        quantity on two or more ranks (disjoint steps or sites, empty records)."""
+        if self.diverged:
+            return "diverged"
+        return "clean" if self.analysis.compared_steps else "nothing_compared"
+
+    def findings(self) -> list[str]:
+        """Records missing on some ranks at or before the first divergence (or anywhere, when
+        none was seen): each may hide the true first divergence."""
+        g = self.analysis.gaps
+        where = ("it lies before the first divergence, which may be there instead" if self.diverged
+                 else "not compared there")
+        out = [f"{_gap(x)} ({where})" for x in g.before[:FINDINGS_SHOWN]]
+        if g.before_count > len(out):
+            out.append(f"... and {g.before_count - len(out)} more record(s) missing on some ranks"
+                       + (" before the first divergence" if self.diverged else ""))
+        return out
+
     def to_json(self) -> dict:
         a, ts = self.analysis, self.ts
         first = None
@@ -35,12 +57,14 @@ class Diagnosis:
                 "rows": _rows_for(ts, a.first.step, a.first.site, d.quantity),
                 "replay": replay_hint(ts.files[0].path.parent, ts.run_id, a.first.step, a.first.site),
             }
+        g = a.gaps
         return {
-            "verdict": "diverged" if self.diverged else "clean",
+            "verdict": self.verdict,
             "run_id": ts.run_id,
             "algo": ts.algo,
             "world_size": ts.world_size,
             "steps": a.steps,
+            "compared_steps": a.compared_steps,
             "divergent_steps": a.divergent_steps,
             "ranks": ts.ranks,
             "first_divergence": first,
@@ -48,6 +72,15 @@ class Diagnosis:
             "cascade_counts": a.cascade_counts,
             "last_step_by_rank": {str(r): s for r, s in a.last_step_by_rank.items()},
             "stopped_early": stopped_early(a.last_step_by_rank),
+            "findings": self.findings(),
+            "missing_records": {
+                "before_first_divergence": g.before_count,
+                "listed": [{"rank": x.rank, "step": x.step, "site": x.site} for x in g.before],
+                "after_first_divergence": {str(r): n for r, n in sorted(g.after_count.items())},
+                "after_last_record": {str(r): n for r, n in sorted(g.tail.items())},
+            },
+            "coverage": {str(r): {"records": c.records, "first_step": c.first_step, "last_step": c.last_step,
+                                  "sites": c.sites} for r, c in sorted(a.coverage.items())},
             "timeouts": self.timeouts,
             "guard_actions": _actions(ts),
             "cause": self.cause,
@@ -58,22 +91,63 @@ class Diagnosis:
 
 def build(ts: TraceSet, a: Analysis) -> Diagnosis:
     diag = Diagnosis(ts, a)
-    recorded = [r for r, s in a.last_step_by_rank.items() if s is not None]
-    if len(recorded) < 2:  # "clean" would mean nothing here: say so
-        ts.warn(f"only rank(s) {recorded} recorded any step: nothing was compared across ranks")
+    g = a.gaps
+    if g.after_count:
+        per_rank = ", ".join(f"rank {r}: {n}" for r, n in sorted(g.after_count.items()))
+        ts.warn(f"after the first divergence, {sum(g.after_count.values())} record(s) are missing on some ranks "
+                f"({per_rank}; the first: {_gap(g.after_example)}); not compared")
+    for r, n in sorted(g.tail.items()):
+        ts.warn(f"rank {r} has no record of the last {n} record(s) other ranks made (it stopped early)"
+                if a.coverage.get(r) and a.coverage[r].records else
+                f"rank {r} recorded no captured value at all ({n} record(s) of other ranks not compared)")
     if a.first is not None:
         rule = explain(a.first)
         diag.cause, diag.fix = rule.cause, rule.fix
-    diag.timeouts = [
-        {"step": ev.step, "site": ev.site, "rank": ev.rank, "message": ev.message,
-         "missing_ranks": ev.extra.get("missing_ranks")}
-        for ev in ts.events if ev.kind == "timeout"
-    ]
+    diag.timeouts = [_timeout(ev) for ev in ts.events
+                     if ev.kind == "timeout" or _field(ev, "dead_ranks") is not None]
     if diag.timeouts and a.first is None:
-        diag.cause = "a rank stopped reaching the guard (it hung or died before a divergence was seen)"
-        diag.fix = ("look at the named rank's own logs; a divergence in an unguarded site or before the "
-                    "guard was enabled can wedge a later collective")
+        dead = sorted({r for t in diag.timeouts for r in t["dead_ranks"] or []})
+        missing = sorted({r for t in diag.timeouts for r in t["missing_ranks"] or []} - set(dead))
+        early = stopped_early(a.last_step_by_rank)
+        if dead:
+            diag.cause = (f"rank(s) {dead} died (killed by a signal or crashed) before a divergence was seen"
+                          + (f"; rank(s) {missing} stopped answering" if missing else ""))
+            named = dead
+        elif missing:
+            diag.cause = f"rank(s) {missing} stopped reaching the guard (hung or died) before a divergence was seen"
+            named = missing
+        else:
+            diag.cause = "a rank stopped reaching the guard (it hung or died) before a divergence was seen"
+            named = early
+        who = f"rank(s) {named}'s" if named else "the ranks'"
+        diag.fix = (f"look at {who} own logs (a signal, an out-of-memory kill, an exception, a hang); a "
+                    "divergence in an unguarded site or before the guard was enabled can wedge a later collective")
     return diag
+
+
+def _rank_list(value) -> list[int] | None:
+    """A list of ranks from an event's optional field (other writers may put anything there)."""
+    if isinstance(value, list) and all(type(r) is int for r in value):
+        return sorted(value)
+    return None
+
+
+def _field(ev, name: str):
+    """An optional field of an event: beyond the record type (in `extra`) or, where a writer's
+    EventRecord declares it, an attribute."""
+    return ev.extra.get(name, getattr(ev, name, None))
+
+
+def _timeout(ev) -> dict:
+    missing = _rank_list(_field(ev, "missing_ranks"))
+    if missing is None:
+        missing = _rank_list(_field(ev, "missing"))
+    return {"kind": ev.kind, "step": ev.step, "site": ev.site, "rank": ev.rank, "message": ev.message,
+            "missing_ranks": missing, "dead_ranks": _rank_list(_field(ev, "dead_ranks"))}
+
+
+def _gap(g: Gap) -> str:
+    return f"rank {g.rank} has no record of step {g.step}, site {show(g.site)}"
 
 
 def stopped_early(last: dict[int, int | None]) -> list[int]:
@@ -108,8 +182,18 @@ def render_text(diag: Diagnosis) -> str:
     lines = [f"run {j['run_id']}: {len(j['ranks'])} of {j['world_size']} ranks, algo {j['algo']}, "
              f"{j['steps']} steps"]
     f = j["first_divergence"]
-    if f is None:
-        lines.append("CLEAN: no quantity differs across ranks at any step")
+    if j["verdict"] == "nothing_compared":
+        lines.append("NOTHING COMPARED: no step and site holds a value of one quantity on two or more ranks "
+                     "(ranks with disjoint steps or sites, or records without captured values)")
+        for r, c in j["coverage"].items():
+            if c["records"]:
+                sites = ", ".join(show(s) for s in c["sites"])
+                lines.append(f"  rank {r}: {c['records']} record(s), steps {c['first_step']}-{c['last_step']}, "
+                             f"site(s) {sites}")
+            else:
+                lines.append(f"  rank {r}: no record with a captured value")
+    elif f is None:
+        lines.append(f"CLEAN: no quantity differs across ranks at any of the {j['compared_steps']} step(s) compared")
     else:
         culprit = ", ".join(map(str, f["culprit_ranks"]))
         majority = ", ".join(map(str, f["majority_ranks"]))
@@ -129,6 +213,7 @@ def render_text(diag: Diagnosis) -> str:
         if len(f["differing_at_step"]) > 1:
             lines.append(f"  also differing at step {f['step']}: "
                          f"{', '.join(q for q in f['differing_at_step'] if q != f['quantity'])}")
+        lines += [f"finding: {x}" for x in j["findings"]]
         after = j["divergent_steps"] - 1
         if after:
             counts = ", ".join(f"{q} first at {n}" for q, n in j["cascade_counts"].items())
@@ -137,12 +222,14 @@ def render_text(diag: Diagnosis) -> str:
                 lines.append(f"    step {c['step']} {c['site']}: {', '.join(c['quantities'])}")
         if j["guard_actions"]:
             lines.append("  guard actions: " + ", ".join(f"{k} {v}" for k, v in j["guard_actions"].items()))
+    if f is None and j["verdict"] != "nothing_compared":
+        lines += [f"finding: {x}" for x in j["findings"]]
     last = ", ".join(f"rank {r}: {s if s is not None else 'none'}" for r, s in j["last_step_by_rank"].items())
     lines.append(f"last step by rank: {last}")
     if j["stopped_early"]:
         lines.append(f"  rank(s) {j['stopped_early']} stopped before the others")
-    for msg in dict.fromkeys(t["message"] for t in j["timeouts"]):  # every waiting rank writes one
-        lines.append(f"timeout: {msg}")
+    for kind, msg in dict.fromkeys((t["kind"], t["message"]) for t in j["timeouts"]):  # each waiting rank writes one
+        lines.append(f"{kind}: {msg}")
     if diag.cause:
         lines.append(f"cause: {diag.cause}")
         lines.append(f"fix: {diag.fix}")
