@@ -37,7 +37,8 @@ def doctor(as_json: bool = False) -> int:
     backend = _renorm_backend()
     report = disc.to_json()
     report.update({"entry_point": entry_point, "deterministic_renorm_backend": backend,
-                   "env": config.__dict__ if config else None, "env_problem": env_problem})
+                   "env": config.__dict__ if config else None, "env_problem": env_problem,
+                   "limits": _limits()})
     if as_json:
         print(json.dumps(report, default=str))
     else:
@@ -56,6 +57,20 @@ def _entry_point() -> str | None:
         if ep.name == "tpguard":
             return ep.value
     return None
+
+
+def _limits() -> list[str]:
+    """What the plugin cannot do at some sites, and the renorm's tie rule: said, not hidden."""
+    from tpguard.hooks.sglang_sites import FOLDED_NOTE
+
+    out = [FOLDED_NOTE]
+    try:
+        from tpguard.hooks.sglang_renorm import TIE_RULE
+    except ImportError:
+        TIE_RULE = None
+    if TIE_RULE:
+        out.append(f"TPGUARD_RENORM=deterministic: {TIE_RULE}")
+    return out
 
 
 def _renorm_backend() -> str:
@@ -91,6 +106,7 @@ def _render(disc, entry_point, backend, config, env_problem) -> str:
         for name, what in site.bound.items():
             lines.append(f"    {site.module}.{name}: {what}")
     lines.append(f"  deterministic renorm here would use: {backend}")
+    lines += ["", "  limits:"] + [f"    - {line}" for line in _limits()]
     lines.append("")
     if env_problem:
         lines.append(f"  ! {env_problem}")
