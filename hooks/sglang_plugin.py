@@ -123,8 +123,12 @@ def install(config: GuardConfig):
     logger.info("tpguard: %s mode, policy %s, hooks on %s%s", config.mode, rt.policy,
                 ", ".join(rt.hooks_installed) or "nothing",
                 f"; missing: {', '.join(rt.hooks_missing)}" if rt.hooks_missing else "")
-    if "dspark.accept_and_finalize" in rt.hooks_installed and (rt.audit or rt.policy == "heal"):
+    if "dspark.accept_and_finalize" in rt.hooks_installed and (rt.audit or rt.policy in ("heal", "fix")):
         logger.warning("tpguard: %s", sglang_sites.FOLDED_NOTE)
+    if rt.policy == "fix":
+        logger.warning("tpguard: policy fix: a renorm switch rebinds sglang's renorm call sites; a renorm "
+                       "captured inside a CUDA graph keeps its kernels until sglang captures again (heal "
+                       "goes on there)")
     return rt
 
 

@@ -158,6 +158,12 @@ class Runtime:
         self.renorm_routing = None
         self.disabled: dict[str, str] = {}  # site -> why tpguard stopped guarding it
         self._said: set[str] = set()  # one-time log lines already written
+        # policy fix: SpecTpSync sites tpguard broadcasts even where SGLANG_SPEC_TP_SYNC left them
+        # off, the SpecTpSync sites each tpguard site was seen to use, and whether a renorm ran
+        # inside a captured CUDA graph (rebinding cannot reach it)
+        self.forced_sync: set[str] = set()
+        self.sync_sites_seen: dict[str, set[str]] = {}
+        self.renorm_in_graph = False
 
     # scopes ------------------------------------------------------------------------------------
     def _stack(self) -> list[Scope]:
@@ -283,21 +289,48 @@ class Runtime:
                 algo=algo_of(site), run_id=self.run_id, every=self.config.every,
                 clean_every=self.config.clean_every, sample_one_in=self.config.sample_one_in,
                 metrics=True)
+        if self.policy == "fix":
+            g.switchers.append(self.apply_switch)
         self.guards[site] = g
         return g
 
+    def apply_switch(self, sw) -> str:
+        """Policy fix (tpguard.fix): switch the cause off from the next step on; every rank runs
+        this at the same step. Returns what was done, for the trace event and the log."""
+        from tpguard import fix
+
+        if sw.kind == fix.RENORM:
+            from tpguard.hooks import sglang_renorm
+
+            routing = sglang_renorm.route("tpguard", on_output=self.on_renorm_output)
+            self.renorm_backend, self.renorm_routing = routing.backend, routing
+            note = f"every renorm call site of this process now runs {routing.backend}'s deterministic kernels"
+            if self.renorm_in_graph:
+                note += ("; a renorm captured inside a CUDA graph keeps its kernels until sglang captures "
+                         "again, so heal goes on at every divergent step")
+            return note
+        seen = self.sync_sites_seen.get(sw.site, set())
+        if seen:
+            self.forced_sync |= seen
+            return f"SGLang's own broadcast forced on for {', '.join(sorted(seen))}"
+        guard = self.guards.get(sw.site)
+        if guard is not None:
+            guard.always_broadcast = True
+            guard.every, guard.sample_one_in = 1, 0  # every step checked, and its decisions sent
+        return f"tpguard broadcasts rank 0's decisions at {sw.site} every step (SGLang has no broadcast there)"
+
     def renorm_name(self, device_type: str) -> str:
         """The renorm this process's target probs come from, as `tpguard replay` names backends."""
-        if self.config.renorm == "deterministic":
+        if self.config.renorm == "deterministic" or self.renorm_routing is not None:
             return {"flashinfer": "flashinfer-det"}.get(self.renorm_backend or "", self.renorm_backend or "torch")
         return "flashinfer" if device_type == "cuda" else "torch"  # sglang's own kernels
 
     def use_device_guard(self, info) -> bool:
         """The production guard (no host sync) where it applies: NCCL groups, policy record or
-        abort (heal here broadcasts rank 0's values and derived tensors synchronously), no dumps."""
+        abort (heal and fix broadcast rank 0's values and derived tensors synchronously), no dumps."""
         kind = self.config.guard
         if kind == "auto":
-            return "nccl" in info.backend and self.policy != "heal" and not self.config.dump
+            return "nccl" in info.backend and self.policy not in ("heal", "fix") and not self.config.dump
         return kind == "device"
 
     def stats(self) -> dict[str, dict]:
@@ -342,8 +375,8 @@ class Runtime:
             heal_ok = scope.heal_refused is None
             if not heal_ok and self.policy == "heal":
                 self.say_once(f"heal-refused:{scope.site}", logging.ERROR, "tpguard: %s", scope.heal_refused)
-            div = guard.check(heal=heal_ok)
-            if div is not None and div.healed:
+            guard.check(heal=heal_ok)
+            if guard.last_healed:
                 broadcast_from_rank0(guard, scope.heal_extra)
                 if after_heal is not None:
                     after_heal()
@@ -377,6 +410,8 @@ class Runtime:
     def on_renorm_output(self, probs) -> None:
         """A renorm's result: the step's target_probs so far (the last renorm wins)."""
         scope = self.current()
+        if capturing():
+            self.renorm_in_graph = True  # a later renorm switch cannot reach that graph
         if scope is None or self.passing_through(scope.site):
             return
 

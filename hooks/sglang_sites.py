@@ -96,6 +96,16 @@ def hook_spec_tp_sync(original, self, *args, **kwargs):
         broadcast_on = bool(self.enabled(site))
     except Exception:  # noqa: BLE001 - an sglang without enabled(): assume its broadcast is on
         broadcast_on = True
+    rt.sync_sites_seen.setdefault(tp_site, set()).add(name)
+    if name in rt.forced_sync and not broadcast_on:  # policy fix switched this broadcast on
+        sync = original
+
+        def original(self_, *a, **k):
+            out = sync(self_, *a, **k)
+            runtime_mod.broadcast_from_rank0(rt.guard(tp_site), [values])
+            return out
+
+        broadcast_on = True
     if rt.current() is None and not rt.audit and broadcast_on:
         return original(self, *args, **kwargs)  # on, broadcast on: every rank ends with rank 0's
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tpguard.quantities import CANONICAL_ORDER, DECISIONS_MODE
 
-POLICIES = ("record", "heal", "abort")
+POLICIES = ("record", "heal", "abort", "fix")
 MODES = ("off", "on", "audit")
 RENORMS = ("default", "deterministic")
 RENORM_BACKENDS = ("", "tpguard", "flashinfer", "torch")  # "": the first available

@@ -43,9 +43,11 @@ class Divergence:
     rows: list[int] | None = None  # diverging rows of `quantity`, when they could be named
     healed: list[str] | None = None  # decisions rank 0 broadcast (policy heal; [] if all agreed)
     note: str | None = None  # why the policy could not act as asked (a refused heal)
+    switch: str | None = None  # policy fix: the switch this divergence turned on (tpguard.fix)
 
     def to_record(self) -> DivergenceRecord:
-        extra = {k: v for k, v in (("healed", self.healed), ("note", self.note)) if v is not None}
+        extra = {k: v for k, v in (("healed", self.healed), ("note", self.note), ("switch", self.switch))
+                 if v is not None}
         return DivergenceRecord(
             run_id=self.run_id, step=self.step, site=self.site, quantity=self.quantity,
             values=self.values, culprit_ranks=self.culprit_ranks, action=self.action,

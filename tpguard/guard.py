@@ -214,6 +214,12 @@ class StepGuard:
         self.local_failure = False  # set by the caller before check(): sent as FAILED_BIT
         self.failed_ranks: list[int] = []  # ranks that sent FAILED_BIT at the last check
         self.listeners: list[Callable[[Divergence], None]] = []
+        # Policy fix: who applies a switch (tpguard.fix.Switch) from the next step on, and the
+        # kinds already switched at this site (each switches once).
+        self.switchers: list[Callable[[object], None]] = []
+        self.switched: set[str] = set()
+        self.always_broadcast = False  # after a broadcast switch: rank 0's decisions every check
+        self.last_healed: list[str] = []  # decisions broadcast at the last check
         self.guard_seconds = 0.0  # time spent in record()+check(), for the harness summary
         self._reset_step()
 
@@ -291,6 +297,7 @@ class StepGuard:
         step = self.step if step is None else int(step)
         self.step = step + 1
         self.failed_ranks = []
+        self.last_healed = []
         if not self.wants(step):
             self._reset_step()
             return None
@@ -299,6 +306,8 @@ class StepGuard:
         self.failed_ranks = [r for r, row in enumerate(gathered.tolist()) if (row[2] >> FAILED_BIT) & 1]
         self._heal_allowed = heal
         div = self._compare(gathered, step)
+        if div is None and self.always_broadcast and heal:
+            self.last_healed = self.heal(gathered)
         elapsed = time.perf_counter() - t0
         self.guard_seconds += elapsed
         self.stats["checked"] += 1
@@ -434,12 +443,12 @@ class StepGuard:
         self.stats["divergences"] += 1
         if self.dump_dir is not None:
             div.dump = self._dump(div.step)
-        if self.policy == "heal" and getattr(self, "_heal_allowed", True):
-            div.healed = self.heal(gathered)
+        if self.policy in ("heal", "fix") and getattr(self, "_heal_allowed", True):
+            div.healed = self.last_healed = self.heal(gathered)
             div.action = "healed"
             self.stats["healed"] += 1
             self.stats["heal_broadcasts"] += len(div.healed)
-        elif self.policy == "heal":
+        elif self.policy in ("heal", "fix"):
             div.note = "heal refused at this step (see the log); recorded"
         elif self.policy == "abort":
             div.action = "aborted"
@@ -450,8 +459,43 @@ class StepGuard:
             self.metrics.divergence(div)
         for listener in self.listeners:
             listener(div)
+        if self.policy == "fix":
+            self._switch(div)
         if self.policy == "abort":
             raise RankDivergenceError(div)
+
+    def _switch(self, div: Divergence) -> None:
+        """Policy fix: the cause's switch, once per kind; every rank decides alike (same vector)."""
+        import logging
+
+        from tpguard import fix
+
+        sw = fix.choose(div.quantity, self.site, div.step, self._last_by_quantity)
+        log = logging.getLogger("tpguard")
+        if sw is None:
+            key = f"none:{div.quantity}"
+            if key not in self.switched:
+                self.switched.add(key)
+                log.warning("tpguard: site %s, step %d: %s", self.site, div.step, fix.no_switch_reason(div.quantity))
+                self.event("no_switch", fix.no_switch_reason(div.quantity), quantity=div.quantity)
+            return
+        if sw.kind in self.switched:
+            return
+        self.switched.add(sw.kind)
+        div.switch = sw.kind
+        applied = []
+        for apply in self.switchers:
+            note = apply(sw)
+            if note:
+                applied.append(str(note))
+        message = f"switched {sw.what} from step {sw.step + 1} on: {sw.why}"
+        if applied:
+            message += "; " + "; ".join(applied)
+        log.warning("tpguard: site %s, step %d: %s", self.site, div.step, message)
+        self.event("switch", message, what=sw.kind, why=sw.why, from_step=sw.step + 1,
+                   applied=applied)
+        if self.metrics is not None:
+            self.metrics.switch(sw.kind)
 
     def heal(self, gathered: torch.Tensor | None = None) -> list[str]:
         """Broadcast rank 0's recorded decision tensors in place; returns the healed names.
@@ -475,7 +519,7 @@ class StepGuard:
                     continue
                 if len({row[_HDR + q + i] for row in rows}) != 1:
                     continue
-                if len({row[_HDR + i] for row in rows}) == 1:
+                if len({row[_HDR + i] for row in rows}) == 1 and not self.always_broadcast:
                     continue  # the same bytes on every rank: nothing to heal
             tensor = self._tensors.get(name)
             if tensor is None:

@@ -20,6 +20,8 @@ def _create():
         "heals": Counter("tpguard_heals", "Divergences healed by a rank-0 broadcast", ["site"]),
         "aborts": Counter("tpguard_aborts", "Divergences that aborted the run", ["site"]),
         "timeouts": Counter("tpguard_timeouts", "Ranks that stopped reaching the guard", ["site"]),
+        "switches": Counter("tpguard_fix_switches", "Causes switched off by policy fix (renorm, broadcast)",
+                            ["site", "what"]),
         "seconds": Histogram("tpguard_guard_seconds", "Host time the guard spent per checked step",
                              ["site"], buckets=(5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2, 0.1)),
     }
@@ -38,7 +40,7 @@ def guard_metrics():
 
 
 class MetricsListener:
-    """Counts what one guard does; attach with `guard.attach_metrics()`."""
+    """Counts what one guard does (a guard made with `metrics=True` owns one)."""
 
     def __init__(self, site: str):
         self.site = site
@@ -57,6 +59,10 @@ class MetricsListener:
             self.m["heals"].labels(self.site).inc()
         elif div.action == "aborted":
             self.m["aborts"].labels(self.site).inc()
+
+    def switch(self, what: str) -> None:
+        if self.m:
+            self.m["switches"].labels(self.site, what).inc()
 
     def timeout(self) -> None:
         if self.m:
