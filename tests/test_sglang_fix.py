@@ -217,3 +217,16 @@ def test_decision_cause_switches_sglangs_broadcast_on(zygote, tmp_path):
     assert step == 1 and r0["log"][0][2] == "accept_index"
     assert r0["outs"] == r1["outs"]  # healed at step 1, SGLang's broadcast forced on after it
     assert r0["stats"]["dflash.verify"]["checked"] == STEPS
+
+
+def test_diagnose_shows_the_switch(zygote, tmp_path):
+    from tpguard.diagnose import diagnose, render_text
+    from tpguard.diagnose.html import render_html
+
+    env = {**FIX, "SGLANG_SPEC_TP_SYNC": "all,-dflash-accept-greedy", "TPGUARD_TRACE_DIR": str(tmp_path)}
+    zygote.run("dflash_decision", env, timeout=120)
+    diag = diagnose([str(tmp_path)])
+    (sw,) = diag.to_json()["switches"]
+    assert (sw["step"], sw["site"], sw["what"], sw["from_step"]) == (1, "dflash.verify", "broadcast", 2)
+    assert "switched at step 1, site dflash.verify" in render_text(diag)
+    assert "<br>switch" in render_html(diag) and "Switched</b> at step 1" in render_html(diag)

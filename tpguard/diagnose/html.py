@@ -73,6 +73,9 @@ def render_html(diag: Diagnosis) -> str:
         head.append(f"<div class='box fix'><b>Fix.</b> {html.escape(diag.fix)}</div>")
     for x in j["findings"]:
         head.append(f"<div class='box cause'>finding: {html.escape(x)}</div>")
+    for sw in j["switches"]:
+        head.append(f"<div class='box fix'><b>Switched</b> at step {sw['step']}, site "
+                    f"{html.escape(str(sw['site']))}: {html.escape(sw['message'])}</div>")
     for w in j["warnings"]:
         head.append(f"<div class='box'>warning: {html.escape(w)}</div>")
 
@@ -82,9 +85,12 @@ def render_html(diag: Diagnosis) -> str:
     qs = causal_order(diag.ts.quantities, {q for v in views for q in v.by_quantity})
     by_key = {(v.step, v.site): v for v in views}
     grid = ["<table><tr><th>quantity</th>"]
+    switched = {(sw["step"], sw["site"]) for sw in j["switches"]}
     for s in steps:
         for site in sites:
             label = f"{s}" if len(sites) == 1 else f"{s}<br>{html.escape(site)}"
+            if (s, site) in switched:  # policy fix switched the cause off after this step
+                label += "<br>switch"
             grid.append(f"<th>{label}</th>")
     grid.append("</tr>")
     for q in qs:

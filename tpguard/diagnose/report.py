@@ -82,6 +82,7 @@ class Diagnosis:
             "coverage": {str(r): {"records": c.records, "first_step": c.first_step, "last_step": c.last_step,
                                   "sites": c.sites} for r, c in sorted(a.coverage.items())},
             "timeouts": self.timeouts,
+            "switches": switches(ts),
             "guard_actions": _actions(ts),
             "cause": self.cause,
             "fix": self.fix,
@@ -144,6 +145,18 @@ def _timeout(ev) -> dict:
         missing = _rank_list(_field(ev, "missing"))
     return {"kind": ev.kind, "step": ev.step, "site": ev.site, "rank": ev.rank, "message": ev.message,
             "missing_ranks": missing, "dead_ranks": _rank_list(_field(ev, "dead_ranks"))}
+
+
+def switches(ts: TraceSet) -> list[dict]:
+    """Policy fix's switches (`switch` events), once per step and site (every rank writes one)."""
+    out, seen = [], set()
+    for ev in ts.events:
+        if ev.kind != "switch" or (ev.step, ev.site) in seen:
+            continue
+        seen.add((ev.step, ev.site))
+        out.append({"step": ev.step, "site": ev.site, "what": _field(ev, "what"),
+                    "from_step": _field(ev, "from_step"), "why": _field(ev, "why"), "message": ev.message})
+    return sorted(out, key=lambda x: (x["step"] if type(x["step"]) is int else -1, str(x["site"])))
 
 
 def _gap(g: Gap) -> str:
@@ -230,6 +243,8 @@ def render_text(diag: Diagnosis) -> str:
         lines.append(f"  rank(s) {j['stopped_early']} stopped before the others")
     for kind, msg in dict.fromkeys((t["kind"], t["message"]) for t in j["timeouts"]):  # each waiting rank writes one
         lines.append(f"{kind}: {msg}")
+    for sw in j["switches"]:
+        lines.append(f"switched at step {sw['step']}, site {show(sw['site'])}: {sw['message']}")
     if diag.cause:
         lines.append(f"cause: {diag.cause}")
         lines.append(f"fix: {diag.fix}")
