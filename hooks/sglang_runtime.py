@@ -277,6 +277,12 @@ class Runtime:
         if not self.guards:  # the first guard of this process: agree on the run id, open the trace
             self._open_trace(site, GroupInfo(pg))
         dump_dir = None
+        if self.config.dump:
+            from tpguard.optional import missing, say_once
+
+            if missing("safetensors", "dumps"):
+                say_once("safetensors", "TPGUARD_DUMP's dumps")
+                self.config.dump = False
         if self.config.dump:  # the layout `tpguard replay` reads: <trace dir>/dumps/
             from tpguard.dump import dumps_dir
 

@@ -164,7 +164,9 @@ def make_context(algo: str, *, tree_parents=None, renorm_name: str, renorm_sourc
 def write_dump(directory: str | os.PathLike, *, run_id: str, step: int, site: str, rank: int, world_size: int,
                quantities, tensors: dict[str, torch.Tensor], context: DumpContext | None = None) -> str:
     """Save one rank's tensors of one step atomically; returns the file's path."""
-    from safetensors.torch import save_file
+    from tpguard.optional import require
+
+    save_file = require("safetensors", "dumps").torch.save_file
 
     path = Path(directory) / dump_name(run_id, step, site, rank)
     path.parent.mkdir(parents=True, exist_ok=True)

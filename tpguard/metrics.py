@@ -35,6 +35,9 @@ def guard_metrics():
             try:
                 _metrics = _create()
             except ImportError:
+                from tpguard.optional import say_once
+
+                say_once("prometheus_client", "the guard's Prometheus metrics")
                 _metrics = {}
     return _metrics or None
 

@@ -5,13 +5,18 @@ from __future__ import annotations
 import json
 import sys
 
-from tpguard.errors import TPGuardError
+from tpguard.errors import EXIT_BAD_INPUT, TPGuardError
 
 
 def run_replay(paths: list[str], run: str | None = None, step: int | None = None, site: str | None = None,
                device: str | None = None, calls: int = 100, as_json: bool = False) -> int:
+    from tpguard.optional import missing
     from tpguard.replay import render_text, replay
 
+    problem = missing("safetensors", "dumps")
+    if problem:
+        print(f"tpguard replay: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         rp = replay(paths, run=run, step=step, site=site, device=device, calls=calls)
     except TPGuardError as e:
