@@ -166,7 +166,8 @@ def write_dump(directory: str | os.PathLike, *, run_id: str, step: int, site: st
     """Save one rank's tensors of one step atomically; returns the file's path."""
     from tpguard.optional import require
 
-    save_file = require("safetensors", "dumps").torch.save_file
+    require("safetensors", "dumps")
+    from safetensors.torch import save_file
 
     path = Path(directory) / dump_name(run_id, step, site, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
