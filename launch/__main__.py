@@ -139,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     code = summary.exit_code
     if rank == 0 and not opts.quiet:
         print(format_text(summary), flush=True)
-    if summary.ended != "completed" and summary.message and (rank != 0 or opts.quiet):
+    # Each rank says how its run ended; under `tpguard launch` only rank 0 does (the launcher
+    # names a rank that died or froze, and every rank's message is in its trace).
+    launched = os.environ.get(LAUNCHER_ENV) == "1"
+    if summary.ended != "completed" and summary.message and (rank != 0 or opts.quiet) and not (launched and rank):
         print(f"[rank {rank}] {summary.message}", file=sys.stderr, flush=True)
     if not already and code != EXIT_TIMEOUT:
         dist.destroy_process_group()

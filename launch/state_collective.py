@@ -10,8 +10,10 @@ broadcast fewer pairs its all-reduce with the other rank's broadcast, and both w
 
 It runs on its OWN process group (`dist.new_group`), so its sequence numbers never mix with the
 guard's, and every wait is bounded by `--timeout` (`tpguard.watchdog.wait_with_deadline`). Before
-each step every rank posts "step:count" to the store; a rank whose wait expires reads everyone's
-and names the ranks that disagree with rank 0, or that did not reach the step (exit code 4).
+each step every rank posts "step:count" to the store. A rank whose wait expires, or whose peer
+closed its connection, names the ranks that died or froze (their pulse stopped:
+`tpguard.watchdog.Liveness`); if none did, it reads everyone's post and names the ranks that
+disagree with rank 0, or that did not reach the step (exit code 4 either way).
 """
 
 from __future__ import annotations
