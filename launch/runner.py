@@ -25,9 +25,9 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from tpguard.errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_OK, EXIT_RANK_DIED, EXIT_TIMEOUT)
+from tpguard.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_OK, EXIT_RANK_DIED, EXIT_TIMEOUT
 from tpguard.launch.options import OptionsError, check_paths, parse_options
 
 POLL_S = 0.05
@@ -86,7 +86,6 @@ class Launch:
     signal_got: signal.Signals | None = None
     first_failure: Rank | None = None
     stop_sent_at: float | None = None
-    notes: dict[int, dict] = field(default_factory=dict)
 
     def alive(self) -> list[Rank]:
         return [r for r in self.ranks if r.code is None]
@@ -100,17 +99,19 @@ class Launch:
             if code != 0 and self.first_failure is None and not r.ended_by_us:
                 self.first_failure = r
 
-    def stop(self, sig: signal.Signals, ranks: list[Rank] | None = None) -> None:
-        """Ask ranks to stop (a frozen one is woken to hear it); killed after KILL_AFTER_S."""
-        for r in ranks if ranks is not None else self.alive():
+    def stop(self, sig: signal.Signals) -> None:
+        """Ask every rank still running to stop (a frozen one is woken to hear it); those still
+        running KILL_AFTER_S later are killed."""
+        for r in self.alive():
             r.ended_by_us = True
             _send(r, sig)
             _send(r, signal.SIGCONT)
         if self.stop_sent_at is None:
             self.stop_sent_at = time.monotonic()
 
-    def step(self) -> None:
-        """One look at the ranks: reap, end the frozen, the stragglers and, late, everyone."""
+    def look(self) -> None:
+        """One look at the ranks: reap; after a signal, stop them all; after a failure, kill the
+        frozen at once and stop the others if they have not ended `--timeout` + 3 s later."""
         self.reap()
         now = time.monotonic()
         if self.signal_got is not None and self.stop_sent_at is None:
@@ -126,12 +127,6 @@ class Launch:
             for r in self.alive():
                 r.ended_by_us = True
                 _send(r, signal.SIGKILL)
-
-    def run(self) -> None:
-        while self.alive():
-            self.step()
-            time.sleep(POLL_S)
-        self.reap()
 
 
 def _send(r: Rank, sig: signal.Signals) -> None:
@@ -267,7 +262,7 @@ def launch_ranks(nproc_per_node: int, args: list[str]) -> int:
         while launch.alive():
             if got and launch.signal_got is None:
                 launch.signal_got = got[0]
-            launch.step()
+            launch.look()
             time.sleep(POLL_S)
         launch.reap()
         if got and launch.signal_got is None:

@@ -58,6 +58,8 @@ def exit_on_signal(sig: signal.Signals, rank: int, announce: bool) -> None:
     if live is not None:
         live.leave("signal", code, signal_name=sig.name)
     _flush_all(lock_timeout=0.5)
+    if os.isatty(2):  # rank 0's progress bar hides the cursor while it runs: show it again
+        os.write(2, b"\x1b[?25h")
     if announce:
         at = f" at step {step}" if step is not None else ""
         line = f"[rank {rank}] tpguard: {VERBS.get(sig, 'stopped')} ({sig.name}){at}; traces flushed\n"

@@ -29,13 +29,40 @@ from tpguard.diagnose import diagnose, render_text
 from tpguard.trace import read_trace
 
 LONG = ["--steps", "100000", "--renorm", "torch", "--no-progress"]
+_started: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _end_what_was_started():
+    """A failing test must not leave ranks behind (a frozen one above all): kill what it started."""
+    yield
+    while _started:
+        p = _started.pop()
+        if p.poll() is None:
+            for pid in _children(p.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            p.kill()
+            p.wait()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
 
 
 def _launch(*args, preexec_fn=None) -> subprocess.Popen:
     """`tpguard launch --nproc-per-node 2 ...` in a session of its own (Ctrl-C goes to its group)."""
-    return subprocess.Popen([sys.executable, "-m", "tpguard.cli", "launch", "--nproc-per-node", "2", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=preexec_fn)
+    p = subprocess.Popen([sys.executable, "-m", "tpguard.cli", "launch", "--nproc-per-node", "2", *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=preexec_fn)
+    _started.append(p)
+    return p
 
 
 def _manual(world: int, ranks: list[int], *args) -> dict[int, subprocess.Popen]:
@@ -49,15 +76,14 @@ def _manual(world: int, ranks: list[int], *args) -> dict[int, subprocess.Popen]:
         procs[r] = subprocess.Popen([sys.executable, "-m", "tpguard.launch", *args], env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     start_new_session=True)
+        _started.append(procs[r])
     return procs
 
 
 def _rank_pids(launcher: int) -> dict[int, int]:
     """The launcher's rank processes, by the RANK in their environment."""
-    with open(f"/proc/{launcher}/task/{launcher}/children") as f:
-        children = [int(c) for c in f.read().split()]
     out = {}
-    for pid in children:
+    for pid in _children(launcher):
         with open(f"/proc/{pid}/environ", "rb") as f:
             for var in f.read().split(b"\0"):
                 if var.startswith(b"RANK="):
