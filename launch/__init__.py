@@ -1,8 +1,10 @@
 """tpguard's TP harness (`python -m tpguard.launch`, `tpguard launch`, `tpguard demo`; docs/harness.md).
 
-options (arguments and checks) -> __main__ (process group, exit code) -> harness (one rank's run):
+options (arguments and checks) -> __main__ (rendezvous, signals, process group, exit code) -> harness
+(one rank's run):
 workload (seeded multi-turn streams, per-rank state and prefix cache) -> state_collective (the
 collective whose count depends on that state) -> pipeline (the verify step in SGLang's order:
 model, renorm_backends, accept over a tree) with inject (faults) -> the guard -> summary.
-runner (torch.distributed.run), spawn (local ranks with torchrun's environment), demo.
+runner (`tpguard launch`: the ranks, their end, the one line), spawn (local ranks with torchrun's
+environment, for the demo and tests), demo.
 """

@@ -21,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from tpguard.errors import RankDivergenceError, RankTimeoutError
+from tpguard.errors import EXIT_INTERNAL, EXIT_RANK_DIED, RankDivergenceError, RankTimeoutError, TPGuardError
 from tpguard.fingerprint import format_fp, to_signed
 from tpguard.launch.inject import Injector
 from tpguard.launch.model import SyntheticModel
@@ -29,11 +29,12 @@ from tpguard.launch.options import HarnessOptions
 from tpguard.launch.pipeline import VerifyPipeline
 from tpguard.launch.progress import StepProgress
 from tpguard.launch.renorm_backends import get_backend
-from tpguard.launch.state_collective import HarnessTimeoutError, StartupTimeoutError, StateCollective, peer_lost
-from tpguard.launch.summary import RunSummary
+from tpguard.launch.state_collective import HarnessTimeoutError, StartupTimeoutError, StateCollective
+from tpguard.launch.summary import RunSummary, warmup_steps
 from tpguard.launch.tree import for_algo
 from tpguard.launch.workload import SamplingParams, Workload
 from tpguard.quantities import DECISION_QUANTITIES
+from tpguard.watchdog import Liveness, base_store, bounded, peer_lost, set_liveness, stale_after
 
 
 def agree_run_id(run_id: str | None, timeout_s: float) -> str:
@@ -90,11 +91,32 @@ def tally(summary: RunSummary, div) -> None:
 
 
 def run_harness(opts: HarnessOptions) -> RunSummary:
+    """This rank's run; its pulse runs meanwhile, and it leaves a note saying how it ended (the
+    other ranks and `tpguard launch` read it). An exception that ends the rank is marked with
+    `tpguard_noted` when that note says so (the launcher then prints it)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    run_id = agree_run_id(opts.run_id, opts.timeout)
+    live = start_liveness(run_id, rank, world, opts.timeout)
+    try:
+        summary = _run(opts, run_id, live)
+    except BaseException as e:  # this rank cannot go on: say so before its connections close
+        noted = live.leave("crashed", crash_code(e), str(e) if isinstance(e, TPGuardError) else f"{type(e).__name__}: {e}")
+        try:
+            e.tpguard_noted = noted
+        except AttributeError:
+            pass
+        raise
+    finally:
+        set_liveness(None)
+    live.leave("ended", summary.exit_code, summary.message or "")
+    return summary
+
+
+def _run(opts: HarnessOptions, run_id: str, live: Liveness) -> RunSummary:
     rank, world = dist.get_rank(), dist.get_world_size()
     pg_backend = str(dist.get_backend()).lower()
     device = torch.device("cuda", torch.cuda.current_device()) if opts.device == "cuda" else torch.device("cpu")
     renorm = get_backend(opts.renorm, opts.device)
-    run_id = agree_run_id(opts.run_id, opts.timeout)
     state_group = dist.new_group(backend=pg_backend)
     guard = _make_guard(opts, run_id, renorm.describe())
 
@@ -113,7 +135,8 @@ def run_harness(opts: HarnessOptions) -> RunSummary:
 
     summary = RunSummary(run_id=run_id, world_size=world, backend=pg_backend, device=str(device), algo=opts.algo,
                          logits=opts.logits, renorm=renorm.describe(), policy=opts.on_divergence,
-                         guard=guard is not None, steps_planned=opts.steps, injected=[str(i) for i in opts.inject])
+                         guard=guard is not None, steps_planned=opts.steps, injected=[str(i) for i in opts.inject],
+                         warmup_planned=warmup_steps(opts.warmup_steps, opts.steps))
     if guard is not None:
         guard.listeners.append(lambda div: tally(summary, div))
         own = getattr(guard, "_own_trace", None)
@@ -129,6 +152,7 @@ def run_harness(opts: HarnessOptions) -> RunSummary:
     step = 0
     try:
         for step in range(opts.steps):
+            live.step = step
             t0 = time.perf_counter()
             try:
                 collective.run(step, workload.take_blocks())
@@ -138,18 +162,16 @@ def run_harness(opts: HarnessOptions) -> RunSummary:
                 if guard is not None:
                     try:
                         guard.check(step)
-                    except RuntimeError as e:
+                    except RuntimeError as e:  # the heal broadcasts or the rows' all-gathers
                         if not peer_lost(e):
                             raise
-                        raise collective.timeout_error("the guard's all-gather", step, peer_left=True) from None
+                        raise collective.timeout_error("the guard's collectives", step, peer_left=True) from None
                 workload.commit(outs.out_tokens.cpu().numpy(), outs.commit_lens.cpu().numpy())
                 summary.steps_done = step + 1
             except RankDivergenceError:  # the aborted step counts (a timed-out one would only add the wait)
-                summary.seconds += time.perf_counter() - t0
-                summary.steps_timed += 1
+                summary.time_step(step, time.perf_counter() - t0, _guard_seconds(guard))
                 raise
-            summary.seconds += time.perf_counter() - t0
-            summary.steps_timed += 1
+            summary.time_step(step, time.perf_counter() - t0, _guard_seconds(guard))
             progress.advance(summary.divergences)
         progress.close()
         fp = workload.output_fingerprint()
@@ -163,21 +185,48 @@ def run_harness(opts: HarnessOptions) -> RunSummary:
     except (RankTimeoutError, HarnessTimeoutError) as e:
         summary.ended, summary.message = "timeout", str(e)
         if guard is not None and isinstance(e, HarnessTimeoutError):
-            guard.event("timeout", str(e), missing_ranks=e.culprits, step_reached=step,
+            guard.event("timeout", str(e), missing_ranks=e.culprits, dead_ranks=sorted(e.dead), step_reached=step,
                         positions={str(r): p for r, p in e.positions.items()})
         collective.leave()
     finally:
         progress.close()
         summary.committed_tokens = workload.committed_tokens
         summary.state_collectives = collective.collectives
+        summary.guard_seconds = _guard_seconds(guard) - summary.warmup_guard_seconds
         if guard is not None:
-            summary.guard_seconds = guard.guard_seconds
             guard.close()
         if summary.ended == "completed":
             dist.destroy_process_group(state_group)
     if rank == 0 and opts.summary_json:
         summary.write_json(opts.summary_json)
     return summary
+
+
+def start_liveness(run_id: str, rank: int, world: int, timeout_s: float) -> Liveness:
+    """This rank's pulse (tpguard.watchdog.Liveness), the one the guard's and the harness's
+    timeouts consult; rank 0 also posts the run id for `tpguard launch`'s final line."""
+    store = base_store()
+    host = None if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else 0
+    live = Liveness(store, run_id, rank, world, stale_after(timeout_s), store_host=host).start()
+    set_liveness(live)
+    if rank == 0 and store is not None:
+        bounded(lambda: store.set(RUN_ID_KEY, run_id), 1.0)
+    return live
+
+
+RUN_ID_KEY = "tpguard/run_id"
+
+
+def _guard_seconds(guard) -> float:
+    return guard.guard_seconds if guard is not None else 0.0
+
+
+def crash_code(e: BaseException) -> int:
+    """The exit code of a rank ended by `e`: tpguard's own errors carry theirs; the machine
+    failing the rank (OSError: a full disk, a file size limit) is 6; anything else is a bug, 5."""
+    if isinstance(e, TPGuardError):
+        return e.exit_code
+    return EXIT_RANK_DIED if isinstance(e, OSError) else EXIT_INTERNAL
 
 
 def device_for_rank(opts: HarnessOptions) -> None:

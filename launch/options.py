@@ -73,6 +73,7 @@ class HarnessOptions:
     summary_json: str | None = None
     cache_block: int = 8
     quiet: bool = False
+    warmup_steps: int = 3
 
     @property
     def guarded_quantities(self) -> tuple[str, ...]:
@@ -161,6 +162,9 @@ def build_parser(prog: str = "python -m tpguard.launch") -> argparse.ArgumentPar
     f.add_argument("--no-progress", dest="progress", action="store_false")
     f.add_argument("--summary-json", metavar="FILE", default=None, help="rank 0 writes the summary as JSON")
     f.add_argument("--quiet", action="store_true", help="no summary text (errors are still printed)")
+    f.add_argument("--warmup-steps", type=int, default=3, metavar="N",
+                   help="the first N steps (compilation, caches) are timed apart from the steady state "
+                        "(default 3; at most half the steps)")
     return p
 
 
@@ -206,6 +210,7 @@ def validate(o: HarnessOptions, world_size: int | None = None) -> None:
     need(0 <= o.top_k < o.vocab, f"--top-k must be in [0, vocab), got {o.top_k} (0 disables it)")
     need(0 <= o.min_p < 1, f"--min-p must be in [0, 1), got {o.min_p}")
     need(o.every >= 1, f"--every must be >= 1, got {o.every}")
+    need(o.warmup_steps >= 0, f"--warmup-steps must be >= 0, got {o.warmup_steps}")
     need(o.timeout > 0 and math.isfinite(o.timeout), f"--timeout must be > 0 seconds and finite, got {o.timeout}")
     if o.run_id is not None:
         from tpguard.trace import check_run_id

@@ -10,8 +10,10 @@ broadcast fewer pairs its all-reduce with the other rank's broadcast, and both w
 
 It runs on its OWN process group (`dist.new_group`), so its sequence numbers never mix with the
 guard's, and every wait is bounded by `--timeout` (`tpguard.watchdog.wait_with_deadline`). Before
-each step every rank posts "step:count" to the store; a rank whose wait expires reads everyone's
-and names the ranks that disagree with rank 0, or that did not reach the step (exit code 4).
+each step every rank posts "step:count" to the store. A rank whose wait expires, or whose peer
+closed its connection, names the ranks that died or froze (their pulse stopped:
+`tpguard.watchdog.Liveness`); if none did, it reads everyone's post and names the ranks that
+disagree with rank 0, or that did not reach the step (exit code 4 either way).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import torch.distributed as dist
 from tpguard.divergence import split_majority
 from tpguard.errors import EXIT_TIMEOUT, TPGuardError
 from tpguard.guard import all_gather_flat
-from tpguard.watchdog import default_store, wait_with_deadline
+from tpguard.watchdog import (base_store, bounded, current_liveness, dead_wait_s, peer_lost, quiet_store,
+                              wait_with_deadline)
 
 FORWARD_ELEMS = 64  # the stand-in forward all-reduce (fp32)
 
@@ -36,30 +39,29 @@ class HarnessTimeoutError(TPGuardError):
     exit_code = EXIT_TIMEOUT
 
     def __init__(self, what: str, step: int, timeout_s: float, positions: dict[int, tuple[int, int] | None],
-                 culprits: list[int], peer_left: bool = False):
+                 culprits: list[int], peer_left: bool = False, dead: dict[int, str] | None = None):
         self.what, self.step, self.timeout_s = what, step, timeout_s
         self.positions, self.culprits = positions, culprits
+        self.dead = dict(dead or {})  # rank -> why (killed, crashed or frozen), from the ranks' pulses
         where = "; ".join(
             f"rank {r}: " + ("no report" if p is None else
                              f"step {p[0]}, " + ("final comparison" if p[1] < 0 else f"{p[1]} block broadcast(s)"))
             for r, p in sorted(positions.items()))
-        how = ("ended early: a peer gave up (or died) and closed its connection" if peer_left
+        how = ("ended early: a peer closed its connection" if peer_left
                else f"did not complete within {timeout_s:g} s")
-        super().__init__(
-            f"tpguard: {what} at step {step} {how}; ranks {culprits} disagree with rank 0 or did not arrive "
-            f"({where})")
+        if self.dead:
+            why = "; ".join(self.dead[r] for r in sorted(self.dead))
+            super().__init__(f"tpguard: {why}; {what} at step {step} {how} ({where})")
+        else:
+            super().__init__(
+                f"tpguard: {what} at step {step} {how}; ranks {culprits} disagree with rank 0 or did not arrive "
+                f"({where})")
 
 
 class StartupTimeoutError(TPGuardError):
     """Not every rank reached the start of the run within --timeout."""
 
     exit_code = EXIT_TIMEOUT
-
-
-def peer_lost(e: BaseException) -> bool:
-    """gloo's error when the other side of a pending collective exited (e.g. after its own timeout)."""
-    text = str(e).lower()
-    return "connection closed by peer" in text or "connection reset" in text or "broken pipe" in text
 
 
 def comm_device(backend: str) -> torch.device:
@@ -72,35 +74,41 @@ class StateCollective:
         self.timeout_s = timeout_s
         self.device = comm_device(backend)
         self.src = dist.get_global_rank(group, 0) if group is not None else 0
-        self.store = default_store()
+        self.store = base_store()
         self.prefix = f"tpguard/{run_id}/state"
         self.collectives = 0
 
     def _post(self, step: int, count: int) -> None:
         if self.store is not None:
-            try:
-                self.store.set(f"{self.prefix}/{self.rank}", f"{step}:{count}")
+            try:  # a set is sent without waiting for an answer: it cannot hang on a frozen store host
+                with quiet_store():
+                    self.store.set(f"{self.prefix}/{self.rank}", f"{step}:{count}")
             except Exception:  # the store going away must not break the run
                 pass
 
     def positions(self) -> dict[int, tuple[int, int] | None]:
+        def read(key: str) -> tuple[int, int] | None:
+            if not self.store.check([key]):
+                return None
+            s, c = self.store.get(key).decode().split(":")
+            return int(s), int(c)
+
         out: dict[int, tuple[int, int] | None] = {}
         for r in range(self.world_size):
-            value = None
-            if self.store is not None:
-                try:
-                    key = f"{self.prefix}/{r}"
-                    if self.store.check([key]):
-                        s, c = self.store.get(key).decode().split(":")
-                        value = (int(s), int(c))
-                except Exception:
-                    value = None
-            out[r] = value
+            key = f"{self.prefix}/{r}"
+            out[r] = bounded(lambda: read(key), 1.0) if self.store is not None else None
         return out
 
     def timeout_error(self, what: str, step: int, peer_left: bool = False) -> HarnessTimeoutError:
-        """Name the ranks from what they posted: those outside the majority (ties: rank 0's side)."""
+        """Name the ranks: those killed, crashed or frozen (their pulse stopped; a closed
+        connection waits a moment for that to show); else, from what they posted, those outside
+        the majority (ties: rank 0's side), i.e. behind or on another collective."""
+        live = current_liveness()
+        found = live.find_dead(dead_wait_s(self.timeout_s) if peer_left else 0.0) if live is not None else {}
+        dead = {r: st.describe() for r, st in found.items()}
         pos = self.positions()
+        if dead:
+            return HarnessTimeoutError(what, step, self.timeout_s, pos, sorted(dead), peer_left, dead)
         groups: dict[str, list[int]] = {}
         for r, p in pos.items():
             groups.setdefault(repr(p), []).append(r)
@@ -133,21 +141,21 @@ class StateCollective:
         self._wait(work, step, "the prefix-cache collective")
         self.collectives += 1
 
-    def leave(self, grace_s: float = 5.0) -> None:
-        """After a timeout: say so; rank 0 (which may host the store) then waits, briefly, for the
-        others to say so too, so that they can still read everyone's position when they give up."""
+    def leave(self, grace_s: float = 2.0) -> None:
+        """After a timeout: say so; a rank 0 that hosts the store (no launcher does) then waits,
+        briefly, for the ranks still alive to say so too, so that they can still read everyone's
+        position when they give up."""
         if self.store is None:
             return
-        try:
-            self.store.set(f"{self.prefix}/left/{self.rank}", "1")
-            if self.rank != 0:
-                return
-            keys = [f"{self.prefix}/left/{r}" for r in range(1, self.world_size)]
-            deadline = time.monotonic() + min(grace_s, self.timeout_s + 1.0)
-            while time.monotonic() < deadline and not self.store.check(keys):
-                time.sleep(0.05)
-        except Exception:
-            pass
+        bounded(lambda: self.store.set(f"{self.prefix}/left/{self.rank}", "1"), 1.0)
+        live = current_liveness()
+        if self.rank != 0 or live is None or live.store_host != 0:
+            return
+        dead = set(live.find_dead())
+        keys = [f"{self.prefix}/left/{r}" for r in range(1, self.world_size) if r not in dead]
+        deadline = time.monotonic() + min(grace_s, self.timeout_s)
+        while keys and time.monotonic() < deadline and not bounded(lambda: self.store.check(keys), 1.0, False):
+            time.sleep(0.05)
 
     def all_gather_final(self, values: list[int], step: int) -> torch.Tensor:
         """[world, len(values)] int64 of every rank's values (end of run), deadline-bounded."""

@@ -3,6 +3,10 @@
 Exit codes (docs/harness.md): 0 ran to the end with identical outputs and no divergence left
 standing (none seen, or all healed); 1 divergences were recorded or outputs differ; 2 bad
 arguments; 3 the guard aborted every rank at a divergent step; 4 a wait timed out (ranks named).
+
+Time per step is the steady state: the first `--warmup-steps` steps (Triton compilation, CUDA
+graph capture, caches) are timed apart, each one listed, so that a slow start neither hides nor
+inflates the per-step cost.
 """
 
 from __future__ import annotations
@@ -35,22 +39,44 @@ class RunSummary:
     first_divergence: dict | None = None  # {"step", "quantity", "culprit_ranks", "majority_ranks", "rows"}
     actions: dict[str, int] = field(default_factory=dict)
     injected: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    steps_timed: int = 0  # steps done, plus the one an abort or a timeout ended
-    guard_seconds: float = 0.0
+    seconds: float = 0.0  # steady state: the steps after the warm-up
+    steps_timed: int = 0  # steady-state steps done, plus the one an abort ended
+    guard_seconds: float = 0.0  # the guard's share of `seconds`
+    warmup_planned: int = 0  # the first steps timed apart (--warmup-steps, at most half the steps)
+    warmup_steps: int = 0  # warm-up steps done
+    warmup_seconds: float = 0.0
+    warmup_guard_seconds: float = 0.0
+    warmup_step_ms: list[float] = field(default_factory=list)
     outputs_identical: bool | None = None
     output_fingerprints: dict[str, str] = field(default_factory=dict)
     committed_tokens: int = 0
     state_collectives: int = 0
     trace_files: list[str] = field(default_factory=list)
 
-    @property
-    def ms_per_step(self) -> float:
-        return 1e3 * self.seconds / max(self.steps_timed, 1)
+    def time_step(self, step: int, seconds: float, guard_seconds_so_far: float) -> None:
+        """Count one step's wall time, as warm-up or steady state (`guard_seconds_so_far`: the
+        guard's running total, which splits its time at the end of the warm-up)."""
+        if step < self.warmup_planned:
+            self.warmup_steps += 1
+            self.warmup_seconds += seconds
+            self.warmup_step_ms.append(round(1e3 * seconds, 3))
+            self.warmup_guard_seconds = guard_seconds_so_far
+        else:
+            self.seconds += seconds
+            self.steps_timed += 1
 
     @property
-    def guard_ms_per_step(self) -> float:
-        return 1e3 * self.guard_seconds / max(self.steps_timed, 1)
+    def ms_per_step(self) -> float | None:
+        """Steady state; None when the run ended within its warm-up."""
+        return 1e3 * self.seconds / self.steps_timed if self.steps_timed else None
+
+    @property
+    def guard_ms_per_step(self) -> float | None:
+        return 1e3 * self.guard_seconds / self.steps_timed if self.steps_timed else None
+
+    @property
+    def warmup_ms_per_step(self) -> float | None:
+        return 1e3 * self.warmup_seconds / self.warmup_steps if self.warmup_steps else None
 
     @property
     def exit_code(self) -> int:
@@ -65,8 +91,8 @@ class RunSummary:
 
     def to_json(self) -> dict:
         d = asdict(self)
-        d.update(ms_per_step=round(self.ms_per_step, 3), guard_ms_per_step=round(self.guard_ms_per_step, 3),
-                 exit_code=self.exit_code)
+        d.update(ms_per_step=_round(self.ms_per_step), guard_ms_per_step=_round(self.guard_ms_per_step),
+                 warmup_ms_per_step=_round(self.warmup_ms_per_step), exit_code=self.exit_code)
         return d
 
     def write_json(self, path: str) -> None:
@@ -74,6 +100,32 @@ class RunSummary:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(self.to_json(), f, indent=1)
         os.replace(tmp, path)
+
+
+def warmup_steps(requested: int, steps: int) -> int:
+    """--warmup-steps, at most half the run's steps (so a short run still has a steady state)."""
+    return max(0, min(requested, steps // 2))
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def _timing(s: RunSummary) -> list[str]:
+    lines = []
+    if s.ms_per_step is None:
+        lines.append("  time per step:    n/a (the run ended within its warm-up)")
+    elif s.guard:
+        lines.append(f"  time per step:    {s.ms_per_step:.2f} ms ({s.guard_ms_per_step:.2f} ms guard, "
+                     f"{s.ms_per_step - s.guard_ms_per_step:.2f} ms without it), steady state over "
+                     f"{s.steps_timed} step(s)")
+    else:
+        lines.append(f"  time per step:    {s.ms_per_step:.2f} ms (no guard), steady state over {s.steps_timed} step(s)")
+    if s.warmup_steps:
+        each = ", ".join(f"{ms:.1f}" for ms in s.warmup_step_ms)
+        lines.append(f"  warm-up:          {s.warmup_steps} step(s), {1e3 * s.warmup_seconds:.1f} ms in all "
+                     f"({each} ms; compilation, caches)")
+    return lines
 
 
 def _first(d: dict | None) -> str:
@@ -100,10 +152,7 @@ def format_text(s: RunSummary) -> str:
         lines.append(f"  first divergence: {_first(s.first_divergence)}")
         acts = ", ".join(f"{k} {v}" for k, v in s.actions.items() if v) or "none"
         lines.append(f"  policy actions:   {acts}")
-        lines.append(f"  time per step:    {s.ms_per_step:.2f} ms ({s.guard_ms_per_step:.2f} ms guard, "
-                     f"{s.ms_per_step - s.guard_ms_per_step:.2f} ms without it)")
-    else:
-        lines.append(f"  time per step:    {s.ms_per_step:.2f} ms (no guard)")
+    lines += _timing(s)
     if s.outputs_identical is None:
         lines.append("  outputs:          not compared (the run did not reach its end together)")
     else:

@@ -1,10 +1,10 @@
 """The TP harness on real gloo process groups (2 and 4 ranks): injections named exactly, emulated
 atomics vs deterministic renorm, heal, abort, the no-guard hang ended by the deadline, bad
-arguments, `tpguard launch` (torchrun) and the demo.
+arguments, `tpguard launch` and the demo (faults: tests/test_faults_harness.py).
 
 Scenarios that only need results run several harness runs inside one set of rank processes
 (tests/multiproc.py); exit-code scenarios start real rank processes (tpguard.launch.spawn: the
-environment torchrun sets, one process per rank) or torchrun itself.
+environment torchrun sets, one process per rank) or `tpguard launch` itself.
 """
 
 from __future__ import annotations

@@ -141,3 +141,37 @@ def test_sigterm_inside_a_write_still_kills(tmp_path):
     p = subprocess.run([sys.executable, "-c", SIGTERM_INSIDE_WRITE, str(path)], timeout=20)
     assert p.returncode == -signal.SIGTERM
     assert [r.step for r in read_trace(path) if r.type == "step"] == [0, 1, 2]
+
+
+_FILL_UNTIL_FULL = """
+import resource, sys
+from tpguard.errors import TraceWriteError
+from tpguard.records import Header, StepRecord
+from tpguard.trace import TraceWriter
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), int(sys.argv[2])))
+w = TraceWriter(sys.argv[1], Header(run_id="full", world_size=2, ranks=[0]))
+try:
+    for step in range(100000):
+        w.write(StepRecord(run_id="full", step=step, site="s", ranks=[0], fp={"coins": "%016x" % step}))
+except TraceWriteError as e:
+    print(e)
+"""
+
+
+def test_a_write_that_does_not_fit_is_cut_back_to_whole_lines(tmp_path):
+    """A file size limit (RLIMIT_FSIZE: Python ignores SIGXFSZ, so the write fails with EFBIG),
+    as a full disk would: the partly written line is cut off, the error is one line naming the
+    last step the file holds, and the file reads without a warning."""
+    path, limit = tmp_path / "full.jsonl", 5000
+    p = subprocess.run([sys.executable, "-c", _FILL_UNTIL_FULL, str(path), str(limit)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and not p.stderr, p.stderr
+    line = p.stdout.strip()
+    assert line.startswith(f"tpguard: cannot write the trace {path}: File too large (EFBIG); "
+                           "it holds every record up to step "), line
+    warnings = []
+    steps = [r.step for r in read_trace(path, warnings.append) if r.type == "step"]
+    assert not warnings and steps == list(range(len(steps))) and len(steps) > 10
+    assert line.endswith(f"up to step {steps[-1]}")
+    data = path.read_bytes()
+    assert data.endswith(b"\n") and len(data) <= limit and len(data) > limit - 200

@@ -78,10 +78,10 @@ def replay(
 @app.command(context_settings=PASSTHROUGH_HELP)
 def launch(ctx: typer.Context,
            nproc_per_node: int = typer.Option(2, "--nproc-per-node", help="ranks to start")):
-    """Run the TP harness on N ranks through torch.distributed.run (options: docs/harness.md)."""
-    from tpguard.launch.runner import launch_via_torchrun
+    """Run the TP harness on N local ranks, as torchrun --standalone would (options: docs/harness.md)."""
+    from tpguard.launch.runner import launch_ranks
 
-    raise typer.Exit(launch_via_torchrun(nproc_per_node, list(ctx.args)))
+    raise typer.Exit(launch_ranks(nproc_per_node, list(ctx.args)))
 
 
 @app.command(context_settings=PASSTHROUGH_HELP)

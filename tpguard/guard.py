@@ -37,7 +37,7 @@ from tpguard.metrics import MetricsListener
 from tpguard.records import EventRecord, Header, StepRecord, compact_fp
 from tpguard.sampling import should_check
 from tpguard.trace import TraceWriter, merged_trace_path, rank_trace_path
-from tpguard.watchdog import Heartbeat, default_store, wait_with_deadline
+from tpguard.watchdog import Heartbeat, dead_wait_s, default_store, peer_lost, wait_with_deadline
 
 _HDR = 3  # step, site id, present mask
 # A bit of the present mask above every quantity's (at most 62): "this rank's own guard work failed
@@ -349,19 +349,28 @@ class StepGuard:
         out = torch.empty(self.info.world_size * vec.numel(), dtype=vec.dtype, device=vec.device)
         work = all_gather_flat(out, vec, group=self.info.group, async_op=True)
         event = torch.cuda.Event() if vec.is_cuda else None
-        if not wait_with_deadline(work, self.timeout_s, event):
+        try:
+            done = wait_with_deadline(work, self.timeout_s, event)
+        except RuntimeError as e:  # a peer's connection closed: it died, or gave up first
+            if not peer_lost(e):
+                raise
+            self._on_timeout(step, peer_left=True)
+        if not done:
             self._on_timeout(step)
         return out.view(self.info.world_size, -1).cpu()
 
-    def _on_timeout(self, step: int):
+    def _on_timeout(self, step: int, peer_left: bool = False):
         missing, last = self.heartbeat.missing(step)
-        err = RankTimeoutError(self.site, step, missing, last, self.timeout_s)
+        # a rank that reached this step and then died or froze is named too (its pulse stopped)
+        dead = self.heartbeat.dead(wait_s=dead_wait_s(self.timeout_s) if peer_left else 0.0)
+        missing = sorted(set(missing) | set(dead))
+        err = RankTimeoutError(self.site, step, missing, last, self.timeout_s, dead, peer_left)
         self.stats["timeouts"] += 1
         if self.metrics is not None:
             self.metrics.timeout()
         self._write(EventRecord(run_id=self.run_id, kind="timeout", step=step, site=self.site,
                                 rank=self.info.rank, message=str(err),
-                                extra={"missing_ranks": missing,
+                                extra={"missing_ranks": missing, "dead_ranks": sorted(dead),
                                        "last_step_by_rank": {str(r): s for r, s in last.items()}}),
                     both=True)
         self.flush()

@@ -1,8 +1,10 @@
 """Trace writer and reader (format v1: docs/trace-format.md).
 
-Writer: one JSON object per line, line-buffered, so every completed record reaches the OS as it
-is written and a killed run keeps every completed step; also flushed at exit and on SIGTERM.
-Optional size rotation keeps a long-running server's trace bounded.
+Writer: one JSON object per line, each line handed to the OS in one write(2) as it is made, so a
+killed run keeps every completed record; fsynced at exit and on SIGTERM. A write that fails (a
+full disk, a file size limit) is cut back to the last complete line and raises `TraceWriteError`:
+the file stays readable up to the last record written. Optional size rotation keeps a
+long-running server's trace bounded.
 
 Reader: streams records with constant memory; a torn last line is skipped with a warning;
 anything else that is not a v1 trace is a `TraceError` (one line, exit code 2 in the CLI).
@@ -11,6 +13,7 @@ anything else that is not a v1 trace is a `TraceError` (one line, exit code 2 in
 from __future__ import annotations
 
 import atexit
+import errno
 import logging
 import os
 import re
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import orjson
 
-from tpguard.errors import TraceError
+from tpguard.errors import TraceError, TraceWriteError
 from tpguard.records import Header, Record, from_json, to_json
 
 logger = logging.getLogger("tpguard.trace")
@@ -97,8 +100,10 @@ class TraceWriter:
         self.path = Path(path)
         self.header = header
         self.max_bytes = max_bytes
+        self.last_step: int | None = None  # the step of the last step record written whole
         self._lock = threading.Lock()
         self._segment = 0
+        self._fd = -1
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._open(self.path)
         _open_writers.add(self)
@@ -106,26 +111,46 @@ class TraceWriter:
 
     def _open(self, path: Path) -> None:
         _keep_aside(path)  # never truncate a trace already there (a reused run id, a restart)
-        self._file = open(path, "w", buffering=1, encoding="utf-8", newline="\n")
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         self._bytes = 0
         self._write_line(to_json(self.header))
 
     def _write_line(self, obj: dict) -> None:
-        line = orjson.dumps(obj).decode() + "\n"
-        self._file.write(line)
-        self._bytes += len(line)
+        data = orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE)
+        done = 0
+        try:
+            while done < len(data):  # a regular file takes it in one write unless it is full
+                done += os.write(self._fd, data[done:])
+        except OSError as e:
+            self._fail(e)
+        self._bytes += len(data)
+
+    def _fail(self, e: OSError) -> None:
+        """Cut a partly written line off (readers then see whole records only) and raise."""
+        try:
+            os.ftruncate(self._fd, self._bytes)
+        except OSError:
+            pass
+        upto = (f"it holds every record up to step {self.last_step}" if self.last_step is not None
+                else "it holds no step record")
+        name = errno.errorcode.get(e.errno, "")
+        raise TraceWriteError(f"tpguard: cannot write the trace {self.path}: {e.strerror or e}"
+                              + (f" ({name})" if name else "") + f"; {upto}") from None
 
     def write(self, rec: Record) -> None:
         with self._lock:
-            if self._file.closed:
+            if self._fd < 0:
                 return
             if self.max_bytes and self._bytes >= self.max_bytes:
                 self._rotate()
             self._write_line(to_json(rec))
+            if rec.type == "step":
+                self.last_step = rec.step
 
     def _rotate(self) -> None:
         """Move the full file aside (path.1, path.2, ...) and start a new one with the header."""
-        self._file.close()
+        os.close(self._fd)
+        self._fd = -1
         self._segment += 1
         while self.path.with_name(f"{self.path.name}.{self._segment}").exists():
             self._segment += 1  # a segment of an earlier writer of this path: keep it
@@ -133,15 +158,14 @@ class TraceWriter:
         self._open(self.path)
 
     def flush(self, lock_timeout: float = -1) -> None:
-        """Flush and fsync. `lock_timeout` >= 0 gives up (flushing nothing) if the lock stays
-        busy that long: the SIGTERM path, where the busy holder may be the interrupted frame."""
+        """fsync (every line is with the OS already). `lock_timeout` >= 0 gives up if the lock
+        stays busy that long: the signal paths, where the holder may be the interrupted frame."""
         if not self._lock.acquire(timeout=lock_timeout):
             return
         try:
-            if not self._file.closed:
-                self._file.flush()
+            if self._fd >= 0:
                 try:
-                    os.fsync(self._file.fileno())
+                    os.fsync(self._fd)
                 except OSError:
                     pass
         finally:
@@ -149,8 +173,9 @@ class TraceWriter:
 
     def close(self) -> None:
         with self._lock:
-            if not self._file.closed:
-                self._file.close()
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
         _open_writers.discard(self)
 
     def __enter__(self) -> "TraceWriter":
