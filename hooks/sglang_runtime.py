@@ -294,7 +294,7 @@ class Runtime:
                 merged_trace=self.merged_trace, timeout_s=self.config.timeout_s, dump_dir=dump_dir,
                 algo=algo_of(site), run_id=self.run_id, every=self.config.every,
                 clean_every=self.config.clean_every, sample_one_in=self.config.sample_one_in,
-                metrics=True)
+                metrics=True, trace_optional=True)
         if self.policy == "fix":
             g.switchers.append(self.apply_switch)
         self.guards[site] = g

@@ -30,7 +30,7 @@ import xxhash
 
 from tpguard.config import POLICIES
 from tpguard.divergence import Divergence, first_divergence
-from tpguard.errors import RankDivergenceError, RankTimeoutError
+from tpguard.errors import RankDivergenceError, RankTimeoutError, TraceWriteError
 from tpguard.fingerprint import fingerprint_device, fingerprint_rows_i64, format_fp, to_signed
 from tpguard.quantities import CANONICAL_ORDER, DECISION_QUANTITIES, validate_order
 from tpguard.metrics import MetricsListener
@@ -185,6 +185,7 @@ class StepGuard:
         sample_seed: int | None = None,
         metrics: bool = False,
         max_trace_bytes: int = 0,
+        trace_optional: bool = False,
     ):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {'|'.join(POLICIES)}, got {policy!r}")
@@ -221,6 +222,9 @@ class StepGuard:
         self.always_broadcast = False  # after a broadcast switch: rank 0's decisions every check
         self.last_healed: list[str] = []  # decisions broadcast at the last check
         self.guard_seconds = 0.0  # time spent in record()+check(), for the harness summary
+        # A trace that can no longer be written: raise TraceWriteError (the harness: its trace is
+        # the point), or, trace_optional (a server), drop it with one log line and go on checking.
+        self.trace_optional = trace_optional
         self._reset_step()
 
         self._own_trace: TraceWriter | None = None
@@ -558,12 +562,18 @@ class StepGuard:
             self.merged_trace = self._write_or_drop(self.merged_trace, rec)
 
     def _write_or_drop(self, writer: TraceWriter, rec) -> TraceWriter | None:
-        """A trace that can no longer be written (disk full, file gone) is dropped with one log
-        line; the guard goes on checking (its collectives must stay paired with the other ranks')."""
+        """Write `rec`. A trace that can no longer be written (disk full, file gone) raises
+        TraceWriteError, or with `trace_optional` is dropped with one log line while the guard goes
+        on checking (its collectives must stay paired with the other ranks')."""
         try:
             writer.write(rec)
             return writer
-        except (OSError, ValueError) as e:
+        except (TraceWriteError, OSError, ValueError) as e:
+            if not self.trace_optional:
+                if isinstance(e, TraceWriteError):
+                    raise
+                raise TraceWriteError(f"tpguard: cannot write the trace {writer.path}: "
+                                      f"{getattr(e, 'strerror', None) or e}") from None
             import logging
 
             logging.getLogger("tpguard").error(
