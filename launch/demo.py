@@ -3,8 +3,9 @@
 1. flashinfer-style renorm (emulated float atomics), top_p 0.9, flat logits, guard with policy
    abort: the first divergence is caught and named, every rank stops with exit code 3;
 2. `tpguard diagnose` on that trace;
-3. the same run with a deterministic renorm (`--renorm tpguard`, or `torch` where tpguard's
-   kernels are missing): no divergence;
+3. the fix in flight: the same run with policy fix: the first divergence is caught, named and
+   healed, the renorm is switched to tpguard's deterministic kernels on every rank at that step,
+   and no later step diverges;
 4. the same run with flashinfer's kernel kept and policy heal: every divergence healed by a
    rank-0 broadcast of the decisions (a planted bonus-token flip included: real flips are rare),
    outputs identical on both ranks;
@@ -54,7 +55,7 @@ def _indent(text: str, prefix: str = "    ") -> str:
     return textwrap.indent("\n".join(keep), prefix)
 
 
-PARTS = ("1-atomic-abort", "3-deterministic", "4-atomic-heal", "5-no-guard-hang")
+PARTS = ("1-atomic-abort", "3-atomic-fix", "4-atomic-heal", "5-no-guard-hang")
 
 
 def _check(opts) -> None:
@@ -74,6 +75,20 @@ def _check(opts) -> None:
         if used:
             raise OptionsError(f"--out {opts.out} already holds a demo's traces ({', '.join(used)}): "
                                "choose a new or empty directory")
+
+
+def _one_switch(trace_dir: Path) -> int | None:
+    """The step of the run's one switch, if it was the run's only divergence (clean after it)."""
+    from tpguard.diagnose import diagnose
+
+    try:
+        j = diagnose([trace_dir]).to_json()
+    except Exception:  # noqa: BLE001 - the expectation fails with what was seen
+        return None
+    switches = j["switches"]
+    if len(switches) != 1 or j["divergent_steps"] != 1:
+        return None
+    return switches[0]["step"]
 
 
 class Demo:
@@ -139,10 +154,14 @@ def run_demo(args: list[str]) -> int:
     except TPGuardError as e:
         demo.expect(False, "", str(e))
 
-    demo.part(3, total, f"the fix, one way: a deterministic renorm (--renorm {det})")
-    codes, _, took = demo.run("3-deterministic", ["--renorm", det, *BASE, "--steps", str(opts.steps)])
-    demo.expect(codes == [EXIT_OK] * 2, f"{opts.steps} steps, no divergence, identical outputs ({took:.1f} s)",
-                f"exit codes {codes}")
+    demo.part(3, total, "the fix, in flight: policy fix heals the first divergence and switches its cause off\n"
+              "      (the renorm becomes tpguard's deterministic kernels on every rank at that step)")
+    codes, _, took = demo.run("3-atomic-fix", ["--renorm", "emulated-atomic", *BASE, "--steps", str(opts.steps),
+                                               "--on-divergence", "fix"])
+    switched = _one_switch(out / "3-atomic-fix")
+    demo.expect(codes == [EXIT_OK] * 2 and switched is not None,
+                f"caught, named and healed at step {switched}, switched at that step on both ranks, no divergence "
+                f"after it; outputs identical ({took:.1f} s)", f"exit codes {codes}, switch at {switched}")
 
     demo.part(4, total, "the fix, other way: keep the fast kernel, heal (rank-0 broadcast of the decisions);\n"
               "      a decision flip is rare, so one is planted: rank 1's bonus token at step 3")

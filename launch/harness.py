@@ -90,6 +90,22 @@ def tally(summary: RunSummary, div) -> None:
                                     "majority_ranks": div.majority_ranks, "rows": div.rows}
 
 
+def apply_switch(sw, pipeline: VerifyPipeline, opts: HarnessOptions, summary: RunSummary) -> str:
+    """Policy fix (tpguard.fix): every rank switches the cause off here, at the same step."""
+    from tpguard import fix
+
+    if sw.kind == fix.RENORM:
+        before = pipeline.renorm.describe()
+        pipeline.renorm = get_backend("tpguard", opts.device)
+        summary.renorm = f"{before}, then {pipeline.renorm.describe()} from step {sw.step + 1}"
+        done = f"renorm {before} -> {pipeline.renorm.describe()}"
+    else:
+        pipeline.broadcast_decisions = True
+        done = "rank 0's accept decisions and bonus broadcast every step"
+    summary.switches.append({"step": sw.step, "from_step": sw.step + 1, "what": sw.kind, "why": sw.why})
+    return done
+
+
 def run_harness(opts: HarnessOptions) -> RunSummary:
     """This rank's run; its pulse runs meanwhile, and it leaves a note saying how it ended (the
     other ranks and `tpguard launch` read it). An exception that ends the rank is marked with
@@ -139,6 +155,8 @@ def _run(opts: HarnessOptions, run_id: str, live: Liveness) -> RunSummary:
                          warmup_planned=warmup_steps(opts.warmup_steps, opts.steps))
     if guard is not None:
         guard.listeners.append(lambda div: tally(summary, div))
+        if opts.on_divergence == "fix":
+            guard.switchers.append(lambda sw: apply_switch(sw, pipeline, opts, summary))
         own = getattr(guard, "_own_trace", None)
         summary.trace_files = [str(w.path) for w in (own, guard.merged_trace) if w is not None]
 

@@ -145,7 +145,8 @@ def build_parser(prog: str = "python -m tpguard.launch") -> argparse.ArgumentPar
     g.add_argument("--trace", metavar="DIR", default=None, help="write per-rank trace files to DIR")
     g.add_argument("--merged", action="store_true", help="rank 0 also writes a merged trace")
     g.add_argument("--on-divergence", choices=POLICIES, default="record",
-                   help="record (default), heal (rank-0 broadcast of decisions) or abort (exit 3)")
+                   help="record (default), heal (rank-0 broadcast of decisions), abort (exit 3), or fix "
+                        "(heal, then switch the cause off: deterministic renorm or a decision broadcast)")
     g.add_argument("--dump", action="store_true", help="save each rank's tensors of a divergent step (needs --trace)")
     g.add_argument("--no-guard", action="store_true", help="run without the guard")
     g.add_argument("--every", type=int, default=1, help="check every N steps (default 1)")

@@ -27,6 +27,14 @@ from tpguard.launch.workload import StepInputs
 Record = Callable[[str, "torch.Tensor | None"], None]
 
 
+def broadcast_from_rank0(*tensors: torch.Tensor) -> None:
+    """Rank 0's values into every rank's tensors, in place (the default group)."""
+    import torch.distributed as dist
+
+    for t in tensors:
+        dist.broadcast(t, src=0)
+
+
 def step_seed(seed: int, step: int, salt: int) -> int:
     return mix64_int((seed * 0x9E3779B97F4A7C15) ^ (step * 0xD1B54A32D192ED03) ^ salt) >> 1
 
@@ -55,6 +63,9 @@ class VerifyPipeline:
         # The last renorm emits target_probs' fingerprint when the backend can (set False when
         # target_probs is not guarded: --quantities decisions)
         self.fingerprint_probs = True
+        # Policy fix's broadcast switch: rank 0's accept decisions and bonus broadcast every step,
+        # before anything reads them (SGLang's SpecTpSync broadcast, DFLASH_ACCEPT_SAMPLE's place)
+        self.broadcast_decisions = False
 
     def target_probs(self, logits: torch.Tensor, inp: StepInputs, fingerprint: bool = False) -> torch.Tensor:
         """Temperature, softmax, then the renorms the batch needs (SGLang's dense verify path).
@@ -109,6 +120,8 @@ class VerifyPipeline:
 
         res = verify_target_only(candidates, self.tree, coins[:, :n], coins[:, n], probs.view(bs, n, -1),
                                  self.threshold_single, self.threshold_acc)
+        if self.broadcast_decisions:
+            broadcast_from_rank0(res.accept_index, res.accept_len, res.predicts)
         accept_index = inject(step, "accept_index", res.accept_index)
         record("accept_index", accept_index)
         accept_len = inject(step, "accept_len", res.accept_len)

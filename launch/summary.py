@@ -52,6 +52,7 @@ class RunSummary:
     committed_tokens: int = 0
     state_collectives: int = 0
     trace_files: list[str] = field(default_factory=list)
+    switches: list[dict] = field(default_factory=list)  # policy fix: {"step", "from_step", "what", "why"}
 
     def time_step(self, step: int, seconds: float, guard_seconds_so_far: float) -> None:
         """Count one step's wall time, as warm-up or steady state (`guard_seconds_so_far`: the
@@ -152,6 +153,9 @@ def format_text(s: RunSummary) -> str:
         lines.append(f"  first divergence: {_first(s.first_divergence)}")
         acts = ", ".join(f"{k} {v}" for k, v in s.actions.items() if v) or "none"
         lines.append(f"  policy actions:   {acts}")
+        for sw in s.switches:
+            lines.append(f"  switched:         at step {sw['step']}: {sw['what']} from step {sw['from_step']} on "
+                         f"({sw['why']})")
     lines += _timing(s)
     if s.outputs_identical is None:
         lines.append("  outputs:          not compared (the run did not reach its end together)")

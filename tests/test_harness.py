@@ -162,6 +162,7 @@ def test_demo_runs_and_tells_the_story(capsys):
     assert run_demo(["--steps", "6", "--timeout", "3"]) == 0
     out = capsys.readouterr().out
     for needle in ("caught and named at once", "DIVERGED at step 0", "first differing quantity 'target_probs'",
-                   "no divergence, identical outputs", "outputs identical on both ranks", "exit code 4",
+                   "switched at that step on both ranks, no divergence after it", "outputs identical on both ranks",
+                   "exit code 4",
                    "demo done"):
         assert needle in out, needle
