@@ -19,7 +19,10 @@
 #   harness      the TP harness at 256 x 163840, top_p 0.9, flat, DFlash: 2 GPUs over NCCL (five
 #                2,000-step runs), else 2 ranks sharing one GPU over gloo                      ~300 s
 #   sglang       sglang 0.5.23's verify functions under the plugin: every site over NCCL with 2 GPUs,
-#                DFlash with 2 ranks sharing one GPU over gloo otherwise                        ~300 s
+#                DFlash, DSpark and EAGLE (default, audit) with 2 ranks sharing one GPU otherwise ~300 s
+#   speed        the harness's steady-state time per step without the guard, per renorm (one GPU) ~200 s
+#   fix          policy fix with flashinfer's default renorm (one GPU): switched once, clean after ~60 s
+#   replay       tpguard replay on a flashinfer run's dumps (gpu/replay_check.sh)                ~200 s
 # Groups that fit: nvidia-h200: PHASES=tests, PHASES=kernels, PHASES=fingerprint,guard;
 #                  nvidia-h200-x2: PHASES=guard,harness, PHASES=sglang.
 # LIMIT (default 580 s from the start): every command is cut so the call ends before it, and one
@@ -194,17 +197,50 @@ sglang() {  # 12 steps of 256 rows x 128256, top_p 0.9, byte-identical inputs on
     ( sglang_site $d dflash default,deterministic,audit --nccl; sglang_site $d eagle "" --nccl ) &
     ( sglang_site $d eagle-greedy "" --nccl; sglang_site $d sampler "" --nccl ) &
     wait
-  else
-    sglang_site $d dflash default,deterministic
+  else  # 2 ranks share one GPU over gloo: the three verify owners, aligned decisions and audit
+    sglang_site $d dflash default,audit,deterministic --steps ${SGLANG_STEPS:-8}
+    sglang_site $d dspark default,audit --steps ${SGLANG_STEPS:-8}
+    sglang_site $d eagle default,audit --steps ${SGLANG_STEPS:-8}
   fi
   table sglang
+}
+
+speed() {  # the harness's time per step without the guard, per renorm (bs 32 x 8 draft tokens, 163840)
+  local d=$RES/speed; mkdir -p $d
+  local common="--device cuda --backend gloo --bs 32 --draft-tokens 8 --vocab 163840 --logits flat --top-p 0.9
+    --no-guard --no-progress --quiet --timeout 120 --steps ${SPEED_STEPS:-100}"
+  local run name renorm env
+  for run in flashinfer:flashinfer: tpguard:tpguard: tpguard-noplans:tpguard:TPGUARD_RENORM_PLANS=0 torch:torch:; do
+    IFS=: read -r name renorm env <<< "$run"
+    # shellcheck disable=SC2086
+    ( [ -n "$env" ] && export $env; within 100 python3 -m tpguard.cli launch --nproc-per-node 2 $common \
+      --renorm $renorm --summary-json $d/$name.json > $d/$name.log 2>&1 )
+    say "speed $name rc=$? $(python3 -c "import json; j=json.load(open('$d/$name.json')); print(f\"{j['ms_per_step']} ms/step steady, warm-up {j['warmup_ms_per_step']} ms/step\")" 2>&1 | tail -1)"
+  done
+}
+
+fix() {  # policy fix with flashinfer's default renorm: healed once, switched, clean after (one GPU, gloo)
+  local d=$RES/fix; mkdir -p $d
+  within 150 python3 -m tpguard.cli launch --nproc-per-node 2 --device cuda --backend gloo --bs 32 --draft-tokens 8 \
+    --vocab 163840 --logits flat --top-p 0.9 --renorm flashinfer --on-divergence fix --steps ${FIX_STEPS:-200} \
+    --no-progress --timeout 120 --trace $d/trace --summary-json $d/fix.json > $d/fix.log 2>&1
+  say "fix rc=$? $(grep -E 'switched|divergences|outputs' $d/fix.log | tr -s ' ' | tr '\n' ';' | cut -c1-400)"
+  python3 -m tpguard.cli diagnose $d/trace > $d/diagnose.log 2>&1
+  say "fix diagnose: $(grep -E '^switched|DIVERGED|CLEAN' $d/diagnose.log | tr '\n' ';' | cut -c1-300)"
+  rm -rf $d/trace
+}
+
+replay() {  # tpguard replay on the dumps of a flashinfer run (gpu/replay_check.sh)
+  local d=$RES/replay; mkdir -p $d
+  OUT=$d PYTHON=python3 within ${REPLAY_LIMIT:-300} bash gpu/replay_check.sh > $d/log.txt 2>&1
+  say "replay rc=$? $(grep -E 'verdict|differ' $d/log.txt | tr '\n' ';' | cut -c1-400)"
 }
 
 PHASE_LIST=${PHASES:-tests,kernels,fingerprint,guard,harness,sglang}
 for p in ${PHASE_LIST//,/ }; do
   case $p in
-    tests|kernels|fingerprint|guard|harness|sglang) say "phase $p"; $p ;;
-    *) say "unknown phase '$p' (tests, kernels, fingerprint, guard, harness, sglang)" ;;
+    tests|kernels|fingerprint|guard|harness|sglang|speed|fix|replay) say "phase $p"; $p ;;
+    *) say "unknown phase '$p' (tests, kernels, fingerprint, guard, harness, sglang, speed, fix, replay)" ;;
   esac
 done
 
