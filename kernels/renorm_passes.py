@@ -351,7 +351,7 @@ def row_stats_chunk(probs_ptr, row, chunk, vocab, n_chunks, n_groups, n_samples,
     gi = tl.arange(0, CHUNK // G)
     col = tl.arange(0, G)
     offs = chunk * CHUNK + gi[:, None] * G + col[None, :]
-    x = tl.load(src + offs, mask=offs < vocab, other=0.0)
+    x = tl.load(src + offs, mask=offs < vocab, other=0.0).to(tl.float32)  # fp16 / bf16: exact
     bad = (x != x) | (tl.abs(x) == float("inf"))
     n_bad = tl.sum(tl.sum(bad.to(tl.int32), axis=1), axis=0)
     x = tl.maximum(x, 0.0)
@@ -405,13 +405,13 @@ def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slot
     offs = chunk * CHUNK + tl.arange(0, CHUNK // G)[:, None] * G + tl.arange(0, G)[None, :]
     if PREFETCH:
         # the chunk's load issued with the plan's, not after it (reads rows that need no bracket too)
-        x = tl.load(probs_ptr + row * vocab + offs, mask=offs < vocab, other=0.0)
+        x = tl.load(probs_ptr + row * vocab + offs, mask=offs < vocab, other=0.0).to(tl.float32)
     status = tl.load(plan_ptr + row * 4)
     if status >= 2:
         lo = tl.load(plan_ptr + row * 4 + 1)
         hi = tl.load(plan_ptr + row * 4 + 2)
         if not PREFETCH:
-            x = tl.load(probs_ptr + row * vocab + offs, mask=offs < vocab, other=0.0)
+            x = tl.load(probs_ptr + row * vocab + offs, mask=offs < vocab, other=0.0).to(tl.float32)
         x = tl.maximum(x, 0.0)
         b = x.to(tl.int32, bitcast=True)
         mhi = tl.sum(tl.sum(tl.where(b >= hi, x.to(tl.float64), 0.0), axis=1), axis=0)
@@ -621,6 +621,35 @@ def load_write_params(params_ptr, flag_ptr, row):
 
 
 @triton.jit
+def round_bf16(x):
+    """fp32 -> bfloat16, rounded to nearest even with integer operations: the GPU's conversion does
+    the same, the Triton interpreter's truncates (and torch rounds to nearest even), so the kernels
+    round themselves to give the same bits everywhere. NaN stays a (quiet) NaN."""
+    b = x.to(tl.uint32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    r = tl.where(x != x, 0x7FC0, r)
+    return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def to_out_dtype(value, out_ptr):
+    """fp32 output values in `out_ptr`'s dtype (float32, float16 or bfloat16), rounded to nearest
+    even: what `tl.store` to `out_ptr` stores, made explicit so that the fingerprint hashes the same
+    bits (renorm_write_fp.py)."""
+    if out_ptr.dtype.element_ty == tl.bfloat16:
+        out = round_bf16(value)
+    else:
+        out = value.to(out_ptr.dtype.element_ty)
+    return out
+
+
+@triton.jit
+def store_probs(out_ptr, value, mask):
+    """Store fp32 probabilities in `out_ptr`'s dtype (`to_out_dtype`)."""
+    tl.store(out_ptr, to_out_dtype(value, out_ptr), mask=mask)
+
+
+@triton.jit
 def write_value(x, thr1, r1, thr2, r2, live, fill):
     """The output entry: kept entries renormalised in two roundings, fp32(fp32(x * r1) * r2);
     the others `fill`. Shared by both write kernels (renorm_write_fp.py), so their outputs
@@ -639,10 +668,10 @@ def _renorm_write_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, CHUNK:
     mask = offs < vocab
     # probs is the call's input, written by no launch of the call: loaded before the wait (PDL)
     pdl_signal(PDL)
-    x = tl.load(probs_ptr + row * vocab + offs, mask=mask, other=0.0)
+    x = tl.load(probs_ptr + row * vocab + offs, mask=mask, other=0.0).to(tl.float32)
     pdl_wait(PDL)
     thr1, r1, thr2, r2, live, fill = load_write_params(params_ptr, flag_ptr, row)
-    tl.store(out_ptr + row * vocab + offs, write_value(x, thr1, r1, thr2, r2, live, fill), mask=mask)
+    store_probs(out_ptr + row * vocab + offs, write_value(x, thr1, r1, thr2, r2, live, fill), mask)
 
 
 def launch_write(probs: torch.Tensor, out: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig,
