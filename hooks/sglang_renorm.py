@@ -131,12 +131,67 @@ def with_output_hook(fn: Callable, on_output: Callable[[torch.Tensor], None] | N
     return wrapped
 
 
+def make_verify_target_probs(on_output: Callable[[torch.Tensor], None] | None = None,
+                             want_fingerprint: Callable[[], bool] | None = None,
+                             backend: str = "auto") -> Callable:
+    """A replacement of sglang 0.5.23's ``build_speculative_verify_target_probs``
+    (srt/speculative/dflash_utils.py; DFlash, DSpark's sampled accept, UNO, the sampling mask): the
+    same keyword arguments and result (float32 ``[bs, draft_token_num, vocab]``), computed by the
+    fused deterministic kernel (kernels/target_probs.py): softmax(logits / T), then top-k when
+    ``need_top_k_sampling`` and top-p (within the top-k set) when ``need_top_p_sampling``, with the
+    one tie rule (`TIE_RULE`) on both steps. sglang's sparse path instead truncates top-k by rank
+    (torch.topk: exactly k, ties broken by position) before a top-p step; here its sparse and dense
+    paths give the same result. ``max_top_k`` caps k as sglang's sparse path does (it keeps at most
+    max_top_k entries); ``uniform_top_k_value`` is a hint of sglang's and changes nothing.
+    `on_output` gets the [rows, vocab] result (the guard's target_probs; the returned tensor is a
+    view of it) and, when `want_fingerprint()` says so, it carries its write pass's fingerprint."""
+
+    def verify_target_probs(*, next_token_logits: torch.Tensor, sampling_info, draft_token_num: int, bs: int,
+                            max_top_k: int | None = None, uniform_top_k_value: int | None = None,
+                            use_sparse_topk: bool = True) -> torch.Tensor:
+        from tpguard.guard import call_with_fingerprint
+        from tpguard.kernels.target_probs import target_probs
+
+        n = int(draft_token_num)
+        need_top_k = bool(getattr(sampling_info, "need_top_k_sampling", True))
+        need_top_p = bool(getattr(sampling_info, "need_top_p_sampling", False))
+        temperature = torch.repeat_interleave(sampling_info.temperatures, n, dim=0).reshape(-1)
+        top_k = top_p = None
+        if need_top_k:
+            top_k = torch.repeat_interleave(sampling_info.top_ks, n, dim=0).reshape(-1)
+            if use_sparse_topk and max_top_k is not None:
+                top_k = top_k.clamp(max=max(int(max_top_k), 1))
+        if need_top_p:
+            top_p = torch.repeat_interleave(sampling_info.top_ps, n, dim=0).reshape(-1)
+
+        def run(logits, fingerprint_out=None):
+            return target_probs(logits, temperature, top_k, top_p, backend=backend, validate=False,
+                                fingerprint_out=fingerprint_out)
+
+        if want_fingerprint is not None and want_fingerprint():
+            probs = call_with_fingerprint(run, next_token_logits)
+        else:
+            probs = run(next_token_logits)
+        if on_output is not None:
+            on_output(probs)
+        return probs.view(bs, n, -1)
+
+    verify_target_probs.__tpguard_renorm__ = "tpguard.verify_target_probs"
+    return verify_target_probs
+
+
+verify_target_probs = make_verify_target_probs()
+
+
 class RenormRouting:
-    """What `route()` rebound, so that `restore()` can put it back (tests, `tpguard doctor`)."""
+    """What `route()` rebound, so that `restore()` can put it back (tests, `tpguard doctor`), and
+    `verify_target_probs`: the replacement of sglang's build_speculative_verify_target_probs with the
+    routing's output hook (`make_verify_target_probs`; None unless the backend is tpguard's)."""
 
     def __init__(self, backend: str):
         self.backend = backend
         self.previous: list[tuple[object, str, object, bool]] = []  # (module, name, old, existed)
+        self.verify_target_probs: Callable | None = None
 
     def set(self, module, name: str, value) -> None:
         existed = hasattr(module, name)
@@ -163,6 +218,9 @@ def route(backend: str | None = None, on_output: Callable | None = None,
         want_fingerprint = getattr(getattr(on_output, "__self__", None), "wants_renorm_fingerprint", None)
     funcs = {f"{k}_renorm_prob": with_output_hook(make_renorm(k, backend, want_fingerprint), on_output)
              for k in ("top_k", "top_p")}
+    if backend in ("tpguard", "torch"):
+        routing.verify_target_probs = make_verify_target_probs(on_output, want_fingerprint,
+                                                               "torch" if backend == "torch" else "auto")
     originals: dict[str, set[int]] = {n: set() for n in RENORM_NAMES}
     for mod_name in RENORM_MODULES:
         module = importlib.import_module(mod_name)

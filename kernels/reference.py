@@ -145,8 +145,51 @@ def min_p_renorm_reference(probs: torch.Tensor, min_p: Param) -> torch.Tensor:
     return renormalize(x, min_p_keep(x, min_p), bad).to(probs.dtype)
 
 
+# --- logits -> target probs (the reference of kernels/target_probs.py) -------------------------
+
+def softmax_weights_reference(logits: torch.Tensor, c: Param) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w, bad): the unnormalised softmax ``w = exp2((x - M) * c)`` of float32 logits, M the row max
+    and ``c = fp32(log2(e) / T)`` per row (kernels/target_probs.temperature_scale), 0 on bad rows;
+    bad: a row holding a NaN or +inf, or no finite entry. The row's largest weight is exactly 1.
+    (The kernel's exp2 may differ from torch's in the last bit of a weight.)"""
+    x = logits.float()
+    rows = x.shape[0]
+    scale = row_param(c, rows, torch.float32, x.device, "temperature")
+    neg_inf = torch.full((), float("-inf"), dtype=x.dtype, device=x.device)
+    m = torch.where(torch.isnan(x), neg_inf, x).max(dim=1).values if x.shape[1] else neg_inf.expand(rows)
+    bad = torch.isnan(x).any(dim=1) | torch.isposinf(x).any(dim=1) | torch.isneginf(m)
+    w = torch.exp2((x - m[:, None]) * scale[:, None])
+    return torch.where(bad[:, None], torch.zeros((), dtype=x.dtype, device=x.device), w), bad
+
+
+def joint_renorm_reference(w: torch.Tensor, bad: torch.Tensor, top_k: Param | None = None,
+                           top_p: Param | None = None, min_p: Param | None = None) -> torch.Tensor:
+    """float32 probabilities from non-negative weights: the entries that pass top-k (ties kept),
+    top-p measured within the top-k set (its own weights, no renormalisation between), and min-p
+    (``>= fp32(max(w) * min_p)``), renormalised once (`renormalize`); None: that stage off."""
+    keep = w > 0
+    if top_k is not None:
+        keep = keep & top_k_keep(w, top_k)
+    if top_p is not None:
+        keep = keep & top_p_keep(torch.where(keep, w, torch.zeros((), dtype=w.dtype, device=w.device)), top_p)
+    if min_p is not None:
+        keep = keep & min_p_keep(w, min_p)
+    return renormalize(w, keep, bad)
+
+
+def target_probs_reference(logits: torch.Tensor, c: Param, top_k: Param | None = None,
+                           top_p: Param | None = None, min_p: Param | None = None) -> torch.Tensor:
+    """softmax(logits / T) -> top-k, top-p (within the top-k set), min-p, one renormalisation:
+    `joint_renorm_reference` of `softmax_weights_reference`. float32 [rows, vocab]."""
+    w, bad = softmax_weights_reference(logits, c)
+    return joint_renorm_reference(w, bad, top_k, top_p, min_p)
+
+
 __all__ = [
     "bits",
+    "joint_renorm_reference",
+    "softmax_weights_reference",
+    "target_probs_reference",
     "min_p_renorm_reference",
     "top_k_renorm_reference",
     "top_k_top_p_renorm_reference",

@@ -354,7 +354,18 @@ def row_stats_chunk(probs_ptr, row, chunk, vocab, n_chunks, n_groups, n_samples,
     x = tl.load(src + offs, mask=offs < vocab, other=0.0).to(tl.float32)  # fp16 / bf16: exact
     bad = (x != x) | (tl.abs(x) == float("inf"))
     n_bad = tl.sum(tl.sum(bad.to(tl.int32), axis=1), axis=0)
-    x = tl.maximum(x, 0.0)
+    store_chunk_stats(tl.maximum(x, 0.0), n_bad, row, chunk, n_chunks, n_groups, n_samples,
+                      chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, WRITE_SAMPLE)
+
+
+@triton.jit
+def store_chunk_stats(x, n_bad, row, chunk, n_chunks, n_groups, n_samples,
+                      chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr,
+                      CHUNK: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, WRITE_SAMPLE: tl.constexpr):
+    """The row stats of one chunk held as a [CHUNK // G, G] block of non-negative values (padding
+    0): its float64 sum, group maxima and samples, and `n_bad` (its non-finite count)."""
+    gi = tl.arange(0, CHUNK // G)
+    col = tl.arange(0, G)
     mass = tl.sum(tl.sum(x.to(tl.float64), axis=1), axis=0)
     g = chunk * (CHUNK // G) + gi
     tl.store(gmax_ptr + row * n_groups + g, tl.max(x, axis=1), mask=g < n_groups)
