@@ -139,7 +139,7 @@ def top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
         gb = tl.load(gmax_ptr + row * n_groups + gidx, mask=gidx < n_groups, other=0.0,
                      cache_modifier=".cg").to(tl.int32, bitcast=True)
         max_bits = tl.max(gb, axis=0)
-        tm_bits = tl.full((), 0, tl.int32)
+        tm_bits = 0
         if WITH_MIN_P:
             tm_bits = (max_bits.to(tl.float32, bitcast=True) * mp).to(tl.int32, bitcast=True)
         if k < vocab:
