@@ -16,7 +16,8 @@ holds the same object, to one of (first available):
 Tie rule (`TIE_RULE`, `tie_rules()`; `tpguard doctor` prints them): on every path tpguard reroutes,
 every entry equal to the cutoff is kept, as flashinfer's CUDA kernels do. sglang's own CPU fallback
 (not rerouted) keeps exactly k entries by rank. DFlash's sparse verify path truncates top-k by rank
-(torch.topk) before its top-p step: `verify_target_probs` (kernels/target_probs.py) is its
+(torch.topk) before its top-p step: `verify_target_probs` below (on the fused kernel of
+kernels/target_probs.py; `RenormRouting.verify_target_probs` with the routing's output hook) is its
 replacement with the one rule for both steps.
 
 This is done with setattr, not HookRegistry: a None binding cannot go through HookRegistry, whose
@@ -47,7 +48,7 @@ def tie_rules(backend: str | None = None) -> list[str]:
              f"{routed.get(backend, 'not routed (TPGUARD_RENORM=deterministic is off)')}"]
     lines.append("DFlash sparse verify (build_speculative_verify_target_probs with top-k): sglang truncates top-k "
                  "by rank (torch.topk: exactly k, ties by position) before its top-p step; "
-                 "tpguard.hooks.sglang_renorm.verify_target_probs replaces the whole function with the rule above "
+                 "where the plugin installs RenormRouting.verify_target_probs in its place, the rule above holds "
                  "for both steps (the same result as the dense path)")
     lines.append("sglang's own torch fallback (CPU, not routed): keeps exactly k by rank")
     return lines

@@ -19,8 +19,8 @@ top-p renorm: 3-5 launches, each a full read and write of a [rows, vocab] float3
    ``out = fp32(w * fp32(1 / S))``, S the float64 mass of the kept weights.
 
 So the softmax is never written as probabilities and renormalised again: one renormalisation, of
-the weights, and 3 reads + 1 write of the batch (4 with the bracket passes) where softmax + top-k +
-top-p renorms take ~7 reads and 3 writes. Every value a row's output depends on comes from programs
+the weights, and 3 reads + 2 writes of the batch (4 reads with the bracket passes) where softmax +
+top-k + top-p renorms take ~7-8 reads and 3 writes. Every value a row's output depends on comes from programs
 that see only that row, in a fixed order: deterministic and batch-invariant like the renorms.
 
 ``exp2`` is the one operation whose last bit differs between implementations (the GPU's ex2.approx,

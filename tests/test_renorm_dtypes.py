@@ -170,3 +170,25 @@ def test_public_api_keeps_the_dtype(dtype):
         assert_matches(a, b, dtype)
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
         top_p_renorm(x.double(), 0.9)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the benchmark's shapes on the GPU only (CPU covers the paths with SMALL)")
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_gpu_bench_shapes(dtype):
+    """Every op at vocab 163840 with the default block shapes, flat and peaky rows, per-row parameters:
+    the reference's bits, repeat calls and a row alone give the same bits."""
+    vocab = 163840
+    x = torch.cat([make_rows(2, vocab, "flat", 31, dtype), make_rows(2, vocab, "peaky", 32, dtype)])
+    k = torch.tensor([40, vocab, 1, 1024], dtype=torch.int32, device=DEVICE)
+    p = torch.tensor([0.9, 0.9, 0.5, 0.95], device=DEVICE)
+    runs = {op: (lambda b, launch=launch, params=params: launch(b, *params),
+                 lambda b, reference=reference, params=params: reference(b, *params))
+            for op, (launch, reference, params) in OPS.items()}
+    runs["per_row"] = (lambda b: top_k_top_p_renorm_triton(b, k[: b.shape[0]], p[: b.shape[0]]),
+                       lambda b: ref.top_k_top_p_renorm_reference(b, k[: b.shape[0]], p[: b.shape[0]]))
+    for name, (op, expect) in runs.items():
+        out = op(x)
+        assert_matches(out, expect(x), dtype)
+        assert torch.equal(ref.bits(op(x)), ref.bits(out)), name
+        if name != "per_row":
+            assert torch.equal(ref.bits(op(x[2:3])), ref.bits(out[2:3])), name

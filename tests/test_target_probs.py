@@ -49,6 +49,23 @@ def ulp_gap(a: torch.Tensor, b: torch.Tensor) -> int:
     return int((ref.bits(a).long() - ref.bits(b).long()).abs().max()) if a.numel() else 0
 
 
+# exp2's last bit: numpy's (the interpreter) and torch's CPU exp2 agree within 2 ulp; the GPU's
+# ex2.approx is looser, so a cutoff sitting between two weights that moved may keep one entry more or less
+W_ULPS = 2 if DEVICE == "cpu" else 8
+
+
+def assert_near_reference(out: torch.Tensor, expect: torch.Tensor) -> None:
+    """End to end against the reference: the same kept sets on CPU (values within 4 ulp); on a GPU at
+    most 2 entries per row on the other side of a cutoff and the kept values within 1e-5."""
+    diff = (out > 0) != (expect > 0)
+    if DEVICE == "cpu":
+        assert not diff.any() and ulp_gap(out, expect) <= 4
+        return
+    assert int(diff.sum(1).max()) <= 2
+    both = (out > 0) & (expect > 0) & ~diff.any(1, keepdim=True)
+    torch.testing.assert_close(out[both], expect[both], rtol=1e-5, atol=0)
+
+
 PARAMS = {
     "softmax": (None, None, None),
     "top_k": (40, None, None),
@@ -73,12 +90,11 @@ def test_kernel_is_the_references_renorm_of_its_weights(params, cfg, vocab, dtyp
     c = tp.temperature_scale(torch.tensor([0.7, 1.0, 1.3, 0.5]), rows, logits.device)
     w = tp.softmax_weights_triton(logits, c, config=CONFIGS[cfg])
     w_ref, bad = ref.softmax_weights_reference(logits, c)
-    assert ulp_gap(w, w_ref) <= 2
+    assert ulp_gap(w, w_ref) <= W_ULPS
     out = tp.target_probs_triton(logits, c, *kernel_args(rows, top_k, top_p, min_p), config=CONFIGS[cfg])
     assert out.dtype == torch.float32
     assert torch.equal(ref.bits(out), ref.bits(ref.joint_renorm_reference(w, bad, top_k, top_p, min_p)))
-    end_to_end = ref.target_probs_reference(logits, c, top_k, top_p, min_p)
-    assert torch.equal(out > 0, end_to_end > 0) and ulp_gap(out, end_to_end) <= 4
+    assert_near_reference(out, ref.target_probs_reference(logits, c, top_k, top_p, min_p))
 
 
 def test_special_rows():
@@ -115,8 +131,11 @@ def test_equals_sglangs_composition_up_to_rounding():
     out = tp.target_probs(logits, on_device(temperature), on_device(k), on_device(p), mp, backend="triton")
     probs = torch.softmax(logits.double() / on_device(temperature)[:, None].double(), dim=-1).float()
     staged = ref.min_p_renorm_reference(ref.top_p_renorm_reference(ref.top_k_renorm_reference(probs, k), p), mp)
-    assert torch.equal(out > 0, staged > 0)
-    torch.testing.assert_close(out, staged, rtol=2e-6, atol=1e-9)
+    if DEVICE == "cpu":
+        assert torch.equal(out > 0, staged > 0)
+        torch.testing.assert_close(out, staged, rtol=2e-6, atol=1e-9)
+    else:
+        assert_near_reference(out, staged)
 
 
 def test_repeated_calls_batch_invariance_and_fingerprint():
@@ -138,7 +157,7 @@ def test_public_api_backends_and_bad_input():
     logits = make_logits(3, 400, 2.0, seed=5)
     a = tp.target_probs(logits, 0.8, 20, 0.9, backend="triton")
     b = tp.target_probs(logits, 0.8, 20, 0.9, backend="torch")
-    assert torch.equal(a > 0, b > 0) and ulp_gap(a, b) <= 4
+    assert_near_reference(a, b)
     assert tp.target_probs(logits[:0], 1.0).shape == (0, 400)
     for bad, match in ((dict(temperature=0.0), "temperature must be in"), (dict(top_k=0), "top_k must be >= 1"),
                        (dict(top_p=1.5), "top_p must be in"), (dict(min_p=-0.1), "min_p must be in"),
@@ -154,6 +173,7 @@ def test_public_api_backends_and_bad_input():
 # --- the replacement of sglang's build_speculative_verify_target_probs ----------------------------
 
 def _sampling_info(top_ks, top_ps, temperatures, need_top_k=True, need_top_p=True):
+    pytest.importorskip("sglang.srt.speculative.dflash_utils", reason="sglang 0.5.23 is not installed here")
     from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
     bs = len(top_ks)
@@ -166,7 +186,7 @@ def _sampling_info(top_ks, top_ps, temperatures, need_top_k=True, need_top_p=Tru
 
 @pytest.mark.parametrize("need_top_k, need_top_p", [(True, True), (True, False), (False, True)])
 def test_verify_target_probs_matches_sglang_without_ties(need_top_k, need_top_p):
-    from sglang.srt.speculative import dflash_utils
+    dflash_utils = pytest.importorskip("sglang.srt.speculative.dflash_utils", reason="sglang 0.5.23 is not installed")
 
     from tpguard.hooks.sglang_renorm import verify_target_probs
 
@@ -185,7 +205,7 @@ def test_verify_target_probs_matches_sglang_without_ties(need_top_k, need_top_p)
 def test_verify_target_probs_one_tie_rule_on_both_steps():
     """A tie at the k-th value: sglang's sparse path keeps exactly k (by position), its dense path on
     CPU too; the replacement keeps every tied entry, on its sparse and dense arguments alike."""
-    from sglang.srt.speculative import dflash_utils
+    dflash_utils = pytest.importorskip("sglang.srt.speculative.dflash_utils", reason="sglang 0.5.23 is not installed")
 
     from tpguard.hooks.sglang_renorm import verify_target_probs
     from tpguard.kernels.renorm import TIE_RULE
@@ -219,3 +239,20 @@ def test_routing_exposes_the_replacement_with_its_output_hook():
         assert any("ties at the cutoff are kept" in line for line in lines)
     finally:
         routing.restore()
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the benchmark's shapes on the GPU only")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_bench_shapes(dtype):
+    rows, vocab = 8, 163840
+    logits = torch.cat([make_logits(4, vocab, 1.0, 41, dtype), make_logits(4, vocab, 5.0, 42, dtype)])
+    c = tp.temperature_scale(0.8, rows, logits.device)
+    w = tp.softmax_weights_triton(logits, c)
+    w_ref, bad = ref.softmax_weights_reference(logits, c)
+    assert ulp_gap(w, w_ref) <= W_ULPS
+    for top_k, top_p, min_p in ((40, 0.9, None), (None, 0.9, None), (None, 0.95, 0.01), (1024, None, 0.05)):
+        out = tp.target_probs_triton(logits, c, top_k, top_p, min_p)
+        assert torch.equal(ref.bits(out), ref.bits(ref.joint_renorm_reference(w, bad, top_k, top_p, min_p)))
+        assert torch.equal(ref.bits(tp.target_probs_triton(logits, c, top_k, top_p, min_p)), ref.bits(out))
+        alone = tp.target_probs_triton(logits[5:6], tp.temperature_scale(0.8, 1, logits.device), top_k, top_p, min_p)
+        assert torch.equal(ref.bits(alone), ref.bits(out[5:6]))
