@@ -6,10 +6,19 @@ two calls on identical input differ in the last bits); on CPU they are None and 
 to torch. Routing rebinds the name in each of those modules, and in any other loaded module that
 holds the same object, to one of (first available):
 
-* ``tpguard``: `tpguard.kernels.renorm` (Triton on CUDA, its torch reference on CPU);
+* ``tpguard``: the flashinfer-style drop-in `tpguard.kernels.flashinfer_api` (flashinfer's calling
+  convention and parameter checks; Triton on CUDA, its torch reference on CPU);
 * ``flashinfer``: flashinfer's ``is_deterministic=True`` kernels (integer-histogram AIR top-p,
   fixed-point top-k);
-* ``torch``: a sort-based torch implementation (CPU or anything else).
+* ``torch``: the same drop-in on tpguard's torch reference (`tpguard.kernels.reference`), for any
+  device. One registry: tpguard's renorms exist once, in tpguard.kernels.
+
+Tie rule (`TIE_RULE`, `tie_rules()`; `tpguard doctor` prints them): on every path tpguard reroutes,
+every entry equal to the cutoff is kept, as flashinfer's CUDA kernels do. sglang's own CPU fallback
+(not rerouted) keeps exactly k entries by rank. DFlash's sparse verify path truncates top-k by rank
+(torch.topk) before its top-p step: `verify_target_probs` below (on the fused kernel of
+kernels/target_probs.py; `RenormRouting.verify_target_probs` with the routing's output hook) is its
+replacement with the one rule for both steps.
 
 This is done with setattr, not HookRegistry: a None binding cannot go through HookRegistry, whose
 propagation step would replace *every* None attribute of every loaded module.
@@ -24,8 +33,25 @@ from collections.abc import Callable
 import torch
 
 from tpguard.hooks.sglang_compat import RENORM_MODULES, RENORM_NAMES
+from tpguard.kernels.renorm import TIE_RULE
 
 BACKENDS = ("tpguard", "flashinfer", "torch")
+
+
+def tie_rules(backend: str | None = None) -> list[str]:
+    """The tie rule of each renorm path of sglang, for `tpguard doctor` (`backend`: the routed one,
+    e.g. `pick_backend()`, or None when TPGUARD_RENORM=deterministic is off)."""
+    routed = {"tpguard": f"tpguard's kernels: {TIE_RULE}",
+              "torch": f"tpguard's torch reference: {TIE_RULE}",
+              "flashinfer": "flashinfer's is_deterministic kernels: flashinfer's rule (x >= pivot)"}
+    lines = [f"routed renorms (top_k_renorm_prob, top_p_renorm_prob): "
+             f"{routed.get(backend, 'not routed (TPGUARD_RENORM=deterministic is off)')}"]
+    lines.append("DFlash sparse verify (build_speculative_verify_target_probs with top-k): sglang truncates top-k "
+                 "by rank (torch.topk: exactly k, ties by position) before its top-p step; "
+                 "where the plugin installs RenormRouting.verify_target_probs in its place, the rule above holds "
+                 "for both steps (the same result as the dense path)")
+    lines.append("sglang's own torch fallback (CPU, not routed): keeps exactly k by rank")
+    return lines
 
 
 def pick_backend(preferred: str | None = None) -> str:
@@ -33,7 +59,7 @@ def pick_backend(preferred: str | None = None) -> str:
     order = [preferred] if preferred else []
     order += [b for b in BACKENDS if b not in order]
     for name in order:
-        if name == "tpguard" and _importable("tpguard.kernels.renorm"):
+        if name == "tpguard" and _importable("tpguard.kernels.flashinfer_api"):
             return name
         if name == "flashinfer" and torch.cuda.is_available() and _importable("flashinfer.sampling"):
             return name
@@ -50,33 +76,7 @@ def _importable(module: str) -> bool:
         return False
 
 
-# --- torch fallback (deterministic: sort + cumsum in a fixed order) ----------------------------
-
-def torch_top_k_renorm(probs: torch.Tensor, top_ks: torch.Tensor | int) -> torch.Tensor:
-    vocab = probs.shape[-1]
-    k = torch.as_tensor(top_ks, device=probs.device).reshape(-1).to(torch.int64).clamp(1, vocab)
-    k = k.expand(probs.shape[0]) if k.numel() == 1 else k
-    sorted_p, _ = torch.sort(probs, dim=-1, descending=True)
-    kth = sorted_p.gather(-1, (k - 1).unsqueeze(-1))  # ties with the k-th value are kept
-    kept = torch.where(probs >= kth, probs, torch.zeros_like(probs))
-    return kept / kept.sum(dim=-1, keepdim=True)
-
-
-def torch_top_p_renorm(probs: torch.Tensor, top_ps: torch.Tensor | float) -> torch.Tensor:
-    p = torch.as_tensor(top_ps, device=probs.device, dtype=probs.dtype).reshape(-1, 1)
-    sorted_p, idx = torch.sort(probs, dim=-1, descending=True)
-    before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly above each entry
-    keep_sorted = before < p * sorted_p.sum(dim=-1, keepdim=True)
-    keep = torch.zeros_like(keep_sorted).scatter_(-1, idx, keep_sorted)
-    kept = torch.where(keep, probs, torch.zeros_like(probs))
-    return kept / kept.sum(dim=-1, keepdim=True)
-
-
 # --- the routed functions ------------------------------------------------------------------------
-
-def _as_float32(probs: torch.Tensor) -> torch.Tensor:
-    return probs if probs.dtype == torch.float32 else probs.float()
-
 
 def make_renorm(kind: str, backend: str, want_fingerprint: Callable[[], bool] | None = None) -> Callable:
     """A function with sglang's calling convention: (probs, top_ks | top_ps) -> probs.
@@ -86,17 +86,20 @@ def make_renorm(kind: str, backend: str, want_fingerprint: Callable[[], bool] | 
     target_probs without reading it again."""
     if kind not in ("top_k", "top_p"):
         raise ValueError(f"kind must be top_k or top_p, got {kind!r}")
-    if backend == "tpguard":
+    if backend in ("tpguard", "torch"):
         from tpguard.guard import call_with_fingerprint
-        from tpguard.kernels import renorm as tk
+        from tpguard.kernels import flashinfer_api
 
-        impl = tk.top_k_renorm if kind == "top_k" else tk.top_p_renorm
+        forced = "torch" if backend == "torch" else None  # None: Triton on CUDA (flashinfer_api.backend_for)
+
+        def drop_in(probs, param, fingerprint_out=None):
+            return flashinfer_api.renorm_probs(kind, probs, param, backend=forced, fingerprint_out=fingerprint_out)
 
         def fn(probs, param):
-            # validate=False on GPU: no host sync (the kernels clamp instead).
+            # the drop-in checks parameter shapes as flashinfer does and clamps values (no host sync)
             if want_fingerprint is not None and want_fingerprint():
-                return call_with_fingerprint(impl, _as_float32(probs), param, validate=not probs.is_cuda)
-            return impl(_as_float32(probs), param, validate=not probs.is_cuda)
+                return call_with_fingerprint(drop_in, probs, param)
+            return drop_in(probs, param)
     elif backend == "flashinfer":
         import flashinfer.sampling as fs
 
@@ -104,11 +107,6 @@ def make_renorm(kind: str, backend: str, want_fingerprint: Callable[[], bool] | 
 
         def fn(probs, param):
             return impl(probs, param, is_deterministic=True)
-    elif backend == "torch":
-        impl = torch_top_k_renorm if kind == "top_k" else torch_top_p_renorm
-
-        def fn(probs, param):
-            return impl(_as_float32(probs), param)
     else:
         raise ValueError(f"unknown renorm backend {backend!r} (known: {', '.join(BACKENDS)})")
     fn.__name__ = f"{kind}_renorm_prob"
@@ -134,12 +132,67 @@ def with_output_hook(fn: Callable, on_output: Callable[[torch.Tensor], None] | N
     return wrapped
 
 
+def make_verify_target_probs(on_output: Callable[[torch.Tensor], None] | None = None,
+                             want_fingerprint: Callable[[], bool] | None = None,
+                             backend: str = "auto") -> Callable:
+    """A replacement of sglang 0.5.23's ``build_speculative_verify_target_probs``
+    (srt/speculative/dflash_utils.py; DFlash, DSpark's sampled accept, UNO, the sampling mask): the
+    same keyword arguments and result (float32 ``[bs, draft_token_num, vocab]``), computed by the
+    fused deterministic kernel (kernels/target_probs.py): softmax(logits / T), then top-k when
+    ``need_top_k_sampling`` and top-p (within the top-k set) when ``need_top_p_sampling``, with the
+    one tie rule (`TIE_RULE`) on both steps. sglang's sparse path instead truncates top-k by rank
+    (torch.topk: exactly k, ties broken by position) before a top-p step; here its sparse and dense
+    paths give the same result. ``max_top_k`` caps k as sglang's sparse path does (it keeps at most
+    max_top_k entries); ``uniform_top_k_value`` is a hint of sglang's and changes nothing.
+    `on_output` gets the [rows, vocab] result (the guard's target_probs; the returned tensor is a
+    view of it) and, when `want_fingerprint()` says so, it carries its write pass's fingerprint."""
+
+    def verify_target_probs(*, next_token_logits: torch.Tensor, sampling_info, draft_token_num: int, bs: int,
+                            max_top_k: int | None = None, uniform_top_k_value: int | None = None,
+                            use_sparse_topk: bool = True) -> torch.Tensor:
+        from tpguard.guard import call_with_fingerprint
+        from tpguard.kernels.target_probs import target_probs
+
+        n = int(draft_token_num)
+        need_top_k = bool(getattr(sampling_info, "need_top_k_sampling", True))
+        need_top_p = bool(getattr(sampling_info, "need_top_p_sampling", False))
+        temperature = torch.repeat_interleave(sampling_info.temperatures, n, dim=0).reshape(-1)
+        top_k = top_p = None
+        if need_top_k:
+            top_k = torch.repeat_interleave(sampling_info.top_ks, n, dim=0).reshape(-1)
+            if use_sparse_topk and max_top_k is not None:
+                top_k = top_k.clamp(max=max(int(max_top_k), 1))
+        if need_top_p:
+            top_p = torch.repeat_interleave(sampling_info.top_ps, n, dim=0).reshape(-1)
+
+        def run(logits, fingerprint_out=None):
+            return target_probs(logits, temperature, top_k, top_p, backend=backend, validate=False,
+                                fingerprint_out=fingerprint_out)
+
+        if want_fingerprint is not None and want_fingerprint():
+            probs = call_with_fingerprint(run, next_token_logits)
+        else:
+            probs = run(next_token_logits)
+        if on_output is not None:
+            on_output(probs)
+        return probs.view(bs, n, -1)
+
+    verify_target_probs.__tpguard_renorm__ = "tpguard.verify_target_probs"
+    return verify_target_probs
+
+
+verify_target_probs = make_verify_target_probs()
+
+
 class RenormRouting:
-    """What `route()` rebound, so that `restore()` can put it back (tests, `tpguard doctor`)."""
+    """What `route()` rebound, so that `restore()` can put it back (tests, `tpguard doctor`), and
+    `verify_target_probs`: the replacement of sglang's build_speculative_verify_target_probs with the
+    routing's output hook (`make_verify_target_probs`; None unless the backend is tpguard's)."""
 
     def __init__(self, backend: str):
         self.backend = backend
         self.previous: list[tuple[object, str, object, bool]] = []  # (module, name, old, existed)
+        self.verify_target_probs: Callable | None = None
 
     def set(self, module, name: str, value) -> None:
         existed = hasattr(module, name)
@@ -166,6 +219,9 @@ def route(backend: str | None = None, on_output: Callable | None = None,
         want_fingerprint = getattr(getattr(on_output, "__self__", None), "wants_renorm_fingerprint", None)
     funcs = {f"{k}_renorm_prob": with_output_hook(make_renorm(k, backend, want_fingerprint), on_output)
              for k in ("top_k", "top_p")}
+    if backend in ("tpguard", "torch"):
+        routing.verify_target_probs = make_verify_target_probs(on_output, want_fingerprint,
+                                                               "torch" if backend == "torch" else "auto")
     originals: dict[str, set[int]] = {n: set() for n in RENORM_NAMES}
     for mod_name in RENORM_MODULES:
         module = importlib.import_module(mod_name)

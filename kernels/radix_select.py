@@ -46,7 +46,7 @@ def load_values(src_ptr, gid_ptr, idx, n, vocab, thr_bits, scale,
         x = tl.load(src_ptr + elem, mask=valid, other=0.0)
     else:
         x = tl.load(src_ptr + idx, mask=valid, other=0.0)
-    x = tl.maximum(x, 0.0)
+    x = tl.maximum(x.to(tl.float32), 0.0)  # fp16 / bf16 probabilities: exact in float32
     if SCALED:
         x = tl.where(x.to(tl.int32, bitcast=True) >= thr_bits, x * scale, 0.0)
     return x

@@ -4,8 +4,11 @@ Semantics (the same as flashinfer 0.7.2.post1's ``top_k_renorm_probs`` / ``top_p
 on every row with no tie at the cutoff; the Triton kernels in this folder must match these
 functions: the same kept set, values within 2 ulp, in practice bit-identical):
 
-* Input: float32 probabilities ``[rows, vocab]``. Entries ``< 0`` (and ``-0.0``) count as 0. A row
-  holding a NaN or an infinity comes back as a row of NaN (no host sync is needed to detect it).
+* Input: float32, float16 or bfloat16 probabilities ``[rows, vocab]``; the output has the input's
+  dtype (flashinfer's ``top_k_renorm_probs`` does the same). Every step runs on the entries as
+  float32 (exact for the 16-bit types), the output is rounded to its dtype once, at the end (to
+  nearest even). Entries ``< 0`` (and ``-0.0``) count as 0. A row holding a NaN or an infinity comes
+  back as a row of NaN (no host sync is needed to detect it).
 * **top-k**: the pivot is the k-th largest value of the row, counting repeats
   (flashinfer's radix pivot); every entry ``>= pivot`` is kept. ``k`` is clamped to ``[1, vocab]``.
 * **top-p**: ``P = p * total`` with ``total`` the row sum (flashinfer's AIR top-p scales by the
@@ -14,9 +17,10 @@ functions: the same kept set, values within 2 ulp, in practice bit-identical):
   mass is ``>= P``. Every entry ``>= t`` is kept. ``p >= 1`` keeps every positive entry; ``p <= 0``
   keeps the largest value only.
 * **min-p**: the cutoff is ``fp32(max(row) * min_p)``; every entry ``>= cutoff`` is kept.
-* **top-k + top-p**: top-k renorm, then top-p renorm of its output (SGLang's dense verify path
-  calls ``top_k_renorm_prob`` then ``top_p_renorm_prob``), both roundings included. A row with
-  ``k >= vocab`` skips the top-k stage (plain top-p: no intermediate renormalisation).
+* **top-k + top-p**: top-k renorm, then top-p renorm of its float32 output (SGLang's dense verify
+  path calls ``top_k_renorm_prob`` then ``top_p_renorm_prob``), both float32 roundings included (a
+  16-bit output is rounded once, after the second). A row with ``k >= vocab`` skips the top-k stage
+  (plain top-p: no intermediate renormalisation).
 * **Tie rule**: every entry equal to the cutoff value is kept (flashinfer keeps ``x >= pivot``),
   so a tie can keep more than k entries; SGLang's sort-based torch path instead keeps a prefix of
   the tied entries in sort order, which depends on their positions.
@@ -37,6 +41,12 @@ from typing import Union
 import torch
 
 Param = Union[int, float, torch.Tensor]
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The entries' bit patterns as integers (int32 for float32, int16 for the 16-bit dtypes): for
+    bit-for-bit comparisons and ulp distances of outputs in any of the renorms' dtypes."""
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
 
 
 def row_param(value: Param, rows: int, dtype: torch.dtype, device: torch.device, name: str) -> torch.Tensor:
@@ -100,33 +110,86 @@ def min_p_keep(x: torch.Tensor, min_p: Param) -> torch.Tensor:
 
 
 # --- renorms (the CPU fallback of tpguard.kernels.renorm) -----------------------------------
+# Each computes float32 output values and rounds them to the input's dtype once, at the end.
 
-def top_k_renorm_reference(probs: torch.Tensor, top_k: Param) -> torch.Tensor:
+def _top_k_fp32(probs: torch.Tensor, top_k: Param) -> torch.Tensor:
     x, bad = prepare_rows(probs)
     return renormalize(x, top_k_keep(x, top_k), bad)
 
 
-def top_p_renorm_reference(probs: torch.Tensor, top_p: Param) -> torch.Tensor:
+def _top_p_fp32(probs: torch.Tensor, top_p: Param) -> torch.Tensor:
     x, bad = prepare_rows(probs)
     return renormalize(x, top_p_keep(x, top_p), bad)
 
 
+def top_k_renorm_reference(probs: torch.Tensor, top_k: Param) -> torch.Tensor:
+    return _top_k_fp32(probs, top_k).to(probs.dtype)
+
+
+def top_p_renorm_reference(probs: torch.Tensor, top_p: Param) -> torch.Tensor:
+    return _top_p_fp32(probs, top_p).to(probs.dtype)
+
+
 def top_k_top_p_renorm_reference(probs: torch.Tensor, top_k: Param, top_p: Param) -> torch.Tensor:
-    """top-k renorm, then top-p renorm of its output; a row with top_k >= vocab skips the top-k
-    stage (no renormalisation before top-p), as the fused kernel does."""
+    """top-k renorm, then top-p renorm of its float32 output; a row with top_k >= vocab skips the
+    top-k stage (no renormalisation before top-p), as the kernel does."""
     rows, vocab = probs.shape
     k = row_param(top_k, rows, torch.int64, probs.device, "top_k")
-    staged = top_k_renorm_reference(probs, k)
+    staged = _top_k_fp32(probs, k)
     skip = (k >= vocab)[:, None]
-    return top_p_renorm_reference(torch.where(skip, probs.float(), staged), top_p)
+    return _top_p_fp32(torch.where(skip, probs.float(), staged), top_p).to(probs.dtype)
 
 
 def min_p_renorm_reference(probs: torch.Tensor, min_p: Param) -> torch.Tensor:
     x, bad = prepare_rows(probs)
-    return renormalize(x, min_p_keep(x, min_p), bad)
+    return renormalize(x, min_p_keep(x, min_p), bad).to(probs.dtype)
+
+
+# --- logits -> target probs (the reference of kernels/target_probs.py) -------------------------
+
+def softmax_weights_reference(logits: torch.Tensor, c: Param) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w, bad): the unnormalised softmax ``w = exp2((x - M) * c)`` of float32 logits, M the row max
+    and ``c = fp32(log2(e) / T)`` per row (kernels/target_probs.temperature_scale), 0 on bad rows;
+    bad: a row holding a NaN or +inf, or no finite entry. The row's largest weight is exactly 1.
+    (The kernel's exp2 may differ from torch's in the last bit of a weight.)"""
+    x = logits.float()
+    rows = x.shape[0]
+    scale = row_param(c, rows, torch.float32, x.device, "temperature")
+    neg_inf = torch.full((), float("-inf"), dtype=x.dtype, device=x.device)
+    m = torch.where(torch.isnan(x), neg_inf, x).max(dim=1).values if x.shape[1] else neg_inf.expand(rows)
+    bad = torch.isnan(x).any(dim=1) | torch.isposinf(x).any(dim=1) | torch.isneginf(m)
+    w = torch.exp2((x - m[:, None]) * scale[:, None])
+    return torch.where(bad[:, None], torch.zeros((), dtype=x.dtype, device=x.device), w), bad
+
+
+def joint_renorm_reference(w: torch.Tensor, bad: torch.Tensor, top_k: Param | None = None,
+                           top_p: Param | None = None, min_p: Param | None = None) -> torch.Tensor:
+    """float32 probabilities from non-negative weights: the entries that pass top-k (ties kept),
+    top-p measured within the top-k set (its own weights, no renormalisation between), and min-p
+    (``>= fp32(max(w) * min_p)``), renormalised once (`renormalize`); None: that stage off."""
+    keep = w > 0
+    if top_k is not None:
+        keep = keep & top_k_keep(w, top_k)
+    if top_p is not None:
+        keep = keep & top_p_keep(torch.where(keep, w, torch.zeros((), dtype=w.dtype, device=w.device)), top_p)
+    if min_p is not None:
+        keep = keep & min_p_keep(w, min_p)
+    return renormalize(w, keep, bad)
+
+
+def target_probs_reference(logits: torch.Tensor, c: Param, top_k: Param | None = None,
+                           top_p: Param | None = None, min_p: Param | None = None) -> torch.Tensor:
+    """softmax(logits / T) -> top-k, top-p (within the top-k set), min-p, one renormalisation:
+    `joint_renorm_reference` of `softmax_weights_reference`. float32 [rows, vocab]."""
+    w, bad = softmax_weights_reference(logits, c)
+    return joint_renorm_reference(w, bad, top_k, top_p, min_p)
 
 
 __all__ = [
+    "bits",
+    "joint_renorm_reference",
+    "softmax_weights_reference",
+    "target_probs_reference",
     "min_p_renorm_reference",
     "top_k_renorm_reference",
     "top_k_top_p_renorm_reference",

@@ -1,17 +1,19 @@
-"""Public API: deterministic, batch-invariant renorms of float32 probabilities (docs/kernels.md).
+"""Public API: deterministic, batch-invariant renorms of probabilities (docs/kernels.md).
 
     top_k_renorm(probs, top_k)             top_p_renorm(probs, top_p)
     top_k_top_p_renorm(probs, top_k, top_p) min_p_renorm(probs, min_p)
 
-``probs`` is float32 ``[rows, vocab]``; a parameter is a Python number or a tensor with one value
+``probs`` is float32, float16 or bfloat16 ``[rows, vocab]`` and the output has its dtype (the
+kernels work in float32, exact for the 16-bit inputs, and round the output once, to nearest even);
+a parameter is a Python number or a tensor with one value
 per row (or a single value). ``backend``: ``"auto"`` (Triton on CUDA tensors, the torch
 reference elsewhere), ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``) or ``"torch"``.
 Both backends give the same kept sets and values within 2 ulp (in practice the same bits).
 Triton calls go through a small cache of per-shape call plans (kernels/renorm_plan.py: reused
 workspace, direct launches; ``TPGUARD_RENORM_PLANS=0`` turns it off, `clear_plans()` empties it).
 
-Bad input raises ``ValueError`` with one line: a non-tensor, a dtype other than float32, a
-tensor that is not 2-D, an empty vocabulary, a parameter whose length is neither 1 nor rows,
+Bad input raises ``ValueError`` with one line: a non-tensor, a dtype other than float32, float16
+or bfloat16, a tensor that is not 2-D, an empty vocabulary, a parameter whose length is neither 1 nor rows,
 ``top_k < 1``, ``top_p`` outside (0, 1], ``min_p`` outside [0, 1] or NaN. Checking the values of
 a parameter *tensor* needs a device-to-host copy; ``validate=False`` skips it (for CUDA graphs)
 and the kernels then clamp: k to [1, vocab], p <= 0 keeps the top value, p >= 1 keeps all,
@@ -32,6 +34,13 @@ from tpguard.kernels import reference
 Param = Union[int, float, torch.Tensor]
 
 BACKENDS = ("auto", "triton", "torch")
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # probabilities in; the output has the same dtype
+# The one tie rule of every tpguard renorm (and of every sglang path TPGUARD_RENORM=deterministic reroutes:
+# hooks/sglang_renorm.py), the rule of flashinfer's CUDA kernels; `tpguard doctor` prints it.
+TIE_RULE = ("ties at the cutoff are kept: every entry equal to the cutoff value stays (flashinfer's CUDA "
+            "kernels keep x >= pivot), so top-k keeps more than k entries when the k-th largest value repeats "
+            "([.4, .2, .2, .1, .1], top_k=2 -> [.5, .25, .25, 0, 0]), and top-p and min-p keep every entry "
+            "tied with their cutoff; the result never depends on the entries' positions")
 
 
 def _interpreting() -> bool:
@@ -51,8 +60,8 @@ def triton_available() -> bool:
 def _check_probs(probs) -> None:
     if not isinstance(probs, torch.Tensor):
         raise ValueError(f"probs must be a torch.Tensor, got {type(probs).__name__}")
-    if probs.dtype != torch.float32:
-        raise ValueError(f"probs must be float32, got {probs.dtype}")
+    if probs.dtype not in DTYPES:
+        raise ValueError(f"probs must be float32, float16 or bfloat16, got {probs.dtype}")
     if probs.dim() != 2:
         raise ValueError(f"probs must be 2-D [rows, vocab], got shape {tuple(probs.shape)}")
     if probs.shape[1] == 0:
@@ -170,18 +179,37 @@ def _reference_out(out: torch.Tensor, fp_out) -> torch.Tensor:
 # tpguard.fingerprint(out): on the Triton path from the write pass itself (renorm_write_fp.py),
 # so the guard gets target_probs' fingerprint without reading the output again.
 
+_REFERENCES = {
+    "top_k": lambda probs, k, p: reference.top_k_renorm_reference(probs, k),
+    "top_p": lambda probs, k, p: reference.top_p_renorm_reference(probs, p),
+    "top_k_top_p": lambda probs, k, p: reference.top_k_top_p_renorm_reference(probs, k, p),
+    "min_p": lambda probs, k, p: reference.min_p_renorm_reference(probs, p),
+}
+
+
+def run_op(op: str, probs: torch.Tensor, top_k: Param | None = None, top_p: Param | None = None, *,
+           backend: str = "auto", fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
+    """`op` (top_k, top_p, top_k_top_p or min_p; min-p's parameter is `top_p`) on probabilities and
+    parameters already checked (`probs` 2-D float32 / float16 / bfloat16, parameters of 1 or rows
+    values): the Triton kernels or the torch reference by `backend`, no value checks (k clamped to
+    [1, vocab], p and min_p as documented). The public functions below and the flashinfer-style
+    surface (kernels/flashinfer_api.py) call it after their own checks."""
+    _check_fingerprint_out(fingerprint_out, probs)
+    if _use_triton(probs, backend):
+        from tpguard.kernels import renorm_plan
+
+        k = _device_top_k(top_k, probs) if top_k is not None else None
+        p = _device_param(top_p, probs, torch.float32) if top_p is not None else None
+        return renorm_plan.run(op, probs.contiguous(), k, p, fingerprint_out=fingerprint_out)
+    return _reference_out(_REFERENCES[op](probs, top_k, top_p), fingerprint_out)
+
+
 def top_k_renorm(probs: torch.Tensor, top_k: Param, *, backend: str = "auto", validate: bool = True,
                  fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """Keep the entries >= the k-th largest of each row (ties kept), renormalised to sum 1."""
     _check_probs(probs)
     _check_top_k(top_k, probs.shape[0], validate)
-    _check_fingerprint_out(fingerprint_out, probs)
-    if _use_triton(probs, backend):
-        from tpguard.kernels import renorm_plan
-
-        return renorm_plan.run("top_k", probs.contiguous(), _device_top_k(top_k, probs),
-                               fingerprint_out=fingerprint_out)
-    return _reference_out(reference.top_k_renorm_reference(probs, top_k), fingerprint_out)
+    return run_op("top_k", probs, top_k, backend=backend, fingerprint_out=fingerprint_out)
 
 
 def top_p_renorm(probs: torch.Tensor, top_p: Param, *, backend: str = "auto", validate: bool = True,
@@ -189,13 +217,7 @@ def top_p_renorm(probs: torch.Tensor, top_p: Param, *, backend: str = "auto", va
     """Keep the smallest top set whose mass reaches p * row mass (ties at the cutoff kept), renormalised."""
     _check_probs(probs)
     _check_top_p(top_p, probs.shape[0], validate)
-    _check_fingerprint_out(fingerprint_out, probs)
-    if _use_triton(probs, backend):
-        from tpguard.kernels import renorm_plan
-
-        return renorm_plan.run("top_p", probs.contiguous(), top_p=_device_param(top_p, probs, torch.float32),
-                               fingerprint_out=fingerprint_out)
-    return _reference_out(reference.top_p_renorm_reference(probs, top_p), fingerprint_out)
+    return run_op("top_p", probs, top_p=top_p, backend=backend, fingerprint_out=fingerprint_out)
 
 
 def top_k_top_p_renorm(probs: torch.Tensor, top_k: Param, top_p: Param, *, backend: str = "auto",
@@ -204,13 +226,7 @@ def top_k_top_p_renorm(probs: torch.Tensor, top_k: Param, top_p: Param, *, backe
     _check_probs(probs)
     _check_top_k(top_k, probs.shape[0], validate)
     _check_top_p(top_p, probs.shape[0], validate)
-    _check_fingerprint_out(fingerprint_out, probs)
-    if _use_triton(probs, backend):
-        from tpguard.kernels import renorm_plan
-
-        return renorm_plan.run("top_k_top_p", probs.contiguous(), _device_top_k(top_k, probs),
-                               _device_param(top_p, probs, torch.float32), fingerprint_out=fingerprint_out)
-    return _reference_out(reference.top_k_top_p_renorm_reference(probs, top_k, top_p), fingerprint_out)
+    return run_op("top_k_top_p", probs, top_k, top_p, backend=backend, fingerprint_out=fingerprint_out)
 
 
 def min_p_renorm(probs: torch.Tensor, min_p: Param, *, backend: str = "auto", validate: bool = True,
@@ -219,13 +235,7 @@ def min_p_renorm(probs: torch.Tensor, min_p: Param, *, backend: str = "auto", va
     _check_probs(probs)
     _check_param(min_p, probs.shape[0], "min_p", integer=False)
     _check_range(min_p, "min_p", validate, 0.0, 1.0, lo_open=False)
-    _check_fingerprint_out(fingerprint_out, probs)
-    if _use_triton(probs, backend):
-        from tpguard.kernels import renorm_plan
-
-        return renorm_plan.run("min_p", probs.contiguous(), top_p=_device_param(min_p, probs, torch.float32),
-                               fingerprint_out=fingerprint_out)
-    return _reference_out(reference.min_p_renorm_reference(probs, min_p), fingerprint_out)
+    return run_op("min_p", probs, top_p=min_p, backend=backend, fingerprint_out=fingerprint_out)
 
 
 def clear_plans() -> None:
@@ -235,4 +245,5 @@ def clear_plans() -> None:
     renorm_plan.clear_plans()
 
 
-__all__ = ["clear_plans", "min_p_renorm", "top_k_renorm", "top_k_top_p_renorm", "top_p_renorm", "triton_available"]
+__all__ = ["DTYPES", "TIE_RULE", "clear_plans", "min_p_renorm", "run_op", "top_k_renorm", "top_k_top_p_renorm",
+           "top_p_renorm", "triton_available"]

@@ -37,6 +37,7 @@ import torch
 
 from tpguard.kernels import direct_launch as dl
 from tpguard.kernels.driver_graph import DriverGraph
+from tpguard.kernels.reference import bits
 
 # H200 (docs/benchmarks.md): the copy in, the graph launch and the clone cost about what 3-4 direct
 # launches do. Eager us per call, direct launches vs graph, A/B in one process (run 33): top-p and
@@ -152,7 +153,7 @@ class PlanGraphs:
             if want_fp is not None:
                 self.bufs[FP].copy_(want_fp).bitwise_not_()  # a replay that wrote no fingerprint shows
             graph.launch(dl.current_stream())
-            same = torch.equal(self.bufs[OUT].view(torch.int32), want_out.view(torch.int32)) and \
+            same = torch.equal(bits(self.bufs[OUT]), bits(want_out)) and \
                 (want_fp is None or torch.equal(self.bufs[FP], want_fp))
             if not same:
                 raise RuntimeError("a graph replay differs from the direct launches")

@@ -38,6 +38,7 @@ from tpguard.kernels import pdl
 from tpguard.kernels.pdl import pdl_enter, pdl_exit, pdl_signal, pdl_wait
 from tpguard.kernels.radix_select import (
     bin_shift,
+    kth_largest_block,
     list_groups_block,
     mass_cutoff_any,
     mass_cutoff_bits,
@@ -154,6 +155,11 @@ class RenormConfig:
     # chunks per CTA of the one-launch kernel (same chunk sums); 0: the fewest that fit the grid on the GPU
     # at one CTA per SM (renorm_top_k_fused.chunks_per_cta, run 36)
     fused_per_cta: int = 0
+    # top-p with one read before the write (kernels/renorm_top_p_presample.py; docs/kernels.md, "A faster
+    # top-p"): 1 = the bracket from a 1/32 sample taken first, the row stats and the bracket's copy-out in
+    # one pass; 0 = the default pipeline (renorm_top_p.py). Same cutoffs. Not measured yet: off
+    top_p_presample: int = 0
+    presample_block: int = 8  # consecutive entries per sample block (one 32-byte sector of float32)
 
     def replace(self, **changes) -> "RenormConfig":
         return dataclasses.replace(self, **changes)
@@ -233,6 +239,8 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
         raise ValueError("RenormConfig: bracket_copy must be 0 or 2")
     if cfg.bracket_bins and (cfg.bracket_bins & (cfg.bracket_bins - 1) or not 2 <= cfg.bracket_bins <= 64):
         raise ValueError("RenormConfig: bracket_bins must be 0 or a power of two in 2..64")
+    if cfg.top_p_presample not in (0, 1) or cfg.presample_block < 1 or cfg.presample_block & (cfg.presample_block - 1):
+        raise ValueError("RenormConfig: top_p_presample must be 0 or 1, presample_block a power of two")
     if cfg.tps_split not in (0, 1):
         raise ValueError(f"RenormConfig: tps_split must be 0 or 1, got {cfg.tps_split}")
     for name in ("reg", "bracket_reg"):  # register blocks (tl.arange); exact_span assumes it too
@@ -351,10 +359,35 @@ def row_stats_chunk(probs_ptr, row, chunk, vocab, n_chunks, n_groups, n_samples,
     gi = tl.arange(0, CHUNK // G)
     col = tl.arange(0, G)
     offs = chunk * CHUNK + gi[:, None] * G + col[None, :]
-    x = tl.load(src + offs, mask=offs < vocab, other=0.0)
+    x = tl.load(src + offs, mask=offs < vocab, other=0.0).to(tl.float32)  # fp16 / bf16: exact
     bad = (x != x) | (tl.abs(x) == float("inf"))
     n_bad = tl.sum(tl.sum(bad.to(tl.int32), axis=1), axis=0)
     x = tl.maximum(x, 0.0)
+    # (store_chunk_stats' code, inline: the one-launch top-k compiles to other SASS through the call)
+    mass = tl.sum(tl.sum(x.to(tl.float64), axis=1), axis=0)
+    g = chunk * (CHUNK // G) + gi
+    tl.store(gmax_ptr + row * n_groups + g, tl.max(x, axis=1), mask=g < n_groups)
+    if WRITE_SAMPLE:
+        # one entry per run of SG entries, at a fixed pseudo-random position, taken from registers
+        s = g // (SG // G)
+        pos = ((s * 40503) ^ (s >> 3)) & (SG - 1)
+        holder = (g % (SG // G)) == (pos // G)
+        picked = tl.sum(tl.where(col[None, :] == (pos % G)[:, None], x, 0.0), axis=1)
+        tl.store(gsamp_ptr + row * n_samples + s, picked, mask=holder & (s < n_samples))
+    tl.store(chunk_sum_ptr + row * n_chunks + chunk, mass)
+    tl.store(chunk_bad_ptr + row * n_chunks + chunk, n_bad)
+
+
+@triton.jit
+def store_chunk_stats(x, n_bad, row, chunk, n_chunks, n_groups, n_samples,
+                      chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr,
+                      CHUNK: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, WRITE_SAMPLE: tl.constexpr):
+    """The row stats of one chunk held as a [CHUNK // G, G] block of non-negative values (padding
+    0): its float64 sum, group maxima and samples, and `n_bad` (its non-finite count); what
+    `row_stats_chunk` stores, for passes that compute the values themselves (target_probs.py,
+    renorm_top_p_presample.py)."""
+    gi = tl.arange(0, CHUNK // G)
+    col = tl.arange(0, G)
     mass = tl.sum(tl.sum(x.to(tl.float64), axis=1), axis=0)
     g = chunk * (CHUNK // G) + gi
     tl.store(gmax_ptr + row * n_groups + g, tl.max(x, axis=1), mask=g < n_groups)
@@ -405,61 +438,72 @@ def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slot
     offs = chunk * CHUNK + tl.arange(0, CHUNK // G)[:, None] * G + tl.arange(0, G)[None, :]
     if PREFETCH:
         # the chunk's load issued with the plan's, not after it (reads rows that need no bracket too)
-        x = tl.load(probs_ptr + row * vocab + offs, mask=offs < vocab, other=0.0)
+        x = tl.load(probs_ptr + row * vocab + offs, mask=offs < vocab, other=0.0).to(tl.float32)
     status = tl.load(plan_ptr + row * 4)
     if status >= 2:
         lo = tl.load(plan_ptr + row * 4 + 1)
         hi = tl.load(plan_ptr + row * 4 + 2)
         if not PREFETCH:
-            x = tl.load(probs_ptr + row * vocab + offs, mask=offs < vocab, other=0.0)
-        x = tl.maximum(x, 0.0)
-        b = x.to(tl.int32, bitcast=True)
-        mhi = tl.sum(tl.sum(tl.where(b >= hi, x.to(tl.float64), 0.0), axis=1), axis=0)
-        inside = (b >= lo) & (b < hi)
-        if COPY_MODE == 2:
-            # one scan over the chunk (row-major: the same positions as the group prefix plus the
-            # in-group scan), and the scatter on a 1-D view: Triton lays a store of unknown
-            # contiguity out one entry per thread, index bits to lanes then warps then registers,
-            # and this view's index bits 0-4 are the load's lane bits (a group's 16-byte lanes, the
-            # warp's groups), 5-6 its warp bits, the rest its registers: only registers permute,
-            # no conversion through shared memory (modes 0 and 1 convert pointers, values and
-            # mask there: 18 more barriers). 1-D: Triton 3.6 and 3.8 order tied dims differently.
-            inside_f = tl.reshape(inside.to(tl.int32), (CHUNK,))
-            n_in = tl.sum(inside_f, axis=0)
-            if n_in > 0:
-                pos = tl.reshape(tl.cumsum(inside_f, axis=0) - 1, (CHUNK // G, G))
-                LC: tl.constexpr = G // 4
-                view: tl.constexpr = (CHUNK // G // (32 // LC), 32 // LC, LC, 4)
-                pos_v = tl.reshape(tl.permute(tl.reshape(pos, view), (3, 0, 1, 2)), (CHUNK,))
-                keep_v = tl.reshape(tl.permute(tl.reshape(inside & (pos < CAP), view), (3, 0, 1, 2)), (CHUNK,))
-                x_v = tl.reshape(tl.permute(tl.reshape(x, view), (3, 0, 1, 2)), (CHUNK,))
-                tl.store(slots_ptr + (row * n_chunks + chunk) * CAP + pos_v, x_v, mask=keep_v)
-        else:
-            inside_i = inside.to(tl.int32)
-            per_group = tl.sum(inside_i, axis=1)
-            n_in = tl.sum(per_group, axis=0)
-            if n_in > 0:
-                # in order: a prefix sum over groups, then a short one inside each group
-                start = tl.cumsum(per_group, axis=0) - per_group
-                pos = start[:, None] + tl.cumsum(inside_i, axis=1) - 1
-                tl.store(slots_ptr + (row * n_chunks + chunk) * CAP + pos, x, mask=inside & (pos < CAP))
-        if BINS > 0:
-            # the copied entries' mass per sub-bracket (bracket_select's bins), read back from the
-            # slots just written (about 250 per chunk on flat rows, not the chunk's 4096 entries)
-            kk = tl.arange(0, BINS)
-            acc = tl.zeros((BIN_SUB, BINS), tl.float64)
-            if (status == 2) & (n_in > 0):
-                tl.debug_barrier()
-                shift = bin_shift(lo, hi, BINS)
-                n_c = tl.minimum(n_in, CAP)
-                for s0 in range(0, n_c, BIN_SUB):
-                    i = s0 + tl.arange(0, BIN_SUB)
-                    v = tl.load(slots_ptr + (row * n_chunks + chunk) * CAP + i, mask=i < n_c, other=0.0)
-                    bin_i = (v.to(tl.int32, bitcast=True) - lo) >> shift  # (padding: negative, no bin)
-                    acc += tl.where(bin_i[:, None] == kk[None, :], v.to(tl.float64)[:, None], 0.0)
-            tl.store(bmass_ptr + (row * n_chunks + chunk) * BINS + kk, tl.sum(acc, axis=0))
-        tl.store(mhi_ptr + row * n_chunks + chunk, mhi)
-        tl.store(cnt_ptr + row * n_chunks + chunk, n_in)
+            x = tl.load(probs_ptr + row * vocab + offs, mask=offs < vocab, other=0.0).to(tl.float32)
+        bracket_chunk(tl.maximum(x, 0.0), row, chunk, n_chunks, status, lo, hi, mhi_ptr, cnt_ptr, slots_ptr,
+                      CHUNK, G, CAP, COPY_MODE, bmass_ptr, BINS, BIN_SUB)
+
+
+@triton.jit
+def bracket_chunk(x, row, chunk, n_chunks, status, lo, hi, mhi_ptr, cnt_ptr, slots_ptr,
+                  CHUNK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr, COPY_MODE: tl.constexpr,
+                  bmass_ptr=None, BINS: tl.constexpr = 0, BIN_SUB: tl.constexpr = 128):
+    """The bracket pass's work on one chunk of a FULL row (status >= 2), held as a [CHUNK // G, G]
+    block of non-negative values: the float64 mass of the entries >= hi, the entries in [lo, hi)
+    copied out in order (CAP slots) and their count, and (status 2, BINS) their mass per
+    sub-bracket. Shared by the bracket pass and the one-read top-p pass (renorm_top_p_presample.py)."""
+    b = x.to(tl.int32, bitcast=True)
+    mhi = tl.sum(tl.sum(tl.where(b >= hi, x.to(tl.float64), 0.0), axis=1), axis=0)
+    inside = (b >= lo) & (b < hi)
+    if COPY_MODE == 2:
+        # one scan over the chunk (row-major: the same positions as the group prefix plus the
+        # in-group scan), and the scatter on a 1-D view: Triton lays a store of unknown
+        # contiguity out one entry per thread, index bits to lanes then warps then registers,
+        # and this view's index bits 0-4 are the load's lane bits (a group's 16-byte lanes, the
+        # warp's groups), 5-6 its warp bits, the rest its registers: only registers permute,
+        # no conversion through shared memory (modes 0 and 1 convert pointers, values and
+        # mask there: 18 more barriers). 1-D: Triton 3.6 and 3.8 order tied dims differently.
+        inside_f = tl.reshape(inside.to(tl.int32), (CHUNK,))
+        n_in = tl.sum(inside_f, axis=0)
+        if n_in > 0:
+            pos = tl.reshape(tl.cumsum(inside_f, axis=0) - 1, (CHUNK // G, G))
+            LC: tl.constexpr = G // 4
+            view: tl.constexpr = (CHUNK // G // (32 // LC), 32 // LC, LC, 4)
+            pos_v = tl.reshape(tl.permute(tl.reshape(pos, view), (3, 0, 1, 2)), (CHUNK,))
+            keep_v = tl.reshape(tl.permute(tl.reshape(inside & (pos < CAP), view), (3, 0, 1, 2)), (CHUNK,))
+            x_v = tl.reshape(tl.permute(tl.reshape(x, view), (3, 0, 1, 2)), (CHUNK,))
+            tl.store(slots_ptr + (row * n_chunks + chunk) * CAP + pos_v, x_v, mask=keep_v)
+    else:
+        inside_i = inside.to(tl.int32)
+        per_group = tl.sum(inside_i, axis=1)
+        n_in = tl.sum(per_group, axis=0)
+        if n_in > 0:
+            # in order: a prefix sum over groups, then a short one inside each group
+            start = tl.cumsum(per_group, axis=0) - per_group
+            pos = start[:, None] + tl.cumsum(inside_i, axis=1) - 1
+            tl.store(slots_ptr + (row * n_chunks + chunk) * CAP + pos, x, mask=inside & (pos < CAP))
+    if BINS > 0:
+        # the copied entries' mass per sub-bracket (bracket_select's bins), read back from the
+        # slots just written (about 250 per chunk on flat rows, not the chunk's 4096 entries)
+        kk = tl.arange(0, BINS)
+        acc = tl.zeros((BIN_SUB, BINS), tl.float64)
+        if (status == 2) & (n_in > 0):
+            tl.debug_barrier()
+            shift = bin_shift(lo, hi, BINS)
+            n_c = tl.minimum(n_in, CAP)
+            for s0 in range(0, n_c, BIN_SUB):
+                i = s0 + tl.arange(0, BIN_SUB)
+                v = tl.load(slots_ptr + (row * n_chunks + chunk) * CAP + i, mask=i < n_c, other=0.0)
+                bin_i = (v.to(tl.int32, bitcast=True) - lo) >> shift  # (padding: negative, no bin)
+                acc += tl.where(bin_i[:, None] == kk[None, :], v.to(tl.float64)[:, None], 0.0)
+        tl.store(bmass_ptr + (row * n_chunks + chunk) * BINS + kk, tl.sum(acc, axis=0))
+    tl.store(mhi_ptr + row * n_chunks + chunk, mhi)
+    tl.store(cnt_ptr + row * n_chunks + chunk, n_in)
 
 
 @triton.jit
@@ -485,79 +529,106 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
     if status >= 2:
         lo = tl.load(plan_ptr + row * 4 + 1)
         hi = tl.load(plan_ptr + row * 4 + 2)
-        ch = tl.arange(0, CH_BLOCK)
-        chm = ch < n_chunks
-        m_hi = tl.sum(tl.load(mhi_ptr + row * n_chunks + ch, mask=chm, other=0.0), axis=0)
-        counts = tl.load(cnt_ptr + row * n_chunks + ch, mask=chm, other=0)
-        overflow = tl.max(counts, axis=0) > CAP
-        t = hi
-        kept = m_hi
-        if status == 2:
-            target = tl.load(target_ptr + row)
-            src = probs_ptr + row * vocab
-            cand_row = cand_ptr + row * list_cap
-            # gather the chunks' slots into one list, in chunk order, COPY chunks per step
-            n = tl.full((), 0, tl.int32)
-            idx = tl.arange(0, CAP)
-            for c0 in range(0, n_chunks, COPY):
-                cc = c0 + tl.arange(0, COPY)
-                cnt_c = tl.minimum(tl.load(cnt_ptr + row * n_chunks + cc, mask=cc < n_chunks, other=0), CAP)
-                start = n + tl.cumsum(cnt_c, axis=0) - cnt_c
-                inside = idx[None, :] < cnt_c[:, None]
-                v = tl.load(slots_ptr + (row * n_chunks + cc[:, None]) * CAP + idx[None, :], mask=inside, other=0.0)
-                tl.store(cand_row + start[:, None] + idx[None, :], v, mask=inside)
-                n += tl.sum(cnt_c, axis=0)
-            tl.debug_barrier()
-            # (the default mass and search are written in both branches of BINS: one runtime flag
-            # for both would make Triton compile the bins code, and its names, without bins too)
-            if BINS > 0:
-                # the bins are exact (hence equal to any other summation) when the bracket is narrow
-                # and holds <= REG entries; the bin's entries (< n) are compacted after the list
-                kk = tl.arange(0, BINS)
-                bin_mass = tl.sum(tl.load(bmass_ptr + (row * n_chunks + ch[:, None]) * BINS + kk[None, :],
-                                          mask=chm[:, None], other=0.0), axis=0)
-                e_lo = tl.maximum(lo >> 23, 1)  # biased exponents; subnormals share exponent 1's ulp
-                e_hi = tl.maximum((hi - 1) >> 23, 1)
-                scratch_at = ((n + 15) >> 4) << 4  # after the list (bracket_select stays idempotent)
-                use_bins = (overflow == 0) & (n <= REG) & (e_hi - e_lo <= EXACT_SPAN) & (scratch_at + n <= list_cap)
-                if use_bins:
-                    m_in = tl.sum(bin_mass, axis=0)
-                else:
-                    m_in = upper_mass_any(cand_row, cand_row, n, n, 0, 0, 1.0, False, False, G, SUB, REG)
-            else:
-                m_in = upper_mass_any(cand_row, cand_row, n, n, 0, 0, 1.0, False, False, G, SUB, REG)
-            if (overflow == 0) & (m_hi < target) & (m_hi + m_in >= target):
-                first, t0 = search_start(lo, hi - 1)
-                if BINS > 0:
-                    found = use_bins
-                    if use_bins:
-                        t, kept, found = mass_cutoff_block_bins(cand_row, n, target, m_hi, bin_mass, lo,
-                                                                bin_shift(lo, hi, BINS),
-                                                                cand_row + tl.multiple_of(scratch_at, 16),
-                                                                max(32, min(REG, BIN_STEP)), BIN_W, BINS)
-                    if found == 0:  # (no usable bins, or a bin over BIN_W entries)
-                        t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, G, SUB, REG)
-                else:
-                    t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, G, SUB, REG)
-            elif m_hi >= target:
-                # the sample bracket was too low: the cutoff is >= hi, so every entry that counts
-                # lies in a group whose max is >= hi
-                gidx = tl.arange(0, NG_BLOCK)
-                gb = tl.load(gmax_ptr + row * n_groups + gidx, mask=gidx < n_groups, other=0.0)
-                gb = gb.to(tl.int32, bitcast=True)
-                gid_row = gid_ptr + row * n_groups
-                n_sel = list_groups_block(gid_row, gb, gidx, hi)
-                tl.debug_barrier()
-                first, t0 = search_start(hi, tl.max(gb, axis=0))
-                t, kept = mass_cutoff_any(src, gid_row, n_sel * G, vocab, target, 0.0, 0, 1.0, first, t0,
-                                          True, False, G, SUB, REG)
-            else:
-                # too high, or a huge tie overflowed the bracket: search the whole row
-                t, kept = mass_cutoff_bits(src, src, vocab, vocab, target, 0.0, 0, 1.0, 0, 0,
-                                           False, False, G, SUB)
+        t, kept = bracket_resolve(row, status, lo, hi, target_ptr, probs_ptr, vocab, n_chunks, n_groups, mhi_ptr,
+                                  cnt_ptr, slots_ptr, cand_ptr, list_cap, gmax_ptr, gid_ptr, CH_BLOCK, NG_BLOCK,
+                                  CAP, SUB, REG, G, COPY, EXACT_SPAN, bmass_ptr, BINS, BIN_W, BIN_STEP)
         tl.store(params_ptr + row * 4 + 2, t.to(tl.float32, bitcast=True))
         tl.store(params_ptr + row * 4 + 3, reciprocal_f32(kept))
     pdl_exit(PDL)
+
+
+@triton.jit
+def bracket_resolve(row, status, lo, hi, target_ptr, probs_ptr, vocab, n_chunks, n_groups, mhi_ptr, cnt_ptr, slots_ptr,
+                    cand_ptr, list_cap, gmax_ptr, gid_ptr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
+                    CAP: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr, G: tl.constexpr, COPY: tl.constexpr,
+                    EXACT_SPAN: tl.constexpr, bmass_ptr=None, BINS: tl.constexpr = 0, BIN_W: tl.constexpr = 0,
+                    BIN_STEP: tl.constexpr = 4096, LOW_TAU: tl.constexpr = 0):
+    """bracket_select's (cutoff bits, kept mass) of a FULL row (status 2: top-p, its target mass at
+    target_ptr[row]; 3: min-p, whose cutoff is hi and whose kept mass the bracket pass summed). LOW_TAU > 0 (renorm_top_p_presample.py, whose
+    brackets come from samples alone and can end far below a peaky row's cutoff): when the bracket is
+    too low, first the LOW_TAU groups with the largest maxima (and every group above hi), as the
+    top-p select does."""
+    ch = tl.arange(0, CH_BLOCK)
+    chm = ch < n_chunks
+    m_hi = tl.sum(tl.load(mhi_ptr + row * n_chunks + ch, mask=chm, other=0.0), axis=0)
+    counts = tl.load(cnt_ptr + row * n_chunks + ch, mask=chm, other=0)
+    overflow = tl.max(counts, axis=0) > CAP
+    t = hi
+    kept = m_hi
+    if status == 2:
+        target = tl.load(target_ptr + row)
+        src = probs_ptr + row * vocab
+        cand_row = cand_ptr + row * list_cap
+        # gather the chunks' slots into one list, in chunk order, COPY chunks per step
+        n = tl.full((), 0, tl.int32)
+        idx = tl.arange(0, CAP)
+        for c0 in range(0, n_chunks, COPY):
+            cc = c0 + tl.arange(0, COPY)
+            cnt_c = tl.minimum(tl.load(cnt_ptr + row * n_chunks + cc, mask=cc < n_chunks, other=0), CAP)
+            start = n + tl.cumsum(cnt_c, axis=0) - cnt_c
+            inside = idx[None, :] < cnt_c[:, None]
+            v = tl.load(slots_ptr + (row * n_chunks + cc[:, None]) * CAP + idx[None, :], mask=inside, other=0.0)
+            tl.store(cand_row + start[:, None] + idx[None, :], v, mask=inside)
+            n += tl.sum(cnt_c, axis=0)
+        tl.debug_barrier()
+        # (the default mass and search are written in both branches of BINS: one runtime flag
+        # for both would make Triton compile the bins code, and its names, without bins too)
+        if BINS > 0:
+            # the bins are exact (hence equal to any other summation) when the bracket is narrow
+            # and holds <= REG entries; the bin's entries (< n) are compacted after the list
+            kk = tl.arange(0, BINS)
+            bin_mass = tl.sum(tl.load(bmass_ptr + (row * n_chunks + ch[:, None]) * BINS + kk[None, :],
+                                      mask=chm[:, None], other=0.0), axis=0)
+            e_lo = tl.maximum(lo >> 23, 1)  # biased exponents; subnormals share exponent 1's ulp
+            e_hi = tl.maximum((hi - 1) >> 23, 1)
+            scratch_at = ((n + 15) >> 4) << 4  # after the list (bracket_select stays idempotent)
+            use_bins = (overflow == 0) & (n <= REG) & (e_hi - e_lo <= EXACT_SPAN) & (scratch_at + n <= list_cap)
+            if use_bins:
+                m_in = tl.sum(bin_mass, axis=0)
+            else:
+                m_in = upper_mass_any(cand_row, cand_row, n, n, 0, 0, 1.0, False, False, G, SUB, REG)
+        else:
+            m_in = upper_mass_any(cand_row, cand_row, n, n, 0, 0, 1.0, False, False, G, SUB, REG)
+        if (overflow == 0) & (m_hi < target) & (m_hi + m_in >= target):
+            first, t0 = search_start(lo, hi - 1)
+            if BINS > 0:
+                found = use_bins
+                if use_bins:
+                    t, kept, found = mass_cutoff_block_bins(cand_row, n, target, m_hi, bin_mass, lo,
+                                                            bin_shift(lo, hi, BINS),
+                                                            cand_row + tl.multiple_of(scratch_at, 16),
+                                                            max(32, min(REG, BIN_STEP)), BIN_W, BINS)
+                if found == 0:  # (no usable bins, or a bin over BIN_W entries)
+                    t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, G, SUB, REG)
+            else:
+                t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, G, SUB, REG)
+        elif m_hi >= target:
+            # the sample bracket was too low: the cutoff is >= hi, so every entry that counts
+            # lies in a group whose max is >= hi
+            gidx = tl.arange(0, NG_BLOCK)
+            gb = tl.load(gmax_ptr + row * n_groups + gidx, mask=gidx < n_groups, other=0.0)
+            gb = gb.to(tl.int32, bitcast=True)
+            gid_row = gid_ptr + row * n_groups
+            low = hi
+            if LOW_TAU > 0:
+                # the LOW_TAU largest groups first (a peaky row's cutoff lies among them)
+                tau = tl.maximum(tl.maximum(kth_largest_block(gb, LOW_TAU, 0, 0, 8), 1), hi)
+                n_tau = list_groups_block(gid_row, gb, gidx, tau)
+                tl.debug_barrier()
+                m_tau = upper_mass_any(src, gid_row, n_tau * G, vocab, tau, 0, 1.0, True, False, G, SUB, REG)
+                if m_tau >= target:
+                    low = tau
+                tl.debug_barrier()
+            n_sel = list_groups_block(gid_row, gb, gidx, low)
+            tl.debug_barrier()
+            first, t0 = search_start(low, tl.max(gb, axis=0))
+            t, kept = mass_cutoff_any(src, gid_row, n_sel * G, vocab, target, 0.0, 0, 1.0, first, t0,
+                                      True, False, G, SUB, REG)
+        else:
+            # too high, or a huge tie overflowed the bracket: search the whole row
+            t, kept = mass_cutoff_bits(src, src, vocab, vocab, target, 0.0, 0, 1.0, 0, 0,
+                                       False, False, G, SUB)
+    return t, kept
 
 
 def exact_span(cfg: RenormConfig) -> int:
@@ -621,6 +692,35 @@ def load_write_params(params_ptr, flag_ptr, row):
 
 
 @triton.jit
+def round_bf16(x):
+    """fp32 -> bfloat16, rounded to nearest even with integer operations: the GPU's conversion does
+    the same, the Triton interpreter's truncates (and torch rounds to nearest even), so the kernels
+    round themselves to give the same bits everywhere. NaN stays a (quiet) NaN."""
+    b = x.to(tl.uint32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    r = tl.where(x != x, 0x7FC0, r)
+    return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def to_out_dtype(value, out_ptr):
+    """fp32 output values in `out_ptr`'s dtype (float32, float16 or bfloat16), rounded to nearest
+    even: what `tl.store` to `out_ptr` stores, made explicit so that the fingerprint hashes the same
+    bits (renorm_write_fp.py)."""
+    if out_ptr.dtype.element_ty == tl.bfloat16:
+        out = round_bf16(value)
+    else:
+        out = value.to(out_ptr.dtype.element_ty)
+    return out
+
+
+@triton.jit
+def store_probs(out_ptr, value, mask):
+    """Store fp32 probabilities in `out_ptr`'s dtype (`to_out_dtype`)."""
+    tl.store(out_ptr, to_out_dtype(value, out_ptr), mask=mask)
+
+
+@triton.jit
 def write_value(x, thr1, r1, thr2, r2, live, fill):
     """The output entry: kept entries renormalised in two roundings, fp32(fp32(x * r1) * r2);
     the others `fill`. Shared by both write kernels (renorm_write_fp.py), so their outputs
@@ -639,10 +739,10 @@ def _renorm_write_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, CHUNK:
     mask = offs < vocab
     # probs is the call's input, written by no launch of the call: loaded before the wait (PDL)
     pdl_signal(PDL)
-    x = tl.load(probs_ptr + row * vocab + offs, mask=mask, other=0.0)
+    x = tl.load(probs_ptr + row * vocab + offs, mask=mask, other=0.0).to(tl.float32)
     pdl_wait(PDL)
     thr1, r1, thr2, r2, live, fill = load_write_params(params_ptr, flag_ptr, row)
-    tl.store(out_ptr + row * vocab + offs, write_value(x, thr1, r1, thr2, r2, live, fill), mask=mask)
+    store_probs(out_ptr + row * vocab + offs, write_value(x, thr1, r1, thr2, r2, live, fill), mask)
 
 
 def launch_write(probs: torch.Tensor, out: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig,

@@ -2,8 +2,8 @@
 time"; docs/kernels.md, "Call plans").
 
 An eager renorm call is 4-6 Triton launches into a scratch workspace. A plan, cached per
-(op, rows, vocab, RenormConfig, device, current stream, parameter kinds, fingerprint slot or
-not), owns that workspace (allocated once) and, on a GPU, from its second call on, the launches
+(op, rows, vocab, dtype, RenormConfig, device, current stream, parameter kinds, fingerprint slot
+or not), owns that workspace (allocated once) and, on a GPU, from its second call on, the launches
 recorded once (kernels/direct_launch.py): a call then allocates `out` and calls ~6 launchers
 directly with probs, out, the parameters and the fingerprint slot substituted.
 
@@ -38,6 +38,7 @@ import torch
 
 from tpguard.kernels import direct_launch as dl
 from tpguard.kernels import renorm_graph, row_split
+from tpguard.kernels.reference import bits
 from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, RenormConfig, shapes_for, workspace_for
 
 # 16: SGLang's verify calls two ops per step on bs x draft-token rows, and bs moves as requests come and
@@ -108,7 +109,7 @@ def _kind(value, vocab: int, integer: bool):
 def plan_key(op: str, probs: torch.Tensor, k, p, cfg: RenormConfig, fp) -> tuple:
     rows, vocab = probs.shape
     stream = dl.current_stream() if probs.is_cuda else None
-    return (op, rows, vocab, cfg, probs.device, stream, _kind(k, vocab, True), _kind(p, vocab, False),
+    return (op, rows, vocab, probs.dtype, cfg, probs.device, stream, _kind(k, vocab, True), _kind(p, vocab, False),
             fp is not None)
 
 
@@ -230,7 +231,7 @@ class RenormPlan:
             if not launches.accepts(direct):
                 raise RuntimeError("the check's own tensors are refused (alignment)")
             launches(direct)
-            same = torch.equal(direct[OUT].view(torch.int32), out.view(torch.int32))
+            same = torch.equal(bits(direct[OUT]), bits(out))
             return same and (fp is None or torch.equal(direct[FP].view(1), fp.view(1)))
 
         if dl.validate_once(launches, rerun):

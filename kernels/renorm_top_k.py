@@ -52,10 +52,16 @@ TopP = Union[float, torch.Tensor]
 @triton.jit
 def _top_k_stages(src, gid, n, vocab, k, first, t0, max_bits, p,
                   WITH_TOP_P: tl.constexpr, GATHER: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr,
-                  REG: tl.constexpr):
-    """(pivot bits, r1, top-p cutoff bits, r2) from candidates holding every entry >= pivot."""
+                  REG: tl.constexpr, JOINT: tl.constexpr = False, tm_bits=0):
+    """(pivot bits, r1, top-p cutoff bits, r2) from candidates holding every entry >= pivot.
+    JOINT (the logits-to-probs path, kernels/target_probs.py): no renormalisation between the stages
+    (r1 = 1: top-p on the top-k set's own values), then min-p's cutoff `tm_bits` (0: none) raises the
+    second cutoff, and r2 renormalises once."""
     thr1 = kth_largest_any(src, gid, n, vocab, k, 0, 1.0, first, t0, GATHER, False, G, SUB, REG)
-    r1 = reciprocal_f32(upper_mass_any(src, gid, n, vocab, thr1, 0, 1.0, GATHER, False, G, SUB, REG))
+    if JOINT:
+        r1 = tl.full((), 1.0, tl.float32)
+    else:
+        r1 = reciprocal_f32(upper_mass_any(src, gid, n, vocab, thr1, 0, 1.0, GATHER, False, G, SUB, REG))
     thr2 = tl.full((), 0, tl.int32)
     r2 = tl.full((), 1.0, tl.float32)
     if WITH_TOP_P:
@@ -68,6 +74,10 @@ def _top_k_stages(src, gid, n, vocab, k, first, t0, max_bits, p,
             first2, t02 = search_start(y_lo, y_hi)
             thr2, kept_y = mass_cutoff_any(src, gid, n, vocab, p.to(tl.float64) * mass_y, 0.0, thr1, r1,
                                            first2, t02, GATHER, True, G, SUB, REG)
+        if JOINT:
+            if tm_bits > thr2:  # min-p's cutoff above top-p's: it decides the kept set
+                thr2 = tm_bits
+                kept_y = upper_mass_any(src, gid, n, vocab, tm_bits, thr1, r1, GATHER, True, G, SUB, REG)
         r2 = reciprocal_f32(kept_y)
     return thr1, r1, thr2, r2
 
@@ -79,10 +89,16 @@ def top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
                      HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
                      G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
                      NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
-                     TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr):
+                     TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr,
+                     mp_ptr=None, mp_val=0.0, chunk_mp_ptr=None, HAS_MP_ARR: tl.constexpr = False,
+                     WITH_MIN_P: tl.constexpr = False, JOINT: tl.constexpr = False):
     """The per-row top-k (+ top-p) plan (module doc): writes the row's plan, target and params.
     Shared by `_top_k_select_kernel` and the one-launch kernel (renorm_top_k_fused.py), which reads
-    row stats other CTAs of its own launch wrote: hence ``.cg`` (L2) loads of them."""
+    row stats other CTAs of its own launch wrote: hence ``.cg`` (L2) loads of them.
+    JOINT, WITH_MIN_P (the logits-to-probs path, kernels/target_probs.py; WITH_TOP_P with it): top-k,
+    top-p on the top-k set's values and min-p (cutoff fp32(row max * min_p)) as one kept set, one
+    renormalisation; `chunk_mp_ptr`: the stats pass's per-chunk float64 mass of the entries at or
+    above min-p's cutoff, for rows without top-k (k >= vocab)."""
     src = probs_ptr + row * vocab
     gid_row = gid_ptr + row * n_groups
     list_row = cand_ptr + row * list_cap
@@ -101,6 +117,13 @@ def top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
             p = tl.load(p_ptr + row)
         else:
             p = p_val
+    mp = 0.0
+    if WITH_MIN_P:
+        if HAS_MP_ARR:
+            mp = tl.load(mp_ptr + row)
+        else:
+            mp = mp_val
+        mp = tl.minimum(tl.maximum(mp, 0.0), 1.0)
 
     # defaults: keep every positive entry, renormalised by the row mass (k >= vocab)
     status = tl.full((), 1, tl.int32)
@@ -116,6 +139,9 @@ def top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
         gb = tl.load(gmax_ptr + row * n_groups + gidx, mask=gidx < n_groups, other=0.0,
                      cache_modifier=".cg").to(tl.int32, bitcast=True)
         max_bits = tl.max(gb, axis=0)
+        tm_bits = 0
+        if WITH_MIN_P:
+            tm_bits = (max_bits.to(tl.float32, bitcast=True) * mp).to(tl.int32, bitcast=True)
         if k < vocab:
             # a: a lower bound (16 bits) of the k-th largest group max, hence of the pivot; every
             # entry >= pivot lies in a group whose max is >= a (k groups without ties)
@@ -127,23 +153,36 @@ def top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
             first, t0 = search_start(tl.where(a_block > 0, a, 0), max_bits)
             if n_cand <= REG:
                 thr1, r1, thr2, r2 = _top_k_stages(src, gid_row, n_cand, vocab, k, first, t0, max_bits, p,
-                                                   WITH_TOP_P, True, G, SUB, REG)
+                                                   WITH_TOP_P, True, G, SUB, REG, JOINT, tm_bits)
             else:  # large k: keep only the entries >= a (about k of them)
                 count, _ = compact_values(src, gid_row, n_cand, vocab, a, list_row, list_cap, True, G, CSUB)
                 tl.debug_barrier()
                 if count <= list_cap:
                     thr1, r1, thr2, r2 = _top_k_stages(list_row, list_row, count, count, k, first, t0, max_bits,
-                                                       p, WITH_TOP_P, False, G, SUB, REG)
+                                                       p, WITH_TOP_P, False, G, SUB, REG, JOINT, tm_bits)
                 else:
                     thr1, r1, thr2, r2 = _top_k_stages(src, gid_row, n_cand, vocab, k, first, t0, max_bits, p,
-                                                       WITH_TOP_P, True, G, SUB, REG)
+                                                       WITH_TOP_P, True, G, SUB, REG, JOINT, tm_bits)
         else:
             if WITH_TOP_P:
                 # k >= vocab disables the top-k stage: plain top-p (docs/kernels.md)
                 r1 = tl.full((), 1.0, tl.float32)
-                status, thr2, kept, lo, hi, target = top_p_plan(
-                    src, gid_row, list_row, list_cap, gb, gidx, max_bits, gsamp_ptr + row * n_samples,
-                    n_samples, vocab, total, p, G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST)
+                kept = total
+                if WITH_MIN_P:
+                    # min-p's cutoff is above top-p's exactly when the mass at or above it is below top-p's
+                    # target: then it alone decides the kept set (no top-p search)
+                    m_mp = tl.sum(tl.load(chunk_mp_ptr + row * n_chunks + ch, mask=chm, other=0.0), axis=0)
+                    if m_mp < p.to(tl.float64) * total:
+                        thr2 = tm_bits
+                        kept = m_mp
+                    else:
+                        status, thr2, kept, lo, hi, target = top_p_plan(
+                            src, gid_row, list_row, list_cap, gb, gidx, max_bits, gsamp_ptr + row * n_samples,
+                            n_samples, vocab, total, p, G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST)
+                else:
+                    status, thr2, kept, lo, hi, target = top_p_plan(
+                        src, gid_row, list_row, list_cap, gb, gidx, max_bits, gsamp_ptr + row * n_samples,
+                        n_samples, vocab, total, p, G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST)
                 r2 = reciprocal_f32(kept)
     else:
         thr1 = tl.full((), 0x7F800000, tl.int32)  # +inf: keep nothing (empty or NaN rows)

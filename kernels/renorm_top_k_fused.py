@@ -38,7 +38,8 @@ import triton
 import triton.language as tl
 
 from tpguard.kernels.direct_launch import sm_count as _device_sms
-from tpguard.kernels.renorm_passes import SYNC_WORDS, RenormConfig, load_write_params, reg_cap, row_stats_chunk, write_value
+from tpguard.kernels.renorm_passes import (SYNC_WORDS, RenormConfig, load_write_params, reg_cap, row_stats_chunk,
+                                          store_probs, write_value)
 from tpguard.kernels.renorm_top_k import top_k_select_row, workspace_flags
 
 @triton.jit
@@ -85,8 +86,8 @@ def _top_k_fused_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
         for j in tl.static_range(PER_CTA):
             offs = (cta * PER_CTA + j) * CHUNK + tl.arange(0, CHUNK)
             mask = offs < vocab
-            x = tl.load(probs_ptr + row * vocab + offs, mask=mask, other=0.0)
-            tl.store(out_ptr + row * vocab + offs, write_value(x, thr1, r1, thr2, r2, live, fill), mask=mask)
+            x = tl.load(probs_ptr + row * vocab + offs, mask=mask, other=0.0).to(tl.float32)
+            store_probs(out_ptr + row * vocab + offs, write_value(x, thr1, r1, thr2, r2, live, fill), mask)
         done = tl.atomic_add(sync + 2, 1, sem="relaxed", scope="gpu")
         if done == n_ctas - 1:  # every CTA of the row is past its wait
             tl.atomic_xchg(sync + 1, 0, sem="relaxed", scope="gpu")

@@ -467,6 +467,10 @@ def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[Renor
     shapes and config, reused across calls (renorm_plan.py); None: a fresh one. `out`: a contiguous
     float32 tensor of probs' shape to write (renorm_plan's row split: a row slice of the whole output)."""
     cfg = config or DEFAULT_CONFIG
+    if cfg.top_p_presample:  # the one-read variant (renorm_top_p_presample.py)
+        from tpguard.kernels.renorm_top_p_presample import top_p_renorm_presample
+
+        return top_p_renorm_presample(probs, top_p, cfg, fingerprint_out, workspace, out)
     rows, vocab = probs.shape
     out = torch.empty_like(probs) if out is None else out
     if rows == 0:

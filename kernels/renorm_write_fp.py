@@ -2,7 +2,8 @@
 
 `_renorm_write_fp_kernel` is `renorm_passes._renorm_write_kernel` (same grid (rows, chunks), same
 CHUNK, same math: ``out = where(keep, (x * r1) * r2, 0)``, NaN rows, params ``[rows, 4]`` =
-thr1, r1, thr2, r2 and flag) plus, over the fp32 words it stores, the row-hash lane sums of the
+thr1, r1, thr2, r2 and flag) plus, over the words it stores (an fp32 entry, or a float16 / bfloat16
+entry zero-extended: the output is in the input's dtype), the row-hash lane sums of the
 fingerprint definition (`tpguard.fingerprint`, tpguard.fp/2: h_j and h_j ** 2 at word position
 j = column, summed into uint64 L1, L2). Each (row, chunk) program stores its two sums into partials ``[chunks, rows, 2]``
 (the layout of `tpguard.kernels.fingerprint`), which `_finalize_kernel` of that module turns into
@@ -31,8 +32,11 @@ from tpguard.kernels.renorm_passes import (
     launch_write,
     load_write_params,
     pdl_args,
+    to_out_dtype,
     write_value,
 )
+
+OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 ref = fpk.ref
 TAIL_BLOCK = 1024  # columns per step of a row's last, partial chunk
@@ -53,18 +57,24 @@ def _write_block_lanes(probs_ptr, out_ptr, row, offs, vocab, thr1, r1, thr2, r2,
     crosses the row's end (full blocks skip every mask)."""
     if MASKED:
         mask = offs < vocab
-        x = tl.load(probs_ptr + row * vocab + offs, mask=mask, other=0.0)
+        x = tl.load(probs_ptr + row * vocab + offs, mask=mask, other=0.0).to(tl.float32)
     else:
-        x = tl.load(probs_ptr + row * vocab + offs)
-    out = write_value(x, thr1, r1, thr2, r2, live, fill)
+        x = tl.load(probs_ptr + row * vocab + offs).to(tl.float32)
+    # the output in its own dtype (fp16 / bf16 rounded here, to nearest even): the stored bits are the hashed bits
+    out = to_out_dtype(write_value(x, thr1, r1, thr2, r2, live, fill), out_ptr)
     if MASKED:
         tl.store(out_ptr + row * vocab + offs, out, mask=mask)
     else:
         tl.store(out_ptr + row * vocab + offs, out)
+    # the fingerprint's words (tpguard.fingerprint): one per element, a 2-byte element zero-extended
+    if out_ptr.dtype.element_ty.primitive_bitwidth == 16:
+        word = out.to(tl.uint16, bitcast=True).to(tl.uint32)
+    else:
+        word = out.to(tl.uint32, bitcast=True)
     # word position = column; P = pos ^ (pos >> 16), the shift as IMAD.HI (FMA pipe, not ALU)
     pos = offs.to(tl.uint32) * fpk._C2 + s_lo
     pmix = pos ^ fpk._shr(pos, 16, POS_MULHI)
-    h, g = fpk._word_hashes(out.to(tl.uint32, bitcast=True), pmix, SHIFTS)
+    h, g = fpk._word_hashes(word, pmix, SHIFTS)
     if MASKED:  # columns past the row's end count nothing
         h = tl.where(mask, h, 0)
         g = tl.where(mask, g, 0)
@@ -109,13 +119,14 @@ def launch_write_fp(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg, *,
     """`launch_write` (same arguments, same `out` bit for bit) that also writes
     ``fingerprint(out)`` (int64 bits) into the 1-element int64 tensor `fp_out` and, if given,
     ``fingerprint_rows(out)`` into the int64 [rows] tensor `rows_out`. `out` must be the
-    contiguous float32 [rows, vocab] tensor the caller receives: its dtype and shape are hashed.
+    contiguous float32, float16 or bfloat16 [rows, vocab] tensor the caller receives: its dtype and
+    shape are hashed (a 2-byte element as one zero-extended word, as `tpguard.fingerprint` defines).
     2 launches (3 above `fingerprint.KernelConfig.finalize_rows` rows), no host sync, graph
     capturable (scratch from torch.empty). `dependent`: a later launch of a renorm call (write_pass; PDL as
     `launch_write`'s). Returns `fp_out`."""
-    if out.dim() != 2 or not out.is_contiguous() or out.dtype != torch.float32:
-        raise ValueError("launch_write_fp: out must be a contiguous float32 [rows, vocab] tensor, "
-                         f"got {out.dtype} {tuple(out.shape)}")
+    if out.dim() != 2 or not out.is_contiguous() or out.dtype not in OUT_DTYPES:
+        raise ValueError("launch_write_fp: out must be a contiguous float32, float16 or bfloat16 [rows, vocab] "
+                         f"tensor, got {out.dtype} {tuple(out.shape)}")
     rows, vocab = s.rows, s.vocab
     if tuple(out.shape) != (rows, vocab):
         raise ValueError(f"launch_write_fp: out is {tuple(out.shape)}, shapes say {(rows, vocab)}")

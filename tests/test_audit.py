@@ -58,3 +58,20 @@ def test_main_bad_device_is_one_line(capsys):
     assert main(n_calls=2, device="cuda") == 2
     err = capsys.readouterr().err
     assert err.startswith("tpguard audit:") and err.count("\n") == 1
+
+
+@pytest.mark.skipif(not INTERPRETER, reason="TRITON_INTERPRET=0 in the environment: tpguard's kernels cannot run on CPU")
+def test_16_bit_probabilities():
+    """bfloat16 input: tpguard's kernels and the reference deterministic (ulps of bfloat16), the emulated atomics
+    not; a bad dtype is one line."""
+    import torch
+
+    from tpguard.audit import ulp_distance
+
+    rows = by_key(run_audit(n_calls=3, device="cpu", rows=2, vocab=1024, kernels=["tpguard", "torch"], ops=["top_p"],
+                            dtype="bf16"))
+    assert rows[("tpguard", "top_p")].deterministic is True and rows[("torch", "top_p")].deterministic is True
+    a = torch.tensor([[1.0, 0.5]], dtype=torch.bfloat16)
+    b = torch.tensor([[1.0, 0.5]], dtype=torch.bfloat16).view(torch.int16).add(3).view(torch.bfloat16)
+    assert int(ulp_distance(a, b)[0]) == 3
+    assert main(n_calls=2, device="cpu", dtype="fp64") == 2

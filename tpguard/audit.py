@@ -5,7 +5,8 @@ without ``is_deterministic``, sgl_kernel's when present, the torch reference and
 emulated-atomic backend) on identical inputs and prints, per kernel:
 
 * **repeat**: ``n_calls`` calls on the same bytes; how many calls differ from the first one,
-  how many rows ever differ, and the largest difference in ulps (float32 bit patterns).
+  how many rows ever differ, and the largest difference in ulps (bit patterns of the output's
+  dtype: ``dtype`` picks float32, float16 or bfloat16 probabilities).
 * **batch**: the same rows placed in other batches (alone, reversed, among other rows at other
   positions); how many rows come out different from the first batch's, and the max ulp.
 
@@ -45,20 +46,26 @@ class AuditRow:
         return self.calls_differing == 0 and (self.batch_rows_differing or 0) == 0
 
 
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Per-row max distance between float32 bit patterns (NaN == NaN when the bits agree)."""
-    ai = a.contiguous().view(torch.int32).long()
-    bi = b.contiguous().view(torch.int32).long()
+    """Per-row max distance between the bit patterns of two outputs of one dtype (float32, or the
+    16-bit ones: ulps of that dtype; NaN == NaN when the bits agree)."""
+    wide = a.element_size() == 4
+    ai = a.contiguous().view(torch.int32 if wide else torch.int16).long()
+    bi = b.contiguous().view(torch.int32 if wide else torch.int16).long()
     # map to a monotone integer line so -0.0/+0.0 and signs are handled
-    ai = torch.where(ai < 0, -(ai & 0x7FFFFFFF), ai)
-    bi = torch.where(bi < 0, -(bi & 0x7FFFFFFF), bi)
+    magnitude = 0x7FFFFFFF if wide else 0x7FFF
+    ai = torch.where(ai < 0, -(ai & magnitude), ai)
+    bi = torch.where(bi < 0, -(bi & magnitude), bi)
     return (ai - bi).abs().max(dim=1).values
 
 
-def make_probs(rows: int, vocab: int, device, seed: int, scale: float = 1.0) -> torch.Tensor:
+def make_probs(rows: int, vocab: int, device, seed: int, scale: float = 1.0, dtype=torch.float32) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     z = torch.randn(rows, vocab, generator=g, dtype=torch.float64) * scale
-    return torch.softmax(z, dim=-1).float().to(device)
+    return torch.softmax(z, dim=-1).to(dtype).to(device)
 
 
 # --- the kernels we can find -------------------------------------------------------------------
@@ -196,8 +203,11 @@ def _batch_invariance(fn, x, others, k, p, m):
 
 def run_audit(n_calls: int = 20, device: str = "auto", rows: Optional[int] = None, vocab: Optional[int] = None,
               top_k: int = 40, top_p: float = 0.9, min_p: float = 0.1, kernels: Optional[list[str]] = None,
-              ops: Optional[list[str]] = None, seed: int = 0) -> list[AuditRow]:
-    """Audit every kernel found on ``device`` ("auto", "cpu", "cuda"); see the module doc."""
+              ops: Optional[list[str]] = None, seed: int = 0, dtype: str = "fp32") -> list[AuditRow]:
+    """Audit every kernel found on ``device`` ("auto", "cpu", "cuda") on probabilities of ``dtype``
+    (fp32, fp16, bf16); see the module doc."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
@@ -208,8 +218,8 @@ def run_audit(n_calls: int = 20, device: str = "auto", rows: Optional[int] = Non
     vocab = vocab or (128256 if on_gpu else 4096)
     if n_calls < 2:
         raise ValueError(f"n_calls must be >= 2, got {n_calls}")
-    x = make_probs(rows, vocab, dev, seed)
-    others = make_probs(6, vocab, dev, seed + 1, scale=4.0)
+    x = make_probs(rows, vocab, dev, seed, dtype=DTYPES[dtype])
+    others = make_probs(6, vocab, dev, seed + 1, scale=4.0, dtype=DTYPES[dtype])
     result = []
     for name, table in find_kernels(dev, kernels).items():
         for op in ops or ("top_p", "top_k", "top_k_top_p", "min_p"):
@@ -275,4 +285,5 @@ if __name__ == "__main__":
     ap.add_argument("--device", default="auto")
     ap.add_argument("--rows", type=int, default=None)
     ap.add_argument("--vocab", type=int, default=None)
+    ap.add_argument("--dtype", default="fp32", help="probabilities' dtype: fp32, fp16 or bf16")
     sys.exit(main(**vars(ap.parse_args())))

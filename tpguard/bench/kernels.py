@@ -14,6 +14,14 @@ Usage: python -m tpguard.bench.kernels [--rows 256] [--vocabs 128256,163840] [--
        [--iters 50] [--repeats 200] [--top-p 0.9] [--top-k 40] [--min-p 0.1]
        [--batch-sizes 1,8,64] [--top-ks 40,256,1024] [--impls tpguard,flashinfer,flashinfer-det,torch]
        [--ops top_p,top_k,top_k_top_p,min_p] [--graphs] [--json PATH] [--quick]
+
+``--grid`` prints the issue's grid instead, side by side in one process: rows {1, 8, 64, 256, 1024} x
+vocab {32000, 128256, 163840, 262144} x logits {flat, peaky} x dtype {float32, bfloat16} (``--grid-rows``,
+``--vocabs``, ``--logits``, ``--dtypes`` narrow it), for top-p, top-k and top-k + top-p, tpguard vs
+flashinfer's default: us per call over ``--iters`` back-to-back calls (the median of 3 such
+batches: device time unless the host is slower), the ratio, and the calls of ``--repeats`` that
+differ from the first; then logits -> target probs: tpguard's fused kernel (kernels/target_probs.py)
+vs softmax + tpguard's top-k + top-p renorms vs softmax + flashinfer's (SGLang's default path).
 Without CUDA it prints a note and exits 0 (the Triton interpreter is far too slow to time).
 """
 
@@ -27,7 +35,8 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from tpguard.bench.args import BenchParser
-from tpguard.bench.timing import time_events, time_graph
+from tpguard.bench.timing import time_batched, time_events, time_graph
+from tpguard.kernels.reference import bits
 
 OPS = ("top_p", "top_k", "top_k_top_p", "min_p")
 IMPLS = ("tpguard", "flashinfer", "flashinfer-det", "torch")
@@ -61,11 +70,16 @@ class Cell:
     extra: dict = field(default_factory=dict)
 
 
-def make_probs(rows: int, vocab: int, logits: str, device, seed: int = 0) -> torch.Tensor:
+def make_logits(rows: int, vocab: int, logits: str, device, seed: int = 0) -> torch.Tensor:
+    """float64 logits: N(0, 1) (flat) or N(0, 1) * 5 (peaky), seeded."""
     scale = {"flat": 1.0, "peaky": 5.0}[logits]
     g = torch.Generator(device=device).manual_seed(seed)
-    z = torch.randn(rows, vocab, generator=g, device=device, dtype=torch.float32).double() * scale
-    return torch.softmax(z, dim=-1).float().contiguous()
+    return torch.randn(rows, vocab, generator=g, device=device, dtype=torch.float32).double() * scale
+
+
+def make_probs(rows: int, vocab: int, logits: str, device, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
+    z = make_logits(rows, vocab, logits, device, seed)
+    return torch.softmax(z, dim=-1).to(dtype).contiguous()
 
 
 def graph_or_none(fn: Callable[[], object], iters: int) -> Optional[float]:
@@ -79,7 +93,7 @@ def repeat_differences(fn: Callable[[], torch.Tensor], calls: int) -> tuple[int,
     rows_diff = torch.zeros(first.shape[0], dtype=torch.bool, device=first.device)
     for _ in range(calls - 1):
         out = fn()
-        differs = (out.view(torch.int32) != first.view(torch.int32)).any(dim=1)
+        differs = (bits(out) != bits(first)).any(dim=1)
         rows_diff |= differs
         calls_diff += int(differs.any())
     return calls_diff, int(rows_diff.sum())
@@ -257,6 +271,126 @@ def run(rows=256, vocabs=(128256, 163840), logits=("flat", "peaky"), iters=50, r
     return cells
 
 
+GRID_ROWS = (1, 8, 64, 256, 1024)
+GRID_VOCABS = (32000, 128256, 163840, 262144)
+GRID_DTYPES = ("fp32", "bf16")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+GRID_OPS = ("top_p", "top_k", "top_k_top_p")
+TOP_P_TARGET_US = 200  # top-p, 256 x 163840 flat float32
+
+
+def _batched_us(fn: Callable[[], object], iters: int) -> Optional[float]:
+    try:
+        return time_batched(fn, iters, rounds=3, warmup=2)
+    except Exception as e:  # noqa: BLE001 - one failing cell must not end the grid
+        print(f"  (error: {type(e).__name__}: {str(e).splitlines()[0][:100]})")
+        torch.cuda.synchronize()
+        return None
+
+
+def _differing(fn: Callable[[], torch.Tensor], repeats: int) -> Optional[int]:
+    if repeats < 2:
+        return None
+    try:
+        return repeat_differences(fn, repeats)[0]
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _ratio(ours: Optional[float], theirs: Optional[float]) -> str:
+    if ours is None or theirs is None:
+        return "-"
+    return f"{theirs / ours:.2f}x" + ("" if ours < theirs else " SLOWER")
+
+
+def grid(grid_rows=GRID_ROWS, vocabs=GRID_VOCABS, logits=("flat", "peaky"), dtypes=GRID_DTYPES, iters=50,
+         repeats=10, top_p=0.9, top_k=40, temperature=0.8, fused=True, json_path=None, seed=0,
+         device="cuda") -> list[dict]:
+    """The issue's grid, tpguard vs flashinfer's default side by side (module doc); returns the rows."""
+    from tpguard.kernels import renorm as tk
+    from tpguard.kernels.target_probs import target_probs
+
+    fs = flashinfer_sampling()
+    print(f"# tpguard bench kernels --grid: {torch.cuda.get_device_name(device)}, torch {torch.__version__}, "
+          f"flashinfer {getattr(sys.modules.get('flashinfer'), '__version__', 'not installed')}")
+    print(f"# top_p={top_p} top_k={top_k}; us per call: median of 3 batches of {iters} back-to-back calls; "
+          f"'differ': calls of {repeats} whose bits differ from the first call's")
+    ours = {"top_p": lambda x: tk.top_p_renorm(x, top_p, validate=False),
+            "top_k": lambda x: tk.top_k_renorm(x, top_k, validate=False),
+            "top_k_top_p": lambda x: tk.top_k_top_p_renorm(x, top_k, top_p, validate=False)}
+    theirs = {} if fs is None else {
+        "top_p": lambda x: fs.top_p_renorm_probs(x, top_p),
+        "top_k": lambda x: fs.top_k_renorm_probs(x, top_k),
+        "top_k_top_p": lambda x: fs.top_p_renorm_probs(fs.top_k_renorm_probs(x, top_k), top_p)}
+    results, fused_rows = [], []
+    for dname in dtypes:
+        dtype = DTYPES[dname]
+        print(f"\n### renorms, {dname} probabilities (tpguard | flashinfer default | flashinfer / tpguard)\n")
+        head = ["rows", "vocab", "logits"] + [f"{op} {c}" for op in GRID_OPS for c in ("tpguard", "flashinfer", "ratio")]
+        head += ["differ (tpguard / flashinfer)"]
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for vocab in vocabs:
+            for rows in grid_rows:
+                for kind in logits:
+                    x = make_probs(rows, vocab, kind, device, seed, dtype)
+                    row = {"dtype": dname, "rows": rows, "vocab": vocab, "logits": kind}
+                    cells, diffs = [], []
+                    for op in GRID_OPS:
+                        a = _batched_us(lambda: ours[op](x), iters)
+                        b = _batched_us(lambda: theirs[op](x), iters) if op in theirs else None
+                        row[f"{op}_tpguard_us"], row[f"{op}_flashinfer_us"] = a, b
+                        cells += [fmt(a, ".0f"), fmt(b, ".0f"), _ratio(a, b)]
+                        da = _differing(lambda: ours[op](x), repeats)
+                        db = _differing(lambda: theirs[op](x), repeats) if op in theirs else None
+                        row[f"{op}_differ"] = (da, db)
+                        diffs.append(f"{fmt(da, 'd')}/{fmt(db, 'd')}")
+                    print("| " + " | ".join([str(rows), str(vocab), kind] + cells + [" ".join(diffs)]) + " |",
+                          flush=True)
+                    results.append(row)
+                    if fused:
+                        fused_rows.append(_fused_cell(make_logits(rows, vocab, kind, device, seed).to(dtype), dname,
+                                                      kind, temperature, top_k, top_p, iters, fs, target_probs, tk))
+                    del x
+    if fused_rows:
+        print("\n### logits -> target probs (temperature, softmax, top-k, top-p): tpguard fused | softmax + tpguard "
+              "renorms | softmax + flashinfer renorms (SGLang's default)\n")
+        print("| dtype | rows | vocab | logits | fused us | softmax + tpguard us | softmax + flashinfer us | "
+              "vs tpguard | vs flashinfer |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for f in fused_rows:
+            print(f"| {f['dtype']} | {f['rows']} | {f['vocab']} | {f['logits']} | {fmt(f['fused_us'], '.0f')} | "
+                  f"{fmt(f['tpguard_us'], '.0f')} | {fmt(f['flashinfer_us'], '.0f')} | "
+                  f"{_ratio(f['fused_us'], f['tpguard_us'])} | {_ratio(f['fused_us'], f['flashinfer_us'])} |")
+    slower = [r for r in results for op in GRID_OPS
+              if r.get(f"{op}_tpguard_us") is not None and r.get(f"{op}_flashinfer_us") is not None
+              and r[f"{op}_tpguard_us"] >= r[f"{op}_flashinfer_us"]]
+    print(f"\ncells where tpguard is not faster than flashinfer's default: {len(slower)}")
+    target = [r for r in results if r["rows"] == 256 and r["vocab"] == 163840 and r["logits"] == "flat"
+              and r["dtype"] == "fp32" and r.get("top_p_tpguard_us") is not None]
+    if target:
+        print(f"top-p 256 x 163840 flat fp32: {target[0]['top_p_tpguard_us']:.0f} us (target <= {TOP_P_TARGET_US})")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"renorms": results, "target_probs": fused_rows}, f, indent=1)
+    return results + fused_rows
+
+
+def _fused_cell(logits, dname, kind, temperature, top_k, top_p, iters, fs, target_probs, tk) -> dict:
+    rows, vocab = logits.shape
+    t = torch.full((rows,), temperature, device=logits.device)
+
+    def softmax():
+        return torch.softmax(logits.float() / t[:, None], dim=-1)
+
+    cell = {"dtype": dname, "rows": rows, "vocab": vocab, "logits": kind}
+    cell["fused_us"] = _batched_us(lambda: target_probs(logits, t, top_k, top_p, validate=False), iters)
+    cell["tpguard_us"] = _batched_us(lambda: tk.top_k_top_p_renorm(softmax(), top_k, top_p, validate=False), iters)
+    cell["flashinfer_us"] = None if fs is None else _batched_us(
+        lambda: fs.top_p_renorm_probs(fs.top_k_renorm_probs(softmax(), top_k), top_p), iters)
+    return cell
+
+
 def _csv(text: str, cast=str) -> tuple:
     return tuple(cast(t) for t in text.split(",") if t.strip())
 
@@ -280,9 +414,24 @@ def parse_args(argv: Sequence[str]) -> dict:
     p.add_argument("--quick", action="store_true", help="fewer iterations and repeats")
     p.add_argument("--host-profile", action="store_true",
                    help="only: host time of eager tpguard calls at 1 row and a cProfile of them (where eager time goes)")
-    a = vars(p.parse_args(list(argv)))
+    p.add_argument("--grid", action="store_true",
+                   help="only: the issue's grid (rows x vocab x logits x dtype), tpguard vs flashinfer, and the fused "
+                        "logits -> target probs kernel vs softmax + renorms")
+    p.add_argument("--grid-rows", type=lambda s: _csv(s, int), default=GRID_ROWS)
+    p.add_argument("--dtypes", type=_csv, default=GRID_DTYPES)
+    p.add_argument("--no-fused", action="store_true", help="--grid without the logits -> target probs table")
+    argv = list(argv)
+    a = vars(p.parse_args(argv))
     if a.pop("quick"):
         a["iters"], a["repeats"] = 10, 20
+    if a.pop("grid"):
+        given = {arg.split("=")[0] for arg in argv}
+        return {"grid": True, "grid_rows": a["grid_rows"], "dtypes": a["dtypes"], "logits": a["logits"],
+                "vocabs": a["vocabs"] if "--vocabs" in given else GRID_VOCABS,
+                "iters": a["iters"], "repeats": a["repeats"] if "--repeats" in given else 10,
+                "top_p": a["top_p"], "top_k": a["top_k"], "fused": not a["no_fused"], "json_path": a["json_path"]}
+    for key in ("grid_rows", "dtypes", "no_fused"):
+        a.pop(key)
     return a
 
 
@@ -301,6 +450,13 @@ def main(argv: Optional[Sequence[str]] = None, **kwargs) -> int:
         return 2
     if opts.pop("host_profile", False):
         host_profile(opts.get("vocabs", (163840,))[-1], opts.get("iters", 50))
+        return 0
+    if opts.pop("grid", False):
+        bad = [d for d in opts.get("dtypes", ()) if d not in DTYPES]
+        if bad:
+            print(f"tpguard bench kernels: unknown dtype {bad[0]!r} (known: {', '.join(DTYPES)})", file=sys.stderr)
+            return 2
+        grid(**opts)
         return 0
     run(**opts)
     return 0

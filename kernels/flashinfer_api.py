@@ -1,0 +1,154 @@
+"""A drop-in for flashinfer.sampling's renorm functions on tpguard's deterministic kernels.
+
+Same names, signatures and parameter errors as flashinfer 0.7.2.post1 (flashinfer/sampling.py and
+csrc/renorm.cu, csrc/sampling_utils.h), so code written for ``flashinfer.sampling`` runs unchanged
+with this module in its place (``import tpguard.kernels.flashinfer_api as sampling``)::
+
+    top_p_renorm_probs(probs, top_p, is_deterministic=False)      top_p_renorm_prob (alias)
+    top_k_renorm_probs(probs, top_k, is_deterministic=False)      top_k_renorm_prob (alias)
+    top_k_mask_logits(logits, top_k)
+
+* A parameter is a Python number (every row) or a tensor of shape ``(batch_size,)``, one value per
+  row, of any numeric dtype (flashinfer converts: ``top_p`` with ``.float()``, ``top_k`` with
+  ``.int()``). A 0-d tensor, a tensor of more than one dimension or of another length raises
+  flashinfer's ``ValueError`` (`check_tensor_param`, messages word for word).
+* Values are not checked (flashinfer checks none, and a check of a tensor would cost a host
+  sync): ``top_k`` is clamped to ``[1, vocab]`` (``>= vocab`` keeps every entry), ``top_p <= 0``
+  keeps the largest value, ``top_p >= 1`` every positive entry.
+* Output in the input's dtype: float32, float16, bfloat16. flashinfer 0.7.2.post1's
+  ``top_k_renorm_probs`` and ``top_k_mask_logits`` do the same; its ``top_p_renorm_probs`` casts a
+  16-bit input to float32 first and returns float32: here top-p keeps the input's dtype too (the
+  kernels work in float32 and round the output once). Another floating dtype (float64) is cast to
+  float32 by top-p, as flashinfer does, and refused by top-k (flashinfer asserts).
+* ``is_deterministic`` is accepted and changes nothing: every call is deterministic and
+  batch-invariant (docs/kernels.md).
+* Tie rule: every entry equal to the cutoff is kept (`tpguard.kernels.renorm.TIE_RULE`), what
+  flashinfer's CUDA kernels do.
+* Not flashinfer's: CPU tensors work (the torch reference, or Triton under
+  ``TRITON_INTERPRET=1``), and the renorms take ``fingerprint_out=`` (docs/kernels.md), which the
+  SGLang plugin uses.
+
+``top_k_mask_logits`` keeps the logits >= the k-th largest of their row (ties kept; ``-inf``
+entries count as values) and sets the others to ``-inf``; a row holding a NaN comes back as NaN.
+It is computed with torch (a sort per row: deterministic, batch-invariant); no Triton kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+
+from tpguard.kernels import renorm
+from tpguard.kernels.direct_launch import interpreting
+
+TopP = Union[torch.Tensor, float]
+TopK = Union[torch.Tensor, int]
+
+
+def check_tensor_param(param, reference: torch.Tensor) -> None:
+    """flashinfer's `check_tensor_param` (csrc/sampling_utils.h): a tensor parameter must be 1-D
+    with one value per row of `reference`; the same ValueError messages."""
+    if not isinstance(param, torch.Tensor):
+        return
+    if param.dim() == 0:
+        raise ValueError("Expected a 1D tensor of shape (batch_size,) or scalar for the sampling parameter, "
+                         "but got a 0-dimensional tensor.")
+    if param.dim() > 1:
+        raise ValueError(f"Expected a 1D tensor or scalar for the sampling parameter, but got a {param.dim()}D tensor.")
+    if param.shape[0] != reference.shape[0]:
+        raise ValueError(f"Sampling parameter tensor batch size mismatch: expected length {reference.shape[0]} "
+                         f"to match the reference tensor batch size, but got length {param.shape[0]}.")
+
+
+def _check_input(t, name: str) -> None:
+    """flashinfer's CHECK_DIM(2, ...) as one clear ValueError (a CUDA tensor is not required here)."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be a 2D tensor (batch_size, vocab_size), got shape {tuple(t.shape)}")
+    if t.shape[1] == 0:
+        raise ValueError(f"{name} has an empty vocabulary (shape {tuple(t.shape)})")
+
+
+def _check_dtype(t: torch.Tensor, name: str) -> None:
+    if t.dtype not in renorm.DTYPES:
+        raise ValueError(f"Unsupported dtype {t.dtype} of {name}, expected float32, float16, or bfloat16")
+
+
+def _scalar(value, integer: bool, name: str):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number or a tensor of shape (batch_size,), got {type(value).__name__}")
+    return int(value) if integer else float(value)
+
+
+def backend_for(t: torch.Tensor) -> str:
+    """Triton on CUDA tensors and, under the Triton interpreter, on CPU ones; else the torch reference."""
+    return "triton" if (t.is_cuda or interpreting()) and renorm.triton_available() else "torch"
+
+
+def renorm_probs(kind: str, probs: torch.Tensor, param, *, backend: str | None = None,
+                 fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
+    """top_k_renorm_probs (kind "top_k") or top_p_renorm_probs ("top_p") with flashinfer's checks and
+    conversions, on `backend` (None: `backend_for(probs)`; "torch": the reference, "triton")."""
+    if kind not in ("top_k", "top_p"):
+        raise ValueError(f"kind must be top_k or top_p, got {kind!r}")
+    _check_input(probs, "probs")
+    if kind == "top_k":
+        _check_dtype(probs, "probs")
+    elif probs.dtype not in renorm.DTYPES:
+        if not probs.dtype.is_floating_point:
+            raise ValueError(f"probs must hold floats, got {probs.dtype}")
+        probs = probs.float()  # flashinfer's top-p casts every input to float32
+    check_tensor_param(param, probs)
+    if isinstance(param, torch.Tensor):
+        param = param.int() if kind == "top_k" else param.float()
+    else:
+        param = _scalar(param, kind == "top_k", "top_k" if kind == "top_k" else "top_p")
+    if kind == "top_k":
+        return renorm.run_op("top_k", probs, top_k=param, backend=backend or backend_for(probs),
+                             fingerprint_out=fingerprint_out)
+    return renorm.run_op("top_p", probs, top_p=param, backend=backend or backend_for(probs),
+                         fingerprint_out=fingerprint_out)
+
+
+def top_p_renorm_probs(probs: torch.Tensor, top_p: TopP, is_deterministic: bool = False, *,
+                       fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
+    """flashinfer.sampling.top_p_renorm_probs: keep the smallest top set of each row whose mass
+    reaches ``top_p`` times the row's mass (ties at the cutoff kept), renormalised; deterministic."""
+    return renorm_probs("top_p", probs, top_p, fingerprint_out=fingerprint_out)
+
+
+def top_k_renorm_probs(probs: torch.Tensor, top_k: TopK, is_deterministic: bool = False, *,
+                       fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
+    """flashinfer.sampling.top_k_renorm_probs: keep the entries >= the k-th largest of each row (ties
+    kept), renormalised; output in the input's dtype; deterministic."""
+    return renorm_probs("top_k", probs, top_k, fingerprint_out=fingerprint_out)
+
+
+top_p_renorm_prob = top_p_renorm_probs
+top_k_renorm_prob = top_k_renorm_probs
+
+
+def top_k_mask_logits(logits: torch.Tensor, top_k: TopK) -> torch.Tensor:
+    """flashinfer.sampling.top_k_mask_logits: the logits >= the k-th largest of each row (ties kept),
+    the others ``-inf``; ``top_k >= vocab`` keeps the row; output in the input's dtype."""
+    _check_input(logits, "logits")
+    _check_dtype(logits, "logits")
+    check_tensor_param(top_k, logits)
+    rows, vocab = logits.shape
+    if isinstance(top_k, torch.Tensor):
+        k = top_k.int().to(device=logits.device, dtype=torch.int64)
+    else:
+        k = torch.full((rows,), _scalar(top_k, True, "top_k"), dtype=torch.int64, device=logits.device)
+    k = k.clamp(1, vocab)
+    x = logits.float()
+    nan_row = torch.isnan(x).any(dim=1, keepdim=True)
+    max_k = int(k.max()) if rows else 1  # (one host read: the sort's width)
+    pivot = torch.topk(torch.nan_to_num(x, nan=0.0), max_k, dim=1).values.gather(1, (k - 1)[:, None])
+    out = torch.where(x >= pivot, logits, torch.full((), float("-inf"), dtype=logits.dtype, device=logits.device))
+    return torch.where(nan_row, torch.full((), float("nan"), dtype=logits.dtype, device=logits.device), out)
+
+
+__all__ = ["backend_for", "check_tensor_param", "renorm_probs", "top_k_mask_logits", "top_k_renorm_prob",
+           "top_k_renorm_probs", "top_p_renorm_prob", "top_p_renorm_probs"]

@@ -1,0 +1,275 @@
+"""Deterministic, batch-invariant ``logits -> target_probs`` (Triton): temperature, softmax, top-k,
+top-p and min-p in one pass family. Reference: kernels/reference.py (``target_probs_reference``);
+semantics and measurements: docs/kernels.md ("From logits").
+
+What it replaces: sglang's verify steps (DFlash's ``build_speculative_verify_target_probs``, EAGLE's
+sampling verify, the harness's target probs) compute ``softmax(logits / T)`` and then a top-k and a
+top-p renorm: 3-5 launches, each a full read and write of a [rows, vocab] float32 tensor. Here:
+
+1. ``_logit_max_kernel`` (rows x chunks, one read of the logits): each chunk's max and non-finite
+   count.
+2. ``_softmax_stats_kernel`` (rows x chunks, one read): the row max M from the chunk maxima, the
+   weights ``w = exp2((x - M) * c)`` with ``c = fp32(log2(e) / T)`` (the unnormalised softmax: the
+   row's largest is exactly 1), written to the output buffer, and the row stats of the renorms
+   (renorm_passes.store_chunk_stats: chunk sums, group maxima, samples), plus, with min-p, each
+   chunk's mass at or above min-p's cutoff ``fp32(max(w) * min_p)``.
+3. the per-row select of top-k + top-p (renorm_top_k.top_k_select_row with JOINT: top-p on the
+   top-k set's own weights, then min-p, one kept set), the bracket passes for rows without top-k
+   whose top-p cutoff lies deep in a flat row, and the write pass over the output buffer in place:
+   ``out = fp32(w * fp32(1 / S))``, S the float64 mass of the kept weights.
+
+So the softmax is never written as probabilities and renormalised again: one renormalisation, of
+the weights, and 3 reads + 2 writes of the batch (4 reads with the bracket passes) where softmax +
+top-k + top-p renorms take ~7-8 reads and 3 writes. Every value a row's output depends on comes from programs
+that see only that row, in a fixed order: deterministic and batch-invariant like the renorms.
+
+``exp2`` is the one operation whose last bit differs between implementations (the GPU's ex2.approx,
+numpy's under the interpreter, torch's in the reference): the kernel's weights are within a few ulp
+of the reference's, and its output is bit for bit the reference's *renorm* of the kernel's own
+weights (`softmax_weights_triton` exposes them; tests compare both ways).
+
+The write pass reads what the stats pass wrote, so these launches never use programmatic dependent
+launch (its write pass would load its input before waiting).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+import triton
+import triton.language as tl
+
+from tpguard.kernels import reference
+from tpguard.kernels.renorm_passes import (
+    DEFAULT_CONFIG,
+    RenormConfig,
+    launch_bracket,
+    reg_cap,
+    shapes_for,
+    store_chunk_stats,
+    workspace_for,
+)
+from tpguard.kernels.renorm_top_k import select_launch_args, top_k_select_row, workspace_flags
+from tpguard.kernels.renorm_write_fp import fill_fingerprint, write_pass
+
+Param = Union[int, float, torch.Tensor]
+LOG2E = 1.4426950408889634
+LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _logit_max_kernel(logits_ptr, vocab, n_chunks, cmax_ptr, cbad_ptr, CHUNK: tl.constexpr):
+    """Pass 1: per chunk the max of the logits (NaN ignored) and the count of NaN / +inf entries."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    offs = chunk * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(logits_ptr + row * vocab + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+    bad = (x != x) | (x == float("inf"))
+    tl.store(cmax_ptr + row * n_chunks + chunk, tl.max(tl.where(x == x, x, float("-inf")), axis=0))
+    tl.store(cbad_ptr + row * n_chunks + chunk, tl.sum(bad.to(tl.int32), axis=0))
+
+
+@triton.jit
+def _softmax_stats_kernel(logits_ptr, w_ptr, vocab, n_chunks, n_groups, n_samples, cmax_ptr, cbad_ptr,
+                          c_ptr, c_val, mp_ptr, mp_val, chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr,
+                          chunk_mp_ptr, HAS_C_ARR: tl.constexpr, HAS_MP_ARR: tl.constexpr,
+                          WITH_MIN_P: tl.constexpr, CHUNK: tl.constexpr, CH_BLOCK: tl.constexpr,
+                          G: tl.constexpr, SG: tl.constexpr, WRITE_SAMPLE: tl.constexpr):
+    """Pass 2: the weights w = exp2((x - M) * c) of one chunk (0 on a NaN row), stored to w_ptr,
+    and their row stats; with min-p the chunk's float64 mass of w >= fp32(max(w) * min_p)."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    ch = tl.arange(0, CH_BLOCK)
+    chm = ch < n_chunks
+    m = tl.max(tl.load(cmax_ptr + row * n_chunks + ch, mask=chm, other=float("-inf")), axis=0)
+    n_bad = tl.sum(tl.load(cbad_ptr + row * n_chunks + ch, mask=chm, other=0), axis=0)
+    bad = (n_bad > 0) | (m == float("-inf"))  # NaN / +inf anywhere, or nothing finite: a NaN row
+    if HAS_C_ARR:
+        c = tl.load(c_ptr + row)
+    else:
+        c = c_val
+    gi = tl.arange(0, CHUNK // G)
+    col = tl.arange(0, G)
+    offs = chunk * CHUNK + gi[:, None] * G + col[None, :]
+    inside = offs < vocab
+    x = tl.load(logits_ptr + row * vocab + offs, mask=inside, other=float("-inf")).to(tl.float32)
+    w = tl.exp2((x - m) * c)
+    w = tl.where(inside & (bad == 0), w, 0.0)
+    tl.store(w_ptr + row * vocab + offs, w, mask=inside)
+    store_chunk_stats(w, bad.to(tl.int32), row, chunk, n_chunks, n_groups, n_samples,
+                      chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, WRITE_SAMPLE)
+    if WITH_MIN_P:
+        if HAS_MP_ARR:
+            mp = tl.load(mp_ptr + row)
+        else:
+            mp = mp_val
+        mp = tl.minimum(tl.maximum(mp, 0.0), 1.0)
+        w_max = tl.exp2((m - m) * c)  # the row max's own weight (the select's max group max): 1
+        t_m = (w_max * mp).to(tl.int32, bitcast=True)
+        above = tl.where(w.to(tl.int32, bitcast=True) >= t_m, w.to(tl.float64), 0.0)
+        tl.store(chunk_mp_ptr + row * n_chunks + chunk, tl.sum(tl.sum(above, axis=1), axis=0))
+
+
+@triton.jit
+def _target_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                          chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                          k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
+                          mp_ptr, mp_val, chunk_mp_ptr,
+                          HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
+                          G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
+                          NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
+                          TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr,
+                          HAS_MP_ARR: tl.constexpr, WITH_MIN_P: tl.constexpr):
+    """Pass 3: top-k, top-p and min-p of one row's weights as one kept set (top_k_select_row, JOINT)."""
+    top_k_select_row(tl.program_id(0).to(tl.int64), probs_ptr, vocab, n_chunks, n_groups, n_samples,
+                     chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
+                     k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
+                     HAS_K_ARR, HAS_P_ARR, WITH_TOP_P, G, SG, CH_BLOCK, NG_BLOCK, NS_BLOCK, SUB, REG,
+                     TAU_GROUPS, CSUB, MASS_FIRST, mp_ptr, mp_val, chunk_mp_ptr, HAS_MP_ARR, WITH_MIN_P, True)
+
+
+def _row_values(value, rows: int, device, dtype):
+    """A scalar stays a Python number; a tensor becomes a contiguous [rows] tensor on `device`."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    t = value.detach().reshape(-1).to(device=device, dtype=dtype)
+    return (t.expand(rows) if t.numel() == 1 else t).contiguous()
+
+
+def temperature_scale(temperature: Param, rows: int, device) -> Union[float, torch.Tensor]:
+    """c = fp32(log2(e) / fp32(T)) as the kernels use it: a float for a scalar T, else a float32
+    [rows] tensor (T as float32, as SGLang holds temperatures; the quotient in float64, rounded once;
+    the reference uses the same values)."""
+    if isinstance(temperature, torch.Tensor):
+        t = temperature.detach().reshape(-1).to(device=device, dtype=torch.float32).double()
+        c = (LOG2E / t).float()
+        return (c.expand(rows) if c.numel() == 1 else c).contiguous()
+    t32 = float(torch.tensor(float(temperature), dtype=torch.float32))
+    return float(torch.tensor(LOG2E / t32, dtype=torch.float32))
+
+
+def _launch_weights(logits, c, min_p, s, ws, cfg, w, chunk_mp, with_sample):
+    rows, vocab = logits.shape
+    cmax = torch.empty(rows * s.n_chunks, dtype=torch.float32, device=logits.device)
+    cbad = torch.empty(rows * s.n_chunks, dtype=torch.int32, device=logits.device)
+    _logit_max_kernel[(rows, s.n_chunks)](logits, vocab, s.n_chunks, cmax, cbad, CHUNK=s.chunk,
+                                          num_warps=cfg.pass_warps)
+    has_c, has_mp = isinstance(c, torch.Tensor), isinstance(min_p, torch.Tensor)
+    _softmax_stats_kernel[(rows, s.n_chunks)](
+        logits, w, vocab, s.n_chunks, s.n_groups, s.n_samples, cmax, cbad,
+        c if has_c else cmax, 0.0 if has_c else c, min_p if has_mp else cmax,
+        0.0 if (has_mp or min_p is None) else float(min_p),
+        ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp, chunk_mp,
+        HAS_C_ARR=has_c, HAS_MP_ARR=has_mp, WITH_MIN_P=min_p is not None, CHUNK=s.chunk, CH_BLOCK=s.ch_block,
+        G=cfg.group, SG=cfg.sample_stride, WRITE_SAMPLE=with_sample, num_warps=cfg.pass_warps,
+    )
+
+
+def target_probs_triton(logits: torch.Tensor, c, top_k=None, top_p=None, min_p=None,
+                        config: Optional[RenormConfig] = None,
+                        fingerprint_out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Triton logits -> target probs (no input checks: see `target_probs`). `c`: the temperature
+    scale (`temperature_scale`); `top_k` an int or an int32 [rows] tensor (None: no top-k), `top_p`
+    and `min_p` floats or float32 [rows] tensors (None: off), all on the logits' device.
+    float32 [rows, vocab] out."""
+    cfg = (config or DEFAULT_CONFIG).replace(pdl=0)  # the write pass reads the stats pass's output
+    rows, vocab = logits.shape
+    out = torch.empty((rows, vocab), dtype=torch.float32, device=logits.device)
+    if rows == 0:
+        if fingerprint_out is not None:
+            fill_fingerprint(out, fingerprint_out)
+        return out
+    k = vocab if top_k is None else top_k
+    p = 1.0 if top_p is None else top_p
+    s = shapes_for(rows, vocab, cfg)
+    # the samples and the bracket passes serve top-p rows without top-k (without top-p, p = 1: none)
+    with_bracket = workspace_flags(vocab, k, top_p)[1]
+    with_sample = with_bracket
+    ws = workspace_for(s, cfg, logits.device, with_sample, with_bracket)
+    chunk_mp = torch.empty(rows * s.n_chunks if min_p is not None else 1, dtype=torch.float64,
+                           device=logits.device)
+    _launch_weights(logits, c, min_p, s, ws, cfg, out, chunk_mp, with_sample)
+    args, blocks = select_launch_args(out, k, p, s, ws, cfg)
+    has_mp = isinstance(min_p, torch.Tensor)
+    _target_select_kernel[(rows,)](
+        *args, min_p if has_mp else chunk_mp, 0.0 if (has_mp or min_p is None) else float(min_p), chunk_mp,
+        **blocks, HAS_MP_ARR=has_mp, WITH_MIN_P=min_p is not None,
+        num_warps=cfg.select_warps, **reg_cap(cfg.select_maxnreg, cfg.select_warps))
+    if with_bracket:
+        launch_bracket(out, s, ws, cfg)
+    write_pass(out, out, s, ws, cfg, fingerprint_out)  # in place: each program reads its chunk, then writes it
+    return out
+
+
+def softmax_weights_triton(logits: torch.Tensor, c, config: Optional[RenormConfig] = None) -> torch.Tensor:
+    """The kernel's weights w = exp2((x - M) * c) alone (passes 1-2; 0 on NaN rows): what the
+    renorm stages of `target_probs_triton` run on (tests compare them with the reference's)."""
+    cfg = config or DEFAULT_CONFIG
+    rows, vocab = logits.shape
+    w = torch.empty((rows, vocab), dtype=torch.float32, device=logits.device)
+    if rows:
+        s = shapes_for(rows, vocab, cfg)
+        ws = workspace_for(s, cfg, logits.device, True, False)
+        _launch_weights(logits, c, None, s, ws, cfg, w, ws.chunk_sum, True)
+    return w
+
+
+# --- public API ----------------------------------------------------------------------------------
+
+def _check(logits, temperature, top_k, top_p, min_p, validate: bool) -> None:
+    from tpguard.kernels.renorm import _check_param, _check_range, _check_top_k, _check_top_p
+
+    if not isinstance(logits, torch.Tensor):
+        raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dtype not in LOGIT_DTYPES:
+        raise ValueError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be 2-D [rows, vocab], got shape {tuple(logits.shape)}")
+    if logits.shape[1] == 0:
+        raise ValueError("logits has an empty vocabulary (shape [rows, 0])")
+    rows = logits.shape[0]
+    _check_param(temperature, rows, "temperature", integer=False)
+    _check_range(temperature, "temperature", validate, 0.0, math.inf, lo_open=True)
+    if top_k is not None:
+        _check_top_k(top_k, rows, validate)
+    if top_p is not None:
+        _check_top_p(top_p, rows, validate)
+    if min_p is not None:
+        _check_param(min_p, rows, "min_p", integer=False)
+        _check_range(min_p, "min_p", validate, 0.0, 1.0, lo_open=False)
+
+
+def target_probs(logits: torch.Tensor, temperature: Param = 1.0, top_k: Optional[Param] = None,
+                 top_p: Optional[Param] = None, min_p: Optional[Param] = None, *, backend: str = "auto",
+                 validate: bool = True, fingerprint_out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """float32 target probabilities of ``logits`` [rows, vocab] (float32, float16 or bfloat16):
+    ``softmax(logits / temperature)`` restricted to the entries that pass top-k (ties at the k-th
+    value kept), top-p measured within the top-k set, and min-p (``>= max * min_p``), renormalised
+    once. Equal to SGLang's softmax -> top_k_renorm -> top_p_renorm (-> min-p) up to rounding and
+    ties at a cutoff (docs/kernels.md). A parameter: a Python number (every row) or a tensor with
+    1 or rows values; None switches its stage off (as do top_k >= vocab, top_p >= 1, min_p <= 0).
+    ``temperature`` must be > 0. `backend`, `validate`, `fingerprint_out`: as the renorms'
+    (kernels/renorm.py). A row holding a NaN or +inf logit, or no finite one, comes back NaN."""
+    from tpguard.kernels.renorm import _check_fingerprint_out, _reference_out, _use_triton
+
+    _check(logits, temperature, top_k, top_p, min_p, validate)
+    _check_fingerprint_out(fingerprint_out, logits)
+    rows = logits.shape[0]
+    if _use_triton(logits, backend):
+        from tpguard.kernels.direct_launch import device_guard
+        from tpguard.kernels.renorm import _device_top_k
+
+        c = temperature_scale(temperature, rows, logits.device)
+        k = _device_top_k(top_k, logits) if top_k is not None else None
+        p = _row_values(top_p, rows, logits.device, torch.float32)
+        mp = _row_values(min_p, rows, logits.device, torch.float32)
+        with device_guard(logits.device):
+            return target_probs_triton(logits.contiguous(), c, k, p, mp, fingerprint_out=fingerprint_out)
+    out = reference.target_probs_reference(logits, temperature_scale(temperature, rows, logits.device),
+                                           top_k, top_p, min_p)
+    return _reference_out(out, fingerprint_out)
+
+
+__all__ = ["LOG2E", "softmax_weights_triton", "target_probs", "target_probs_triton", "temperature_scale"]

@@ -1,0 +1,48 @@
+"""`tpguard bench kernels --grid` (tpguard/bench/kernels.py): its argument handling, and its tables
+built end to end on CPU under the Triton interpreter. Timing needs a GPU, so here the timer is a
+stand-in that runs each call once (the kernels really run) and returns a fixed number, and
+flashinfer's place is taken by the drop-in (kernels/flashinfer_api.py), which has its names."""
+
+from __future__ import annotations
+
+from renorm_setup import DEVICE  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tpguard.bench import kernels as bench  # noqa: E402
+
+
+def test_grid_arguments():
+    a = bench.parse_args(["--grid"])
+    assert a["grid"] and a["grid_rows"] == (1, 8, 64, 256, 1024) and a["vocabs"] == (32000, 128256, 163840, 262144)
+    assert a["dtypes"] == ("fp32", "bf16") and a["logits"] == ("flat", "peaky") and a["repeats"] == 10
+    a = bench.parse_args(["--grid", "--vocabs", "163840", "--dtypes", "fp32", "--grid-rows", "256", "--no-fused"])
+    assert a["vocabs"] == (163840,) and a["dtypes"] == ("fp32",) and a["grid_rows"] == (256,) and not a["fused"]
+    assert "grid" not in bench.parse_args(["--quick"])
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU stand-in of the timer; on a GPU run the bench itself")
+def test_grid_tables_on_cpu(monkeypatch, capsys):
+    from tpguard.kernels import flashinfer_api
+
+    calls = {"n": 0}
+
+    def one_call(fn, iters, rounds=3, warmup=2):
+        fn()
+        calls["n"] += 1
+        return 100.0 + calls["n"]  # tpguard's cell is timed first: "faster" in every cell
+
+    monkeypatch.setattr(bench, "time_batched", one_call)
+    monkeypatch.setattr(bench, "flashinfer_sampling", lambda: flashinfer_api)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "cpu (interpreter)")
+    rows = bench.grid(grid_rows=(2,), vocabs=(300,), logits=("flat",), dtypes=("fp32", "bf16"), iters=1,
+                      repeats=2, device=DEVICE)
+    out = capsys.readouterr().out
+    assert "### renorms, fp32 probabilities" in out and "### renorms, bf16 probabilities" in out
+    assert "| 2 | 300 | flat |" in out and "SLOWER" not in out
+    assert "### logits -> target probs" in out and "| bf16 | 2 | 300 | flat |" in out
+    assert "cells where tpguard is not faster than flashinfer's default: 0" in out
+    renorm_rows = [r for r in rows if "top_p_tpguard_us" in r]
+    assert len(renorm_rows) == 2 and all(r["top_k_differ"] == (0, 0) for r in renorm_rows)
+    assert calls["n"] == 2 * (3 * 2 + 3)  # per dtype: 3 ops x 2 implementations, 3 target-probs paths

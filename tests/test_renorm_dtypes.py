@@ -1,0 +1,194 @@
+"""float16 and bfloat16 probabilities through every renorm (top-k, top-p, top-k + top-p, min-p):
+the Triton kernels against the torch references (kernels/reference.py), the output in the input's
+dtype, the write pass's fingerprint against `tpguard.fingerprint`'s host definition, determinism and
+batch invariance. On CPU under the Triton interpreter: small vocabularies, a few rows, the small
+block shapes (chunk 256) and the default ones (chunk 4096), vocabularies on and around chunk
+boundaries so that full chunks, partial tails and one-chunk rows are all written."""
+
+from __future__ import annotations
+
+from renorm_setup import DEVICE, GPU_ALL, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tpguard import fingerprint as fp_host  # noqa: E402
+from tpguard.kernels import reference as ref  # noqa: E402
+from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm  # noqa: E402
+from tpguard.kernels.renorm_passes import DEFAULT_CONFIG  # noqa: E402
+from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton  # noqa: E402
+from tpguard.kernels.renorm_top_p import top_p_renorm_triton  # noqa: E402
+from tpguard.kernels.renorm_min_p import min_p_renorm_triton  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+CONFIGS = {"default": DEFAULT_CONFIG, "small": SMALL}
+# (op, triton launcher, reference, parameters)
+OPS = {
+    "top_k": (top_k_renorm_triton, ref.top_k_renorm_reference, (40,)),
+    "top_p": (top_p_renorm_triton, ref.top_p_renorm_reference, (0.9,)),
+    "top_k_top_p": (top_k_top_p_renorm_triton, ref.top_k_top_p_renorm_reference, (60, 0.8)),
+    "min_p": (min_p_renorm_triton, ref.min_p_renorm_reference, (0.05,)),
+}
+
+
+@pytest.fixture(autouse=True)
+def _gpu_subset(request):
+    # on a GPU every block shape and dtype is a compile: the default-config cases run there
+    if DEVICE == "cuda" and not GPU_ALL and "small" in request.node.name:
+        pytest.skip("GPU run: default block shapes only (TPGUARD_RENORM_GPU_TESTS=all runs every test)")
+
+
+def make_rows(rows: int, vocab: int, kind: str, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    scale = {"flat": 1.0, "peaky": 5.0}[kind]
+    logits = torch.randn(rows, vocab, generator=g, dtype=torch.float64) * scale
+    return torch.softmax(logits, dim=-1).to(dtype).to(DEVICE)
+
+
+def special_rows(vocab: int, dtype: torch.dtype) -> torch.Tensor:
+    x = make_rows(7, vocab, "flat", 99, torch.float32).cpu()
+    x[0] = 0.0
+    x[0, vocab // 3] = 1.0  # one non-zero entry
+    x[1] = 1.0 / vocab  # every entry tied
+    x[2, : vocab // 2] = 0.0  # half zeros
+    x[3, 1] = float("nan")  # NaN row
+    x[4] = 0.0  # all zeros
+    x[5, ::2] = -x[5, ::2]  # negative entries count as 0
+    x[6, 5] = float("inf")  # infinity: NaN row
+    return x.to(dtype).to(DEVICE)
+
+
+def assert_matches(out: torch.Tensor, expect: torch.Tensor, dtype: torch.dtype) -> None:
+    """The reference's dtype, NaN rows and kept set, and the same bits (a 2-ulp float32 gap of the
+    two implementations' sums would still round to the same 16-bit value almost always: allow 1)."""
+    assert out.dtype == dtype and expect.dtype == dtype and out.shape == expect.shape
+    nan_out, nan_exp = torch.isnan(out), torch.isnan(expect)
+    assert torch.equal(nan_out, nan_exp), "NaN rows differ"
+    o = torch.where(nan_out, 0.0, out.float()).cpu().to(dtype)
+    e = torch.where(nan_exp, 0.0, expect.float()).cpu().to(dtype)
+    diff_keep = (o > 0) != (e > 0)
+    assert not diff_keep.any(), f"kept sets differ in rows {diff_keep.any(1).nonzero().flatten().tolist()}"
+    gap = (ref.bits(o).long() - ref.bits(e).long()).abs().max().item()
+    assert gap <= 1, f"max ulp gap {gap}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("cfg, vocab, rows, kind", [
+    ("small", 256, 3, "flat"),  # exactly one chunk
+    ("small", 257, 2, "peaky"),  # one chunk and a one-entry tail
+    ("small", 1500, 3, "flat"),  # 5 full chunks and a tail: the bracket passes
+    ("small", 1024, 2, "peaky"),  # 4 full chunks, no tail
+    ("default", 100, 3, "flat"),  # a short row: one partial chunk
+    ("default", 4097, 2, "flat"),  # one full 4096 chunk and a one-entry tail
+])
+def test_kernel_matches_reference(dtype, op, cfg, vocab, rows, kind):
+    launch, reference, params = OPS[op]
+    x = make_rows(rows, vocab, kind, seed=vocab + rows, dtype=dtype)
+    out = launch(x, *params, config=CONFIGS[cfg])
+    assert_matches(out, reference(x, *params), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("cfg, vocab", [("small", 300), ("default", 2100)])
+def test_special_rows(dtype, cfg, vocab):
+    x = special_rows(vocab, dtype)
+    c = CONFIGS[cfg]
+    for op, (launch, reference, params) in OPS.items():
+        assert_matches(launch(x, *params, config=c), reference(x, *params), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_per_row_parameters_and_ties(dtype):
+    # bfloat16 has 8 significant bits: ties at the cutoff are everywhere, and every tied entry is kept
+    x = make_rows(6, 700, "flat", seed=3, dtype=dtype)
+    k = torch.tensor([1, 2, 40, 699, 700, 5], dtype=torch.int32, device=DEVICE)
+    p = torch.tensor([1e-6, 0.25, 0.5, 0.9, 1.0, 0.99], device=DEVICE)
+    mp = torch.tensor([0.0, 0.01, 0.1, 0.5, 0.9, 1.0], device=DEVICE)
+    out_k = top_k_renorm_triton(x, k, config=SMALL)
+    assert_matches(out_k, ref.top_k_renorm_reference(x, k), dtype)
+    pivot = torch.sort(x.float(), dim=1, descending=True).values.gather(1, (k.long() - 1)[:, None])
+    assert torch.equal(out_k > 0, (x.float() >= pivot) & (x > 0))
+    assert_matches(top_p_renorm_triton(x, p, config=SMALL), ref.top_p_renorm_reference(x, p), dtype)
+    assert_matches(min_p_renorm_triton(x, mp, config=SMALL), ref.min_p_renorm_reference(x, mp), dtype)
+    assert_matches(top_k_top_p_renorm_triton(x, k, p, config=SMALL), ref.top_k_top_p_renorm_reference(x, k, p),
+                   dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *DTYPES.values()], ids=["fp32", *DTYPES.keys()])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_fingerprint_out_is_the_returned_tensors(dtype, backend):
+    """`fingerprint_out=` receives tpguard.fingerprint(out) of the tensor returned, in its own dtype
+    (a 2-byte entry hashed as one zero-extended word): the write pass hashes the stored bits."""
+    x = make_rows(3, 700, "flat", seed=4, dtype=dtype)
+    for fn, params in ((top_k_renorm, (40,)), (top_p_renorm, (0.9,)), (top_k_top_p_renorm, (60, 0.8)),
+                       (min_p_renorm, (0.05,))):
+        slot = torch.zeros((), dtype=torch.int64, device=DEVICE)
+        out = fn(x, *params, backend=backend, fingerprint_out=slot)
+        assert out.dtype == dtype
+        assert fp_host.to_unsigned(int(slot)) == fp_host.combine_rows_reference(
+            fp_host.fingerprint_rows_reference(out), out.dtype, tuple(out.shape)), fn.__name__
+        # the same output's fingerprint as float32 differs: the dtype is hashed
+        if dtype != torch.float32:
+            assert fp_host.to_unsigned(int(slot)) != fp_host.fingerprint(out.float())
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_repeated_calls_and_batch_invariance(dtype):
+    rows = make_rows(2, 600, "flat", seed=9, dtype=dtype)
+    others = make_rows(3, 600, "peaky", seed=10, dtype=dtype)
+    for op, (launch, _, params) in OPS.items():
+        def run(b):
+            return launch(b, *params, config=SMALL)
+
+        alone = torch.cat([run(rows[i: i + 1]) for i in range(2)])
+        for got in (run(rows), run(rows), run(torch.cat([others[:2], rows, others[2:]]))[2:4]):
+            assert torch.equal(ref.bits(got), ref.bits(alone)), op
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_one_launch_top_k_same_bits_as_three(dtype):
+    # <= fused_rows rows take the one-launch top-k (renorm_top_k_fused.py): the same bits as the three launches
+    x = make_rows(4, 700, "flat", seed=12, dtype=dtype)
+    three = SMALL.replace(fused_rows=0)
+    for params in ((40,), (torch.tensor([3, 700, 40, 1], dtype=torch.int32, device=DEVICE),)):
+        assert torch.equal(ref.bits(top_k_renorm_triton(x, *params, config=SMALL)),
+                           ref.bits(top_k_renorm_triton(x, *params, config=three)))
+    assert torch.equal(ref.bits(top_k_top_p_renorm_triton(x, 40, 0.7, config=SMALL)),
+                       ref.bits(top_k_top_p_renorm_triton(x, 40, 0.7, config=three)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_public_api_keeps_the_dtype(dtype):
+    x = make_rows(3, 500, "peaky", seed=13, dtype=dtype)
+    for fn, params in ((top_k_renorm, (7,)), (top_p_renorm, (0.8,)), (top_k_top_p_renorm, (20, 0.8)),
+                       (min_p_renorm, (0.1,))):
+        a, b = fn(x, *params, backend="triton"), fn(x, *params, backend="torch")
+        assert a.dtype == b.dtype == dtype
+        assert_matches(a, b, dtype)
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        top_p_renorm(x.double(), 0.9)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the benchmark's shapes on the GPU only (CPU covers the paths with SMALL)")
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_gpu_bench_shapes(dtype):
+    """Every op at vocab 163840 with the default block shapes, flat and peaky rows, per-row parameters:
+    the reference's bits, repeat calls and a row alone give the same bits."""
+    vocab = 163840
+    x = torch.cat([make_rows(2, vocab, "flat", 31, dtype), make_rows(2, vocab, "peaky", 32, dtype)])
+    k = torch.tensor([40, vocab, 1, 1024], dtype=torch.int32, device=DEVICE)
+    p = torch.tensor([0.9, 0.9, 0.5, 0.95], device=DEVICE)
+    runs = {op: (lambda b, launch=launch, params=params: launch(b, *params),
+                 lambda b, reference=reference, params=params: reference(b, *params))
+            for op, (launch, reference, params) in OPS.items()}
+    runs["per_row"] = (lambda b: top_k_top_p_renorm_triton(b, k[: b.shape[0]], p[: b.shape[0]]),
+                       lambda b: ref.top_k_top_p_renorm_reference(b, k[: b.shape[0]], p[: b.shape[0]]))
+    for name, (op, expect) in runs.items():
+        out = op(x)
+        assert_matches(out, expect(x), dtype)
+        assert torch.equal(ref.bits(op(x)), ref.bits(out)), name
+        if name != "per_row":
+            assert torch.equal(ref.bits(op(x[2:3])), ref.bits(out[2:3])), name
