@@ -190,7 +190,14 @@ def hook_dflash_sampling_accept(original, *args, **kwargs):
 
 def hook_target_probs(original, *args, **kwargs):
     """build_speculative_verify_target_probs (DFlash; DSpark's and UNO's sampled accepts call it
-    too, inside their own step)."""
+    too, inside their own step). With the renorm routed to tpguard's kernels (TPGUARD_RENORM=
+    deterministic, or policy fix's switch), its fused replacement runs in its place: one tie rule
+    on the sparse and the dense path (hooks/sglang_renorm.py)."""
+    rt = _rt()
+    routing = getattr(rt, "renorm_routing", None) if rt is not None else None
+    replacement = getattr(routing, "verify_target_probs", None)
+    if replacement is not None and not rt.passing_through():
+        original = _as_sglang_call(replacement)
     def before(scope, b):
         logits = b.get("next_token_logits")
         scope.record("target_logits", logits, overwrite=False)
@@ -223,6 +230,17 @@ def _dump_context(rt, scope: Scope, b: dict, logits: torch.Tensor):
     algo = {"dflash": "dflash", "dspark": "dflash", "uno": "dflash"}.get(scope.site.split(".")[0], "eagle")
     return context_from_sampling_info(info, n, algo=algo, renorm_name=rt.renorm_name(logits.device.type),
                                       sparse_topk=sparse, device=logits.device.type)
+
+
+def _as_sglang_call(replacement):
+    """`replacement` takes keyword arguments only; sglang calls its function with keywords too."""
+    def call(*args, **kwargs):
+        if args:
+            raise TypeError("build_speculative_verify_target_probs takes keyword arguments only")
+        return replacement(**kwargs)
+
+    call.__wrapped__ = replacement
+    return call
 
 
 def _same_bytes(src, out) -> bool:

@@ -68,27 +68,24 @@ class VerifyPipeline:
         self.broadcast_decisions = False
 
     def target_probs(self, logits: torch.Tensor, inp: StepInputs, fingerprint: bool = False) -> torch.Tensor:
-        """Temperature, softmax, then the renorms the batch needs (SGLang's dense verify path).
-        `fingerprint`: the last renorm's write pass also emits the result's fingerprint (attached
-        to it, `tpguard.guard.attach_fingerprint`), where the backend can."""
+        """Temperature, softmax, then the renorms the batch needs (SGLang's dense verify path; the
+        backend's fused kernel where it has one). `fingerprint`: the result comes back with its
+        fingerprint attached (`tpguard.guard.attach_fingerprint`), where the backend can."""
         n = self.tree.nodes
         dev = self.device
 
         def rows(x, dtype):
             return torch.from_numpy(x).to(dev, dtype).repeat_interleave(n)
 
-        probs = torch.softmax(logits / rows(inp.temperature, torch.float32).unsqueeze(1), dim=-1)
-        vocab = probs.shape[1]
-        stages = [k for k, on in (("top_k", (inp.top_k > 0).any()), ("top_p", (inp.top_p < 1).any()),
-                                  ("min_p", (inp.min_p > 0).any())) if on]
-        for kind in stages:
-            if kind == "top_k":
-                top_k = rows(inp.top_k, torch.int64)
-                param = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
-            else:
-                param = rows(getattr(inp, kind), torch.float32)
-            probs = self.renorm.call(kind, probs, param, fingerprint=fingerprint and kind == stages[-1])
-        return probs
+        vocab = logits.shape[1]
+        params = {}
+        if (inp.top_k > 0).any():
+            top_k = rows(inp.top_k, torch.int64)
+            params["top_k"] = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
+        for kind in ("top_p", "min_p"):
+            if (getattr(inp, kind) < 1 if kind == "top_p" else getattr(inp, kind) > 0).any():
+                params[kind] = rows(getattr(inp, kind), torch.float32)
+        return self.renorm.target_probs(logits, rows(inp.temperature, torch.float32), params, fingerprint)
 
     def run(self, step: int, inp: StepInputs, record: Record) -> StepOutputs:
         dev, n, inject = self.device, self.tree.nodes, self.inject

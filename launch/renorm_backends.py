@@ -33,9 +33,31 @@ class RenormBackend:
     min_p: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (probs, min_p float [rows])
     deterministic: bool
     source: str  # module the kernels come from
+    # logits -> target probs in one pass family (tpguard's kernels/target_probs.py), or None: softmax
+    # then the renorms one by one
+    fused: Callable | None = None
 
     def describe(self) -> str:
         return f"{self.name} ({self.source})"
+
+    def target_probs(self, logits: torch.Tensor, temperature: torch.Tensor, params: dict[str, torch.Tensor],
+                     fingerprint: bool = False, upto: int | None = None) -> torch.Tensor:
+        """Temperature, softmax, then the renorm stages in `params` (top_k, top_p, min_p: per-row
+        tensors, in that order; SGLang's dense verify path). `fingerprint`: the result comes with its
+        fingerprint attached where the kernels can write it. `upto`: only the first stages, one by
+        one (replay's search for the stage that differs)."""
+        stages = [k for k in ("top_k", "top_p", "min_p") if k in params]
+        if self.fused is not None and upto is None:
+            from tpguard.guard import attach_fingerprint
+
+            slot = torch.empty((), dtype=torch.int64, device=logits.device) if fingerprint else None
+            out = self.fused(logits, temperature, params.get("top_k"), params.get("top_p"), params.get("min_p"),
+                             validate=False, fingerprint_out=slot)
+            return attach_fingerprint(out, slot) if fingerprint else out
+        probs = torch.softmax(logits / temperature.unsqueeze(1), dim=-1)
+        for kind in stages[:upto]:
+            probs = self.call(kind, probs, params[kind], fingerprint=fingerprint and kind == stages[-1])
+        return probs
 
     def call(self, kind: str, probs: torch.Tensor, param: torch.Tensor, fingerprint: bool = False) -> torch.Tensor:
         """``kind`` in top_k / top_p / min_p; with `fingerprint`, a kernel that takes
@@ -102,8 +124,10 @@ def _tpguard_backend() -> RenormBackend:
     except ImportError:
         raise BackendUnavailable("the tpguard renorm kernels (tpguard.kernels.renorm) are not installed yet: "
                                  "use --renorm torch for a deterministic run") from None
+    from tpguard.kernels.target_probs import target_probs
+
     return RenormBackend("tpguard", mod.top_k_renorm, mod.top_p_renorm, mod.min_p_renorm, True,
-                         "tpguard.kernels.renorm")
+                         "tpguard.kernels.renorm", fused=target_probs)
 
 
 def get_backend(name: str, device: str) -> RenormBackend:

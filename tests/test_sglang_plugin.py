@@ -170,7 +170,10 @@ def scenario_renorm_routed(rank, world, tp):
     logits = _logits(0, bs * n, vocab)
     probs = dflash_utils.build_speculative_verify_target_probs(
         next_token_logits=logits, sampling_info=info, draft_token_num=n, bs=bs)
-    expected = tk.top_p_renorm(torch.softmax(logits / 0.8, dim=-1), torch.full((bs * n,), 0.7))
+    # the routed path: tpguard's fused logits -> target probs in place of sglang's function
+    from tpguard.kernels.target_probs import target_probs
+
+    expected = target_probs(logits, 0.8, top_p=torch.full((bs * n,), 0.7))
     return {"bound": bound, "same_as_tpguard": bool(torch.equal(probs.view(bs * n, -1), expected)),
             "backend": sglang_runtime.RUNTIME.renorm_backend}
 

@@ -63,14 +63,15 @@ def _limits() -> list[str]:
     """What the plugin cannot do at some sites, and the renorm's tie rule: said, not hidden."""
     from tpguard.hooks.sglang_sites import FOLDED_NOTE
 
-    out = [FOLDED_NOTE]
+    from tpguard.config import GuardConfig
+    from tpguard.hooks.sglang_renorm import pick_backend, tie_rules
+
     try:
-        from tpguard.hooks.sglang_renorm import TIE_RULE
-    except ImportError:
-        TIE_RULE = None
-    if TIE_RULE:
-        out.append(f"TPGUARD_RENORM=deterministic: {TIE_RULE}")
-    return out
+        config = GuardConfig.from_env()
+        routed = pick_backend(config.renorm_backend or None) if config.renorm == "deterministic" else None
+    except ValueError:
+        routed = None
+    return [FOLDED_NOTE] + [f"tie rule: {line}" for line in tie_rules(routed)]
 
 
 def _renorm_backend() -> str:

@@ -75,11 +75,10 @@ def stage_param(kind: str, params: dict[str, torch.Tensor], vocab: int) -> torch
 
 def target_probs(logits: torch.Tensor, params: dict[str, torch.Tensor], stages: list[str], backend,
                  upto: int | None = None) -> torch.Tensor:
-    """temperature, softmax, then `stages[:upto]` with `backend` (launch/pipeline.py's order)."""
-    probs = torch.softmax(logits / params["temperature"].unsqueeze(1), dim=-1)
-    for kind in stages[:upto]:
-        probs = backend.call(kind, probs, stage_param(kind, params, logits.shape[1]))
-    return probs
+    """temperature, softmax, then `stages[:upto]` with `backend` (the harness's own function)."""
+    vocab = logits.shape[1]
+    return backend.target_probs(logits, params["temperature"], {k: stage_param(k, params, vocab) for k in stages},
+                                upto=upto)
 
 
 def redraw_coins(rng_state: torch.Tensor, shapes: list[list[int]], device: str) -> torch.Tensor:
