@@ -158,11 +158,11 @@ def scenario_outputs(rank, world, tp):
 
 
 def scenario_renorm_routed(rank, world, tp):
-    """TPGUARD_RENORM=deterministic: every bound name is tpguard's, and the DFlash dense path uses it."""
+    """TPGUARD_RENORM=deterministic: every bound name is tpguard's, and DFlash's target probs are tpguard's
+    fused kernel's."""
     import torch
     from sglang.srt.speculative import dflash_utils
     from tpguard.hooks import sglang_renorm, sglang_runtime
-    from tpguard.kernels import renorm as tk
 
     bound = sglang_renorm.bound_names()
     bs, n, vocab = 2, 3, 300
