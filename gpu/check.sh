@@ -244,6 +244,7 @@ for p in ${PHASE_LIST//,/ }; do
   esac
 done
 
+flashinfer_so  # flashinfer's JIT-built sampling module, back for .gpu/flashinfer-jit/ when it was built here
 say "done"
 cp "$SUMMARY" "$OUT/summary.txt"
 tar czf "$OUT/logs.tgz" -C "$(dirname "$RES")" "$(basename "$RES")" 2> /dev/null
