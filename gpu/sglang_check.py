@@ -426,8 +426,9 @@ class Site:
 
 # --site name -> the guard it reports to, the driver, the sglang config it publishes, default configs
 SITES = {
-    "dflash": Site("dflash.verify", drive_dflash, {}, "default,audit,deterministic"),
-    "dspark": Site("dspark.verify", drive_dspark, {}, "default,audit,deterministic"),
+    # a published server config (sglang's spec namespace: the sampled verify reads its thresholds)
+    "dflash": Site("dflash.verify", drive_dflash, {"sampling_backend": "flashinfer"}, "default,audit,deterministic"),
+    "dspark": Site("dspark.verify", drive_dspark, {"sampling_backend": "flashinfer"}, "default,audit,deterministic"),
     "eagle": Site("eagle.verify", drive_eagle,
                   {"sampling_backend": "flashinfer", "speculative_use_rejection_sampling": False},
                   "default,audit,deterministic"),
