@@ -198,9 +198,13 @@ sglang() {  # 12 steps of 256 rows x 128256, top_p 0.9, byte-identical inputs on
     ( sglang_site $d eagle-greedy "" --nccl; sglang_site $d sampler "" --nccl ) &
     wait
   else  # 2 ranks share one GPU over gloo: the three verify owners, aligned decisions and audit
-    sglang_site $d dflash default,audit,deterministic --steps ${SGLANG_STEPS:-8}
-    sglang_site $d dspark default,audit --steps ${SGLANG_STEPS:-8}
-    sglang_site $d eagle default,audit --steps ${SGLANG_STEPS:-8}
+    local site
+    for site in ${SGLANG_SITES:-dflash dspark eagle}; do
+      case $site in
+        dflash) sglang_site $d dflash default,audit,deterministic --steps ${SGLANG_STEPS:-8} ;;
+        *) sglang_site $d $site default,audit --steps ${SGLANG_STEPS:-8} ;;
+      esac
+    done
   fi
   table sglang
 }
