@@ -55,6 +55,8 @@ print(f"replay_check: torch {torch.__version__}, {torch.cuda.get_device_name(0)}
       f"flashinfer {flashinfer.__version__} (kernels ready in {time.time() - t:.1f} s)")
 EOF
 
+since() { "$PYTHON" -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$1"; }  # no bc there
+
 check() {  # name harness-args...
   local name=$1; shift
   local t0 rc
@@ -62,12 +64,12 @@ check() {  # name harness-args...
   "$PYTHON" -m tpguard.cli launch --nproc-per-node 2 "${COMMON[@]}" "$@" --trace "$TRACE/$name" \
       --summary-json "$OUT/$name.harness.json"
   rc=$?
-  echo "replay_check: $name: harness exit $rc in $(echo "$(date +%s.%N) - $t0" | bc) s" \
+  echo "replay_check: $name: harness exit $rc in $(since "$t0") s" \
        "($(du -sh "$TRACE/$name/dumps" 2>/dev/null | cut -f1) of dumps)"
   t0=$(date +%s.%N)
   "$PYTHON" -m tpguard.cli replay "$TRACE/$name" --device "$DEVICE" --calls "$CALLS" > "$OUT/$name.replay.txt"
   rc=$?
-  local wall; wall=$(echo "$(date +%s.%N) - $t0" | bc)
+  local wall; wall=$(since "$t0")
   "$PYTHON" -m tpguard.cli replay "$TRACE/$name" --device "$DEVICE" --calls "$CALLS" --json > "$OUT/$name.replay.json"
   cat "$OUT/$name.replay.txt"
   echo "replay_check: $name: tpguard replay exit $rc in $wall s"
