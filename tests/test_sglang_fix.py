@@ -157,7 +157,10 @@ def scenario_dflash_decision(rank, world, tp):
                                    sampling_info=sampling_info(bs, vocab, greedy=True), draft_input=None,
                                    prefix_lens=torch.tensor([10, 20, 30]), bs=bs, target_predict=predict)
         outs.append([t.tolist() for t in out[:4]])
-    return {"outs": outs, "log": log, "stats": plugin_stats(), "counts": counts}
+    from prometheus_client import REGISTRY
+
+    switches = REGISTRY.get_sample_value("tpguard_fix_switches_total", {"site": "dflash.verify", "what": "broadcast"})
+    return {"outs": outs, "log": log, "stats": plugin_stats(), "counts": counts, "switch_metric": switches}
 
 
 SCENARIOS = {k[len("scenario_"):]: v for k, v in dict(globals()).items() if k.startswith("scenario_")}
@@ -217,6 +220,7 @@ def test_decision_cause_switches_sglangs_broadcast_on(zygote, tmp_path):
     assert step == 1 and r0["log"][0][2] == "accept_index"
     assert r0["outs"] == r1["outs"]  # healed at step 1, SGLang's broadcast forced on after it
     assert r0["stats"]["dflash.verify"]["checked"] == STEPS
+    assert r0["switch_metric"] == r1["switch_metric"] == 1.0  # the Prometheus counter
 
 
 def test_diagnose_shows_the_switch(zygote, tmp_path):

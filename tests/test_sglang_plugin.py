@@ -433,6 +433,7 @@ def test_doctor_finds_every_hook_point(zygote):
     assert all(h["found"] or (h["unavailable"] and h["name"].startswith("uno.")) for h in report["hooks"])
     assert report["entry_point"] == "tpguard.hooks.sglang_plugin:register"
     assert any("folded accept" in line and "heal is refused" in line for line in report["limits"])
+    assert any(line.startswith("tie rule:") and "DFlash sparse verify" in line for line in report["limits"])
 
 
 def test_only_scheduler_processes_are_hooked(zygote):
