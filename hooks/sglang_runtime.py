@@ -325,11 +325,14 @@ class Runtime:
             guard.every, guard.sample_one_in = 1, 0  # every step checked, and its decisions sent
         return f"tpguard broadcasts rank 0's decisions at {sw.site} every step (SGLang has no broadcast there)"
 
-    def renorm_name(self, device_type: str) -> str:
-        """The renorm this process's target probs come from, as `tpguard replay` names backends."""
+    def renorm_name(self, binding=None) -> str:
+        """The renorm the target probs come from, as `tpguard replay` names backends: routed
+        (TPGUARD_RENORM=deterministic or policy fix), else read off sglang's `top_p_renorm_prob`
+        binding (`binding`: flashinfer's kernels on CUDA). sglang's own torch fallback (a None
+        binding) is none of replay's backends: "sglang-torch", which replay says it cannot re-run."""
         if self.config.renorm == "deterministic" or self.renorm_routing is not None:
             return {"flashinfer": "flashinfer-det"}.get(self.renorm_backend or "", self.renorm_backend or "torch")
-        return "flashinfer" if device_type == "cuda" else "torch"  # sglang's own kernels
+        return renorm_name_of(binding)
 
     def use_device_guard(self, info) -> bool:
         """The production guard (no host sync) where it applies: NCCL groups, policy record or
@@ -436,6 +439,21 @@ class Runtime:
         scope = self.current()
         return (scope is not None and scope.active and "target_probs" in scope.guard.index
                 and not self.passing_through(scope.site))
+
+
+def renorm_name_of(binding) -> str:
+    """A renorm binding of sglang's, as `tpguard replay` names backends."""
+    while binding is not None and hasattr(binding, "__wrapped__"):  # HookRegistry's wrapper of it
+        binding = binding.__wrapped__
+    if binding is None:
+        return "sglang-torch"
+    attrs = vars(binding) if hasattr(binding, "__dict__") else {}
+    where = f"{attrs.get('module_name', '')} {getattr(binding, '__module__', '')} {getattr(binding, '__qualname__', '')}"
+    if "emulated_atomic" in where:
+        return "emulated-atomic"
+    if "flashinfer" in where or "sgl_kernel" in where:
+        return "flashinfer"
+    return where.strip() or type(binding).__name__
 
 
 RUNTIME: Runtime | None = None

@@ -228,8 +228,10 @@ def _dump_context(rt, scope: Scope, b: dict, logits: torch.Tensor):
     sparse = (b.get("use_sparse_topk", True) and bool(getattr(info, "need_top_k_sampling", False))
               and max_top_k is not None and 0 < int(max_top_k) < vocab)
     algo = {"dflash": "dflash", "dspark": "dflash", "uno": "dflash"}.get(scope.site.split(".")[0], "eagle")
-    return context_from_sampling_info(info, n, algo=algo, renorm_name=rt.renorm_name(logits.device.type),
-                                      sparse_topk=sparse, device=logits.device.type)
+    from sglang.srt.speculative import dflash_utils  # the module whose renorm bindings it calls
+
+    return context_from_sampling_info(info, n, algo=algo, sparse_topk=sparse, device=logits.device.type,
+                                      renorm_name=rt.renorm_name(getattr(dflash_utils, "top_p_renorm_prob", None)))
 
 
 def _as_sglang_call(replacement):

@@ -163,6 +163,20 @@ def scenario_dflash_decision(rank, world, tp):
     return {"outs": outs, "log": log, "stats": plugin_stats(), "counts": counts, "switch_metric": switches}
 
 
+def scenario_dflash_target_probs(rank, world, tp):
+    """DFlash's target probs through the bound (float-atomic) renorm, 3 steps, top-p 0.8."""
+    from sglang.srt.speculative import dflash_utils
+
+    bs, n, vocab = 4, 4, 2048
+    info = sampling_info(bs, vocab, top_p=0.8, temperature=1.0)
+    for step in range(3):
+        dflash_utils.build_speculative_verify_target_probs(
+            next_token_logits=logits(step, bs * n, vocab, scale=0.5), sampling_info=info, draft_token_num=n, bs=bs)
+    return {"stats": plugin_stats()}
+
+
+scenario_dflash_target_probs.before_plugins = _bind_atomic_renorm
+
 SCENARIOS = {k[len("scenario_"):]: v for k, v in dict(globals()).items() if k.startswith("scenario_")}
 
 if __name__ == "__main__" and "--zygote" in sys.argv:
@@ -234,3 +248,19 @@ def test_diagnose_shows_the_switch(zygote, tmp_path):
     assert (sw["step"], sw["site"], sw["what"], sw["from_step"]) == (1, "dflash.verify", "broadcast", 2)
     assert "switched at step 1, site dflash.verify" in render_text(diag)
     assert "<br>switch" in render_html(diag) and "Switched</b> at step 1" in render_html(diag)
+
+
+def test_plugin_dumps_replay_to_the_cause(zygote, tmp_path):
+    """TPGUARD_DUMP=1: each rank dumps the divergent step with what replay needs; `tpguard replay`
+    re-runs the bound renorm on the agreed logits and confirms it as the cause."""
+    import subprocess
+
+    r0, _ = zygote.run("dflash_target_probs", {"TPGUARD": "on", "TPGUARD_TRACE_DIR": str(tmp_path),
+                                               "TPGUARD_DUMP": "1"}, timeout=120)
+    assert r0["stats"]["dflash.verify"]["divergences"] >= 1
+    dumped = sorted(p.name.split(".rank")[1] for p in (tmp_path / "dumps").glob("*.safetensors"))
+    assert {"0.safetensors", "1.safetensors"} <= set(dumped)
+    r = subprocess.run([sys.executable, "-m", "tpguard", "replay", str(tmp_path), "--calls", "8"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr  # confirmed
+    assert "emulated-atomic" in r.stdout and "CONFIRMED" in r.stdout
