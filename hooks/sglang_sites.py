@@ -203,8 +203,9 @@ def hook_target_probs(original, *args, **kwargs):
         scope.record("target_logits", logits, overwrite=False)
         rt = _rt()
         if rt.config.dump and isinstance(logits, torch.Tensor) and b.get("sampling_info") is not None:
-            ctx = _dump_context(rt, scope, b, logits)
-            scope.guard.dump_context = lambda step: ctx
+            ctx = _best_effort(rt, _dump_context, rt, scope, b, logits)
+            if ctx is not None:
+                scope.guard.dump_context = lambda step: ctx
 
     def after(scope, b, out, state):
         if _same_bytes(scope.fp_source, out):
@@ -243,6 +244,39 @@ def _as_sglang_call(replacement):
 
     call.__wrapped__ = replacement
     return call
+
+
+def _best_effort(rt, fn, *args):
+    """A dump's replay context is extra: failing to build it leaves the dump without one (replay
+    then says it cannot re-run), said once, and never stops the guard."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001
+        rt.say_once(f"dump-context:{fn.__name__}", logging.WARNING,
+                    "tpguard: dumps carry no replay context here (%s: %s)", type(e).__name__, e)
+        return None
+
+
+def _eagle_dump_context(rt, verify_input, info, logits):
+    """Replay's context of an EAGLE step where its re-run holds: a chain (topk 1) verified
+    target-only (no draft probs), no logit adjustments; else None (replay then says it cannot
+    re-run, rather than re-run another accept)."""
+    from sglang.srt.runtime_context import get_spec
+    from sglang.srt.speculative import eagle_utils
+
+    from tpguard.dump import context_from_sampling_info
+
+    spec = get_spec()
+    if (info is None or getattr(verify_input, "topk", 1) != 1 or spec.speculative_use_rejection_sampling
+            or spec.speculative_accept_threshold_single != 1.0 or spec.speculative_accept_threshold_acc != 1.0
+            or info.acc_additive_penalties is not None or info.acc_scaling_penalties is not None
+            or info.logit_bias is not None):
+        return None
+    n, bs = int(verify_input.draft_token_num), int(info.temperatures.shape[0])
+    coins = [[bs, n], [bs]] if getattr(info, "sampling_seed", None) is None else None
+    return context_from_sampling_info(
+        info, n, algo="eagle", renorm_name=rt.renorm_name(getattr(eagle_utils, "top_p_renorm_prob", None)),
+        coins_shapes=coins, device=logits.device.type)
 
 
 def _same_bytes(src, out) -> bool:
@@ -435,6 +469,10 @@ def hook_eagle_sample(original, *args, **kwargs):
         scope.record("seq_lens", getattr(batch, "seq_lens", None))
         scope.record("draft_tokens", draft)
         scope.record("target_logits", logits)
+        if rt.config.dump and isinstance(logits, torch.Tensor):
+            ctx = _best_effort(rt, _eagle_dump_context, rt, vi, getattr(batch, "sampling_info", None), logits)
+            if ctx is not None:
+                scope.guard.dump_context = lambda step: ctx
 
     def after(scope, b, out, state):
         predict, accept_lens, accept_index = out

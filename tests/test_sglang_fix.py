@@ -264,3 +264,17 @@ def test_plugin_dumps_replay_to_the_cause(zygote, tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr  # confirmed
     assert "emulated-atomic" in r.stdout and "CONFIRMED" in r.stdout
+
+
+def test_eagle_dumps_without_a_rerunnable_context_say_so(zygote, tmp_path):
+    """EAGLE's rejection-sampling verify (draft probs): its dumps carry no replay context, the guard
+    goes on, and `tpguard replay` diffs the ranks and says it cannot re-run (exit 2)."""
+    import subprocess
+
+    r0, r1 = zygote.run("eagle_renorm", {"TPGUARD": "on", "TPGUARD_TRACE_DIR": str(tmp_path), "TPGUARD_DUMP": "1"},
+                        timeout=180)
+    assert "disabled" not in r0["stats"]["eagle.verify"] and r0["stats"]["eagle.verify"]["divergences"] >= 1
+    r = subprocess.run([sys.executable, "-m", "tpguard", "replay", str(tmp_path), "--calls", "4"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "target_probs" in r.stdout, r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
