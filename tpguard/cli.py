@@ -132,7 +132,7 @@ def serve(
     mode: str = typer.Option("on", "--mode", help="on | audit | off"),
     trace_dir: Optional[str] = typer.Option(None, "--trace-dir"),
     every: int = typer.Option(1, "--every", help="check every N verify steps"),
-    on_divergence: str = typer.Option("record", "--on-divergence", help="record | heal | abort"),
+    on_divergence: str = typer.Option("record", "--on-divergence", help="record | heal | abort | fix"),
     renorm: str = typer.Option("default", "--renorm", help="default | deterministic"),
     dump: bool = typer.Option(False, "--dump"),
 ):
