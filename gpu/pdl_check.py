@@ -38,7 +38,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from tpguard.kernels.direct_launch import interpreting
+from tpguard.config import interpreting
 from tpguard.kernels.pdl import pdl_enter
 
 TARGET = GPUTarget("cuda", 90, 32)

@@ -49,17 +49,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tpguard.config import interpreting
+
 try:
     import triton
 except Exception:  # noqa: BLE001 - no triton: direct launches are off
     triton = None
 
 HEAD = 9  # grid x3, stream, function, packed metadata, launch metadata, enter hook, exit hook
-def interpreting() -> bool:
-    """TRITON_INTERPRET as Triton reads it (1, true, on, yes)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
-
-
 INTERPRET = interpreting()
 FAST_LAUNCH = os.environ.get("TPGUARD_FAST_LAUNCH", "1") != "0"  # 0: always Triton's launch
 FAILURES: dict[str, str] = {}  # kernel names -> why a direct set was refused (benchmarks print it)

@@ -64,7 +64,8 @@ import numpy as np
 import torch
 
 # shared with the renorm call plans' direct launches (kernels/direct_launch.py)
-from tpguard.kernels.direct_launch import DirectLaunch, current_stream, device_guard, hooks_idle, interpreting, sm_count
+from tpguard.config import interpreting
+from tpguard.kernels.direct_launch import DirectLaunch, current_stream, device_guard, hooks_idle, sm_count
 
 # The module, not the `tpguard.fingerprint` function that tpguard/__init__ re-exports.
 ref = importlib.import_module("tpguard.fingerprint")

@@ -40,7 +40,7 @@ from typing import Union
 import torch
 
 from tpguard.kernels import renorm
-from tpguard.kernels.direct_launch import interpreting
+from tpguard.config import interpreting
 
 TopP = Union[torch.Tensor, float]
 TopK = Union[torch.Tensor, int]

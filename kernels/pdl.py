@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tpguard.kernels.direct_launch import interpreting
+from tpguard.config import interpreting
 
 _INTERPRET = interpreting()
 

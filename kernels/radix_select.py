@@ -24,14 +24,16 @@ chosen from per-bin masses the bracket pass summed.
 
 from __future__ import annotations
 
-import os
 
 import triton
 import triton.language as tl
 
+from tpguard.config import interpreting
+
 # The interpreter runs a tl.reduce with a custom combine function element by element in Python
 # (seconds per call on a 16k block); there, packed sums fall back to one numpy tl.sum each.
-INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes"))
+# Fixed when the kernels are defined, as Triton fixes interpreted vs compiled kernels then.
+INTERPRETED = tl.constexpr(interpreting())
 
 
 @triton.jit

@@ -29,6 +29,7 @@ from typing import Union
 
 import torch
 
+from tpguard.config import interpreting
 from tpguard.kernels import reference
 
 Param = Union[int, float, torch.Tensor]
@@ -41,12 +42,6 @@ TIE_RULE = ("ties at the cutoff are kept: every entry equal to the cutoff value 
             "kernels keep x >= pivot), so top-k keeps more than k entries when the k-th largest value repeats "
             "([.4, .2, .2, .1, .1], top_k=2 -> [.5, .25, .25, 0, 0]), and top-p and min-p keep every entry "
             "tied with their cutoff; the result never depends on the entries' positions")
-
-
-def _interpreting() -> bool:
-    from tpguard.kernels.direct_launch import interpreting
-
-    return interpreting()
 
 
 def triton_available() -> bool:
@@ -124,7 +119,7 @@ def _use_triton(probs: torch.Tensor, backend: str) -> bool:
         return probs.is_cuda and triton_available()
     if not triton_available():
         raise ValueError("backend='triton' needs the triton package")
-    if not probs.is_cuda and not _interpreting():
+    if not probs.is_cuda and not interpreting():
         raise ValueError("backend='triton' needs a CUDA tensor (or TRITON_INTERPRET=1 on CPU)")
     return True
 

@@ -214,7 +214,7 @@ def validate(o: HarnessOptions, world_size: int | None = None) -> None:
     need(o.warmup_steps >= 0, f"--warmup-steps must be >= 0, got {o.warmup_steps}")
     need(o.timeout > 0 and math.isfinite(o.timeout), f"--timeout must be > 0 seconds and finite, got {o.timeout}")
     if o.run_id is not None:
-        from tpguard.trace import check_run_id
+        from tpguard.config import check_run_id
 
         try:
             check_run_id(o.run_id, "--run-id")

@@ -11,7 +11,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 
 from tpguard.audit import AuditRow, main, print_audit, run_audit  # noqa: E402
-from tpguard.kernels.direct_launch import interpreting  # noqa: E402
+from tpguard.config import interpreting  # noqa: E402
 
 # tpguard's kernels on CPU tensors need the interpreter; gpu/check.sh exports TRITON_INTERPRET=0 for its GPU
 # test runs (there the audit runs on CUDA: `python -m tpguard.audit --device cuda`, docs/benchmarks.md)

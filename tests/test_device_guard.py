@@ -13,7 +13,7 @@ import torch
 from multiproc import run_ranks
 from test_guard import make_step
 from tpguard.diagnose import diagnose
-from tpguard.kernels.direct_launch import interpreting
+from tpguard.config import interpreting
 from tpguard.quantities import DECISION_QUANTITIES
 
 

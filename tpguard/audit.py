@@ -25,6 +25,8 @@ from typing import Callable, Optional
 
 import torch
 
+from tpguard.config import interpreting
+
 
 @dataclass
 class AuditRow:
@@ -75,7 +77,7 @@ def _tpguard(device) -> Optional[dict]:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are defined
     from tpguard.kernels import renorm as tk
 
-    if device.type == "cpu" and not (tk.triton_available() and os.environ.get("TRITON_INTERPRET") == "1"):
+    if device.type == "cpu" and not (tk.triton_available() and interpreting()):
         return None
     if device.type == "cuda" and not tk.triton_available():
         return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,8 +61,6 @@ class GuardConfig:
         if self.max_trace_bytes < 0:
             raise ValueError(f"TPGUARD_MAX_TRACE_MB must be >= 0 (0: no rotation), got {self.max_trace_bytes / 2**20:g}")
         if self.run_id is not None:
-            from tpguard.trace import check_run_id
-
             check_run_id(self.run_id, "TPGUARD_RUN_ID")
 
     @property
@@ -121,6 +120,76 @@ class GuardConfig:
             )
         except (ValueError, TypeError, OverflowError) as e:  # one line, names the variable
             raise ValueError(f"tpguard: bad environment: {e}") from None
+
+
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_run_id(run_id: object, what: str = "run id") -> str:
+    """A run id becomes part of file names: letters, digits, '.', '_', '-' (no '/', no '..')."""
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.match(run_id) or ".." in run_id:
+        raise ValueError(f"{what} must be 1-128 letters, digits, '.', '_' or '-' (starting with a letter "
+                         f"or digit, no '..'), got {run_id!r}")
+    return run_id
+
+
+# --- kernel and launch knobs ----------------------------------------------------------------------
+# Read when used, never at import: a test, a benchmark or a server may set them after tpguard loads.
+# (Triton itself reads TRITON_INTERPRET when a kernel is decorated; interpreting() answers with the
+# same rule, so a caller can tell which kind of kernel it holds.)
+
+def interpreting() -> bool:
+    """TRITON_INTERPRET as Triton reads it: 1, true, on or yes."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def debug() -> bool:
+    """TPGUARD_DEBUG=1: a command-line error prints its traceback too."""
+    return os.environ.get("TPGUARD_DEBUG", "").strip() == "1"
+
+
+def fast_launch() -> bool:
+    """TPGUARD_FAST_LAUNCH=0: always Triton's own launch (no recorded direct launches)."""
+    return os.environ.get("TPGUARD_FAST_LAUNCH", "1").strip() != "0"
+
+
+def launch_trim() -> bool:
+    """TPGUARD_LAUNCH_TRIM=0: record launch templates as Triton hands them (the benchmark's baseline)."""
+    return os.environ.get("TPGUARD_LAUNCH_TRIM", "1").strip() != "0"
+
+
+def fingerprint_config_text() -> str:
+    """TPGUARD_FP_CONFIG: ``field=value,...`` over the fingerprint kernel's default config."""
+    return os.environ.get("TPGUARD_FP_CONFIG", "")
+
+
+def renorm_config_text() -> str:
+    """TPGUARD_RENORM_CONFIG: ``field=value,...`` over the renorm kernels' default config."""
+    return os.environ.get("TPGUARD_RENORM_CONFIG", "")
+
+
+def renorm_plan_limits() -> tuple[int, int]:
+    """(TPGUARD_RENORM_PLANS, TPGUARD_RENORM_PLAN_MB in bytes): how many recorded renorm call plans a
+    process keeps, and their memory cap."""
+    plans = _env_number("TPGUARD_RENORM_PLANS", "16", int)
+    mb = _env_number("TPGUARD_RENORM_PLAN_MB", "256", float)
+    return plans, int(mb * (1 << 20))
+
+
+def renorm_graph_rows() -> int:
+    """TPGUARD_RENORM_GRAPH_ROWS: up to how many rows a renorm call is replayed as a CUDA graph."""
+    return _env_number("TPGUARD_RENORM_GRAPH_ROWS", "8", int)
+
+
+def _env_number(name: str, default: str, kind):
+    text = os.environ.get(name, "").strip() or default
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ValueError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+    if value < 0 or not math.isfinite(value):
+        raise ValueError(f"{name} must be >= 0 and finite, got {text!r}")
+    return value
 
 
 def _check(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -16,7 +16,6 @@ import atexit
 import errno
 import logging
 import os
-import re
 import signal
 import threading
 import weakref
@@ -215,17 +214,6 @@ def iter_lines(path: str | os.PathLike, warn: Warn) -> Iterator[tuple[int, dict]
                     raise TraceError(f"{p}: not a tpguard trace (line 1 is not a JSON object)")
                 raise TraceError(f"{p}:{lineno}: line is not a JSON object")
             yield lineno, obj
-
-
-RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def check_run_id(run_id: object, what: str = "run id") -> str:
-    """A run id becomes part of file names: letters, digits, '.', '_', '-' (no '/', no '..')."""
-    if not isinstance(run_id, str) or not RUN_ID_PATTERN.match(run_id) or ".." in run_id:
-        raise ValueError(f"{what} must be 1-128 letters, digits, '.', '_' or '-' (starting with a letter "
-                         f"or digit, no '..'), got {run_id!r}")
-    return run_id
 
 
 def read_trace(path: str | os.PathLike, warn: Warn | None = None) -> Iterator[Record]:
