@@ -164,9 +164,9 @@ def _check_fingerprint_out(fp_out, probs: torch.Tensor) -> None:
 def _reference_out(out: torch.Tensor, fp_out) -> torch.Tensor:
     """The torch path honours `fingerprint_out` too: fingerprint(out), one extra read."""
     if fp_out is not None:
-        from tpguard.fingerprint import fingerprint_device
+        from tpguard.kernels.fingerprint import fingerprint_on_device
 
-        fp_out.view(1).copy_(fingerprint_device(out).view(1))
+        fp_out.view(1).copy_(fingerprint_on_device(out).view(1))
     return out
 
 

@@ -103,7 +103,7 @@ def test_fingerprint_out_extension(dtype):
     for fn, param in ((fi.top_k_renorm_probs, 20), (fi.top_p_renorm_probs, 0.9)):
         slot = torch.zeros((), dtype=torch.int64, device=DEVICE)
         out = fn(x, param, fingerprint_out=slot)
-        assert fp_host.to_unsigned(int(slot)) == fp_host.fingerprint(out.cpu())
+        assert fp_host.to_unsigned(int(slot)) == fp_host.fingerprint_tensor(out.cpu())
 
 
 def test_tie_rule_keeps_ties():

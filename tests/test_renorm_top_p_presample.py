@@ -109,7 +109,7 @@ def test_fingerprint_determinism_and_batch_invariance():
     x = make_rows(3, 900, 1.5, seed=7)
     slot = torch.zeros((), dtype=torch.int64, device=DEVICE)
     out = top_p_renorm_triton(x, 0.8, config=PRE, fingerprint_out=slot)
-    assert fp_host.to_unsigned(int(slot)) == fp_host.fingerprint(out.cpu())
+    assert fp_host.to_unsigned(int(slot)) == fp_host.fingerprint_tensor(out.cpu())
     assert torch.equal(ref.bits(top_p_renorm_triton(x, 0.8, config=PRE)), ref.bits(out))
     assert torch.equal(ref.bits(top_p_renorm_triton(x[1:2], 0.8, config=PRE)), ref.bits(out[1:2]))
     with pytest.raises(ValueError, match="bracket_chunk"):

@@ -8,14 +8,14 @@ result is checked bit for bit against the numpy reference first (``--no-check`` 
 
 Usage: python -m tpguard.bench.fingerprint [--iters N] [--shapes all|main] [--sweep [--sweep-budget S]] [--no-check]
 ``--sweep`` times KernelConfig variants (each checked against the reference) and names the best;
-the table above it uses the defaults (one tensor: ``SINGLE_TENSOR_CONFIG``; sets: ``KernelConfig()``).
-Target (issue 3): 256 x 163840 fp32 in <= 48 us (>= 3.5 TB/s) on one H200.
+the table above it uses the defaults (one tensor: ``SINGLE_TENSOR_CONFIG``; sets: ``default_config()``).
+Target: 256 x 163840 fp32 in <= 48 us (>= 3.5 TB/s) on one H200.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import os
 import sys
 import time
 
@@ -50,8 +50,8 @@ def graph_batched(fn, iters: int) -> float:
 
 def check(t: torch.Tensor) -> str:
     """Kernel rows and fingerprint vs the numpy reference, bit for bit."""
-    ref = importlib.import_module("tpguard.fingerprint")  # the module, not the re-exported function
     from tpguard.kernels import fingerprint as k
+    from tpguard.kernels import fingerprint_reference as ref
 
     rows_ref = ref.fingerprint_rows_reference(t)
     rows = k.fingerprint_rows_triton(t).cpu()
@@ -95,14 +95,16 @@ def bench_lane_loads(iters: int, rounds: int = 5) -> None:
     import statistics
 
     from tpguard.kernels import fingerprint as k
+    from tpguard.kernels import fingerprint_tma
+    from tpguard.kernels.fingerprint_words import _tile, _words
 
     (shape, dtype) = MAIN_SHAPE
     x = _make(shape, dtype, "cuda")
     nbytes = x.numel() * x.element_size()
     variants = {"tma": k.SINGLE_TENSOR_CONFIG, "ldg": dataclasses.replace(k.SINGLE_TENSOR_CONFIG, lane_tma="off")}
-    w = k._words(x)
-    br, bn = k._tile(w.rows, w.n_words, k.SINGLE_TENSOR_CONFIG)[:2]
-    uses_tma = k.fingerprint_tma.usable(w, br, bn, k.SINGLE_TENSOR_CONFIG)
+    w = _words(x)
+    br, bn = _tile(w.rows, w.n_words, k.SINGLE_TENSOR_CONFIG)[:2]
+    uses_tma = fingerprint_tma.usable(w, br, bn, k.SINGLE_TENSOR_CONFIG)
     want = k.fingerprint_triton(x, config=variants["ldg"])
     same = torch.equal(k.fingerprint_triton(x, config=variants["tma"]), want)
     times: dict[tuple[str, str], list[float]] = {}
@@ -134,15 +136,15 @@ def guard_sets(device="cuda") -> dict[str, list[torch.Tensor]]:
 
 
 def _set_fast(k, on: bool) -> None:
-    """Direct (recorded) launches on/off for plans built from now on."""
-    k.FAST_LAUNCH = on
-    k._PLAN_CACHE.clear()
-    k._CAPTURED_PLANS.clear()
+    """Direct (recorded) launches on/off (TPGUARD_FAST_LAUNCH) for plans built from now on."""
+    os.environ["TPGUARD_FAST_LAUNCH"] = "1" if on else "0"
+    k.clear_plans()
 
 
 def bench_many(iters: int, do_check: bool) -> list[str]:
     from tpguard.fingerprint import fingerprint_device
     from tpguard.kernels import fingerprint as k
+    from tpguard.kernels.fingerprint_reference import fingerprint_many_reference
 
     print(f"\n{'set':>10} {'tensors':>7} {'launches':>8} | {'many us':>8} {'graph us':>8} | "
           f"{'host us':>8} {'triton':>8} {'fast':>5} | {'1-by-1 us':>9} {'host us':>8} | check")
@@ -151,13 +153,13 @@ def bench_many(iters: int, do_check: bool) -> list[str]:
         status = "skipped"
         if do_check:
             got = k.fingerprint_many_triton(tensors).cpu()
-            status = "ok" if torch.equal(got, k.fingerprint_many_reference(tensors)) else "MISMATCH"
+            status = "ok" if torch.equal(got, fingerprint_many_reference(tensors)) else "MISMATCH"
         plan = k.ManyPlan(tensors)
         plan.run()
         plan.run()  # the second run sets up direct launches
         torch.cuda.synchronize()
         launches, fast = plan.launches, plan.fast_launch
-        if do_check and not torch.equal(plan.run().cpu(), k.fingerprint_many_reference(tensors)):
+        if do_check and not torch.equal(plan.run().cpu(), fingerprint_many_reference(tensors)):
             status = "MISMATCH (direct launches)"
         t_many = time_batched(lambda: k.fingerprint_many_triton(tensors), iters)
         h_many = time_host(lambda: plan.run(), iters)  # direct launches when fast == "on"
@@ -176,21 +178,21 @@ def bench_many(iters: int, do_check: bool) -> list[str]:
 
 
 # KernelConfig overrides ("name=value,..." on KernelConfig(), tpguard.config.replace_from_text);
-# first: KernelConfig() (fingerprint_many's default; the one-tensor default is the next line). Runs 9 and 10 (docs/benchmarks.md, fp/1): the shift
-# masks and the load-pipelining knobs (since removed) were no faster than these.
+# first: KernelConfig() (fingerprint_many's default; the one-tensor default is the next line). Under fp/1
+# (docs/benchmarks.md) the shift masks and the load-pipelining knobs (since removed) were no faster than these.
 SWEEP_CONFIGS = [
-    "",  # 128 regs, 4 CTAs/SM (run 12, fp/1: 55.2 us; run 13, fp/2: 54.8)
-    # fp/2 (run 13): the single tensor at 54.8 us vs 45.9 per tensor in the full set: 640 programs of
+    "",  # 128 regs, 4 CTAs/SM (fp/1: 55.2 us; fp/2: 54.8)
+    # fp/2: the single tensor at 54.8 us vs 45.9 per tensor in the full set: 640 programs of
     # [8 rows, 8192 words] on 528 CTA slots (1.2 waves); offline, 16 words/thread uncapped takes 64
     # registers (8 CTAs/SM, one wave)
     "block_words=2048,maxnreg=none", "block_words=2048,maxnreg=none,chunk_words=4096",
     "chunk_words=4096", "chunk_words=2048", "rows_per_tile=4,chunk_words=4096",
     "block_words=2048,maxnreg=none,rows_per_tile=4", "shifts=2", "maxnreg=none",
     "block_words=8192,num_warps=8", "block_words=2048,rows_per_tile=1,chunk_words=16384,num_warps=8",
-    # around run 14's best (offline registers: 38 -> 12 CTAs/SM; 64 -> 8; 64 -> 8; 80 -> 3)
+    # around the one-wave tile's best (offline registers: 38 -> 12 CTAs/SM; 64 -> 8; 64 -> 8; 80 -> 3)
     "block_words=1024,maxnreg=none", "block_words=2048,maxnreg=none,rows_per_tile=16",
     "block_words=2048,maxnreg=none,chunk_words=16384", "block_words=4096,maxnreg=none,num_warps=8",
-    # session 5: chunks sized so the programs fill the SMs once, evenly (1024 at 8 CTAs/SM); run 20: 53.9 us at 8,
+    # chunks sized so the programs fill the SMs once, evenly (1024 at 8 CTAs/SM): 53.9 us at 8,
     # 48.6-48.9 at 7 (docs/benchmarks.md)
     "block_words=2048,maxnreg=none,fill_ctas_per_sm=8", "block_words=4096,maxnreg=none,num_warps=8,fill_ctas_per_sm=3",
     "fill_ctas_per_sm=4",
@@ -198,7 +200,7 @@ SWEEP_CONFIGS = [
 # fingerprint_many's long rows (the guard's full set: 2 x 168 MB): on top of each base config
 MANY_VARIANTS = [dict(many_long="table"), dict(many_long="table", maxnreg=128),
                  dict(many_long="rows"), dict(many_long="rows", maxnreg=128)]
-# and these whole configs on the full set (twice the programs of one tensor: run 14's one-wave tile
+# and these whole configs on the full set (twice the programs of one tensor: the one-wave tile
 # needs half as many chunks there)
 FULL_SET_CONFIGS = ["", "block_words=2048,maxnreg=none,chunk_words=16384",
                     "block_words=1024,maxnreg=none,chunk_words=16384", "chunk_words=16384"]
@@ -223,9 +225,9 @@ def sweep(iters: int, budget_s: float = 30.0, configs: list[str] | None = None,
     """KernelConfig variants on the main shape (CUDA-graph replay), each checked bit for bit
     against the reference rows first; then the 3 fastest and FULL_SET_CONFIGS on the guard's full set
     (with `configs` given: `full_configs` alone, each as a whole config, if given)."""
-    ref = importlib.import_module("tpguard.fingerprint")
     from tpguard.config import replace_from_text
     from tpguard.kernels import fingerprint as k
+    from tpguard.kernels import fingerprint_reference as ref
 
     t0 = time.perf_counter()
     (shape, dtype) = MAIN_SHAPE
@@ -258,7 +260,7 @@ def sweep(iters: int, budget_s: float = 30.0, configs: list[str] | None = None,
         print(f"(full set not swept with --sweep-configs alone; sweep took {time.perf_counter() - t0:.0f} s)")
         return
     full = guard_sets()["full"]
-    want = k.fingerprint_many_reference(full)
+    want = ref.fingerprint_many_reference(full)
     print("full set (fingerprint_many, graph replay): " + ("the --full-set-configs" if full_configs is not None else
           "the 3 fastest configs and FULL_SET_CONFIGS x long-row variants (many_long, maxnreg)")
           + "; target: <= 88 us (2 x 168 MB at 3.8 TB/s)")
@@ -308,16 +310,17 @@ def main(argv: list[str] | None = None) -> int:
         print("tpguard bench fingerprint: CUDA is not available (this benchmark needs a GPU)",
               file=sys.stderr)
         return 2
+    from tpguard.config import interpreting
     from tpguard.kernels import fingerprint as k
 
-    if not k.available() or k.INTERPRET:
+    if not k.available() or interpreting():
         print("tpguard bench fingerprint: Triton is missing or TRITON_INTERPRET=1 is set",
               file=sys.stderr)
         return 2
     import triton
 
     print(f"device: {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}"
-          f" | one tensor {k.SINGLE_TENSOR_CONFIG} | fingerprint_many {k.DEFAULT_CONFIG}")
+          f" | one tensor {k.SINGLE_TENSOR_CONFIG} | fingerprint_many {k.default_config()}")
     shapes = SHAPES if args.shapes == "all" else [MAIN_SHAPE]
     results = bench_shapes(shapes, args.iters, args.check)
     bench_lane_loads(args.iters)
