@@ -19,13 +19,14 @@ process starts (exit 2).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+
+import orjson
 
 from tpguard.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_OK, EXIT_RANK_DIED, EXIT_TIMEOUT
 from tpguard.launch.options import OptionsError, check_paths, parse_options
@@ -165,7 +166,7 @@ def rank_note(store, run_id: str | None, rank: int) -> dict:
         return {}
     value = _read(store, f"tpguard/{run_id}/live/{rank}/exit")
     try:
-        return json.loads(value) if value else {}
+        return orjson.loads(value) if value else {}
     except ValueError:
         return {}
 

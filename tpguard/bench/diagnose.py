@@ -10,7 +10,7 @@ Usage: python -m tpguard.bench.diagnose [--steps N] [--ranks R] [--layout compac
 
 from __future__ import annotations
 
-import json
+import json  # the yardstick (a bare json.loads per line) and the spaced layout (json.dumps's)
 import resource
 import shutil
 import tempfile

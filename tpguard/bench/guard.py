@@ -14,7 +14,7 @@ Run on one GPU (`python -m tpguard.bench.guard`) or on two with NCCL
 
 from __future__ import annotations
 
-import json
+import json  # a result file, not a trace: the stdlib's encoder takes any float a timer gives (NaN too)
 import os
 
 import torch

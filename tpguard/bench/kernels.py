@@ -27,7 +27,7 @@ Without CUDA it prints a note and exits 0 (the Triton interpreter is far too slo
 
 from __future__ import annotations
 
-import json
+import json  # a result file, not a trace: the stdlib's encoder takes any float a timer gives (NaN too)
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
