@@ -127,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run_harness(opts)
     except Exception as e:  # noqa: BLE001 - one line and a documented code, never a traceback
-        if os.environ.get("TPGUARD_DEBUG") == "1":
+        from tpguard.config import debug
+
+        if debug():
             raise
         from tpguard.launch.harness import crash_code
 

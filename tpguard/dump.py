@@ -16,11 +16,12 @@ fields; the harness (launch/harness.py) and the SGLang plugin write them through
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import orjson
 
 DUMP_FORMAT = "tpguard.dump/1"
 DUMPS_SUBDIR = "dumps"
@@ -173,11 +174,11 @@ def write_dump(directory: str | os.PathLike, *, run_id: str, step: int, site: st
     path.parent.mkdir(parents=True, exist_ok=True)
     out = {k: v.detach().contiguous().cpu().clone() for k, v in tensors.items()}
     meta = {"format": DUMP_FORMAT, "run_id": run_id, "step": str(int(step)), "site": site,
-            "rank": str(int(rank)), "world_size": str(int(world_size)), "quantities": json.dumps(list(quantities))}
+            "rank": str(int(rank)), "world_size": str(int(world_size)), "quantities": orjson.dumps(list(quantities)).decode()}
     if context is not None:
         for name, t in context.params.items():
             out[PARAM_PREFIX + name] = t.detach().contiguous().cpu().clone()
-        meta["context"] = json.dumps(context.to_json())
+        meta["context"] = orjson.dumps(context.to_json(), option=orjson.OPT_NON_STR_KEYS).decode()
     tmp = path.with_name(path.name + ".tmp")
     save_file(out, str(tmp), metadata=meta)
     os.replace(tmp, path)

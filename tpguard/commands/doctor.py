@@ -7,10 +7,11 @@ installed or a TPGUARD_* variable is invalid.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import warnings
+
+import orjson
 
 from tpguard.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_OK
 
@@ -40,7 +41,7 @@ def doctor(as_json: bool = False) -> int:
                    "env": config.__dict__ if config else None, "env_problem": env_problem,
                    "limits": _limits()})
     if as_json:
-        print(json.dumps(report, default=str))
+        print(orjson.dumps(report, default=str, option=orjson.OPT_NON_STR_KEYS).decode())
     else:
         print(_render(disc, entry_point, backend, config, env_problem))
     if disc.versions["sglang"] is None or env_problem:
