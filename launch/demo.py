@@ -20,7 +20,6 @@ printed); the ranks come from a forkserver that imports torch once, to keep star
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import shutil
 import sys
@@ -44,10 +43,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-hang", action="store_true", help="skip part 5 (the hang without a guard)")
     p.add_argument("--timeout", type=float, default=4.0, help="deadline of part 5's waits, seconds (default 4)")
     return p
-
-
-def _deterministic_renorm() -> str:
-    return "tpguard" if importlib.util.find_spec("tpguard.kernels.renorm") is not None else "torch"
 
 
 def _indent(text: str, prefix: str = "    ") -> str:
@@ -132,7 +127,6 @@ def run_demo(args: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     demo = Demo(out, started)
     total = 4 if opts.skip_hang else 5
-    det = _deterministic_renorm()
     print("tpguard demo: 2 ranks on CPU (gloo), DFlash verify of 8 requests x 4 tokens, vocab 4096, "
           "flat logits, top_p 0.9.\nThe renorm adds floats in a random order on each call, as flashinfer's "
           "default multi-CTA kernels do with atomicAdd.")
@@ -174,7 +168,7 @@ def run_demo(args: list[str]) -> int:
     if not opts.skip_hang:
         demo.part(5, total, "why it matters: the same flip without a guard (mixed logits, so acceptance "
                   "lengths follow the tokens)")
-        codes, _, took = demo.run("5-no-guard-hang", ["--renorm", det, "--no-progress", "--steps", "40",
+        codes, _, took = demo.run("5-no-guard-hang", ["--renorm", "deterministic", "--no-progress", "--steps", "40",
                                                       "--inject", "bonus@3:1", "--no-guard",
                                                       "--timeout", f"{opts.timeout:g}"])
         demo.expect(codes == [EXIT_TIMEOUT] * 2,

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 
 from tpguard.config import POLICIES
 from tpguard.quantities import CANONICAL_ORDER, DECISIONS_MODE
+from tpguard.renorm_registry import HARNESS_RENORMS, harness_renorm
 
 ALGOS = ("dflash", "eagle")
 LOGITS = ("flat", "peaky", "mixed")
-RENORMS = ("auto", "torch", "emulated-atomic", "flashinfer", "flashinfer-det", "tpguard")
+RENORMS = HARNESS_RENORMS  # tpguard/renorm_registry.py: the words and what each means
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 QUANTITY_SETS = {"full": CANONICAL_ORDER, "decisions": DECISIONS_MODE}
@@ -55,7 +56,7 @@ class HarnessOptions:
     top_k: int = 0
     min_p: float = 0.0
     mixed_params: bool = False
-    renorm: str = "auto"
+    renorm: str = "default"
     seed: int = 0
     device: str = "cpu"
     backend: str = "auto"
@@ -134,9 +135,9 @@ def build_parser(prog: str = "python -m tpguard.launch") -> argparse.ArgumentPar
     s.add_argument("--min-p", type=float, default=0.0, help="in [0, 1); 0 disables min-p (default 0)")
     s.add_argument("--mixed-params", action="store_true",
                    help="draw temperature/top-p/top-k/min-p per request from a seeded menu")
-    s.add_argument("--renorm", choices=RENORMS, default="auto",
-                   help="renorm backend (default auto: flashinfer on GPU when installed, "
-                        "emulated-atomic otherwise)")
+    s.add_argument("--renorm", choices=RENORMS, default="default", type=harness_renorm,
+                   help="default (flashinfer's kernels on GPU when installed, emulated-atomic otherwise; old "
+                        "spelling: auto), deterministic (the first of tpguard, flashinfer-det, torch), or a name")
     d = p.add_argument_group("devices")
     d.add_argument("--device", choices=DEVICES, default="cpu", help="where the pipeline runs (default cpu)")
     d.add_argument("--backend", choices=BACKENDS, default="auto",

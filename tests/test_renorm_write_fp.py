@@ -155,10 +155,10 @@ def test_pipeline_emits_target_probs_fingerprint_from_the_last_renorm():
     from tpguard.launch.inject import Injector
     from tpguard.launch.model import SyntheticModel
     from tpguard.launch.pipeline import VerifyPipeline
-    from tpguard.launch.renorm_backends import get_backend
     from tpguard.launch.tree import chain
     from tpguard.launch.workload import SamplingParams, Workload
     from tpguard.guard import attached_fingerprint
+    from tpguard.renorm_registry import get_backend
 
     tree = chain(4)
     backend = replace(get_backend("torch", "cpu"), top_p=_fp_producer)
