@@ -88,7 +88,8 @@ def make_renorm(kind: str, backend: str, want_fingerprint: Callable[[], bool] | 
         def fn(probs, param):
             return impl(probs, param, is_deterministic=True)
     else:
-        raise ValueError(f"unknown renorm backend {backend!r} (known: {', '.join(renorm_registry.DETERMINISTIC_ORDER)})")
+        known = ", ".join(renorm_registry.DETERMINISTIC_ORDER)
+        raise ValueError(f"unknown renorm backend {backend!r} (known: {known})")
     fn.__name__ = f"{kind}_renorm_prob"
     fn.__qualname__ = fn.__name__
     fn.__tpguard_renorm__ = f"{backend}.{kind}"

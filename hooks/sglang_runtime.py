@@ -328,9 +328,9 @@ class Runtime:
     def renorm_name(self, binding=None) -> str:
         """The renorm the target probs come from, in the renorm registry's words (tpguard/renorm_registry.py,
         as `tpguard replay` loads them): routed (TPGUARD_RENORM other than default, or policy fix), else
-        read off sglang's `top_p_renorm_prob`
-        binding (`binding`: flashinfer's kernels on CUDA). sglang's own torch fallback (a None
-        binding) is none of replay's backends: "sglang-torch", which replay says it cannot re-run."""
+        read off sglang's `top_p_renorm_prob` binding (`binding`: flashinfer's kernels on CUDA). sglang's
+        own torch fallback (a None binding) is none of replay's backends: "sglang-torch", which replay
+        says it cannot re-run."""
         if self.config.renorm_choice != "default" or self.renorm_routing is not None:
             return self.renorm_backend or "torch"
         return renorm_name_of(binding)

@@ -28,12 +28,12 @@ from tpguard.launch.model import SyntheticModel
 from tpguard.launch.options import HarnessOptions
 from tpguard.launch.pipeline import VerifyPipeline
 from tpguard.launch.progress import StepProgress
-from tpguard.renorm_registry import get_backend
 from tpguard.launch.state_collective import HarnessTimeoutError, StartupTimeoutError, StateCollective
 from tpguard.launch.summary import RunSummary, warmup_steps
 from tpguard.launch.tree import for_algo
 from tpguard.launch.workload import SamplingParams, Workload
 from tpguard.quantities import DECISION_QUANTITIES
+from tpguard.renorm_registry import get_backend
 from tpguard.watchdog import Liveness, base_store, bounded, peer_lost, set_liveness, stale_after
 
 

@@ -16,6 +16,7 @@ from tpguard.config import interpreting  # noqa: E402
 # tpguard's kernels on CPU tensors need the interpreter; gpu/check.sh exports TRITON_INTERPRET=0 for its GPU
 # test runs (there the table runs on CUDA: `python -m tpguard.determinism --device cuda`, docs/benchmarks.md)
 INTERPRETER = interpreting()
+NO_INTERPRETER = "TRITON_INTERPRET=0 in the environment: tpguard's kernels cannot run on CPU"
 
 
 def by_key(rows: list[DeterminismRow]) -> dict[tuple[str, str], DeterminismRow]:
@@ -24,14 +25,14 @@ def by_key(rows: list[DeterminismRow]) -> dict[tuple[str, str], DeterminismRow]:
 
 def test_emulated_atomic_differs_between_calls():
     rows = by_key(measure(n_calls=12, device="cpu", rows=4, vocab=8192, kernels=["emulated-atomic"],
-                            ops=["top_p", "min_p"]))
+                          ops=["top_p", "min_p"]))
     for op in ("top_p", "min_p"):
         r = rows[("emulated-atomic", op)]
         assert r.calls_differing and r.calls_differing > 0, r
         assert r.max_ulp >= 1 and r.deterministic is False
 
 
-@pytest.mark.skipif(not INTERPRETER, reason="TRITON_INTERPRET=0 in the environment: tpguard's kernels cannot run on CPU")
+@pytest.mark.skipif(not INTERPRETER, reason=NO_INTERPRETER)
 def test_reference_and_tpguard_kernels_are_deterministic_and_batch_invariant():
     rows = measure(n_calls=3, device="cpu", rows=2, vocab=1024, kernels=["tpguard", "torch"])
     assert {r.kernel for r in rows} == {"tpguard", "torch"}
@@ -60,7 +61,7 @@ def test_main_bad_device_is_one_line(capsys):
     assert err.startswith("tpguard determinism:") and err.count("\n") == 1
 
 
-@pytest.mark.skipif(not INTERPRETER, reason="TRITON_INTERPRET=0 in the environment: tpguard's kernels cannot run on CPU")
+@pytest.mark.skipif(not INTERPRETER, reason=NO_INTERPRETER)
 def test_16_bit_probabilities():
     """bfloat16 input: tpguard's kernels and the reference deterministic (ulps of bfloat16), the emulated atomics
     not; a bad dtype is one line."""
@@ -69,7 +70,7 @@ def test_16_bit_probabilities():
     from tpguard.determinism import ulp_distance
 
     rows = by_key(measure(n_calls=3, device="cpu", rows=2, vocab=1024, kernels=["tpguard", "torch"], ops=["top_p"],
-                            dtype="bf16"))
+                          dtype="bf16"))
     assert rows[("tpguard", "top_p")].deterministic is True and rows[("torch", "top_p")].deterministic is True
     a = torch.tensor([[1.0, 0.5]], dtype=torch.bfloat16)
     b = torch.tensor([[1.0, 0.5]], dtype=torch.bfloat16).view(torch.int16).add(3).view(torch.bfloat16)

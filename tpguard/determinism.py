@@ -149,8 +149,8 @@ def _batch_invariance(fn, x, others, k, p, m):
 
 
 def measure(n_calls: int = 20, device: str = "auto", rows: Optional[int] = None, vocab: Optional[int] = None,
-              top_k: int = 40, top_p: float = 0.9, min_p: float = 0.1, kernels: Optional[list[str]] = None,
-              ops: Optional[list[str]] = None, seed: int = 0, dtype: str = "fp32") -> list[DeterminismRow]:
+            top_k: int = 40, top_p: float = 0.9, min_p: float = 0.1, kernels: Optional[list[str]] = None,
+            ops: Optional[list[str]] = None, seed: int = 0, dtype: str = "fp32") -> list[DeterminismRow]:
     """Measure every kernel found on ``device`` ("auto", "cpu", "cuda") on probabilities of ``dtype``
     (fp32, fp16, bf16); see the module doc."""
     if dtype not in DTYPES:
