@@ -323,12 +323,13 @@ class Runtime:
         return f"tpguard broadcasts rank 0's decisions at {sw.site} every step (SGLang has no broadcast there)"
 
     def renorm_name(self, binding=None) -> str:
-        """The renorm the target probs come from, as `tpguard replay` names backends: routed
-        (TPGUARD_RENORM=deterministic or policy fix), else read off sglang's `top_p_renorm_prob`
-        binding (`binding`: flashinfer's kernels on CUDA). sglang's own torch fallback (a None
-        binding) is none of replay's backends: "sglang-torch", which replay says it cannot re-run."""
-        if self.config.renorm == "deterministic" or self.renorm_routing is not None:
-            return {"flashinfer": "flashinfer-det"}.get(self.renorm_backend or "", self.renorm_backend or "torch")
+        """The renorm the target probs come from, in the renorm registry's words (tpguard/renorm_registry.py,
+        as `tpguard replay` loads them): routed (TPGUARD_RENORM other than default, or policy fix), else
+        read off sglang's `top_p_renorm_prob` binding (`binding`: flashinfer's kernels on CUDA). sglang's
+        own torch fallback (a None binding) is none of replay's backends: "sglang-torch", which replay
+        says it cannot re-run."""
+        if self.config.renorm_choice != "default" or self.renorm_routing is not None:
+            return self.renorm_backend or "torch"
         return renorm_name_of(binding)
 
     def use_device_guard(self, info) -> bool:

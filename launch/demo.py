@@ -19,7 +19,6 @@ printed); the ranks come from a forkserver that imports torch once, to keep star
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import shutil
 import sys
@@ -31,10 +30,6 @@ from pathlib import Path
 from tpguard.errors import EXIT_ABORTED, EXIT_BAD_INPUT, EXIT_OK, EXIT_TIMEOUT
 
 BASE = ["--logits", "flat", "--top-p", "0.9", "--no-progress"]
-
-
-def _deterministic_renorm() -> str:
-    return "tpguard" if importlib.util.find_spec("tpguard.kernels.renorm") is not None else "torch"
 
 
 def _indent(text: str, prefix: str = "    ") -> str:
@@ -118,7 +113,6 @@ def run_demo(steps: int = 60, out: str | None = None, skip_hang: bool = False, t
     out.mkdir(parents=True, exist_ok=True)
     demo = Demo(out, started)
     total = 4 if skip_hang else 5
-    det = _deterministic_renorm()
     print("tpguard demo: 2 ranks on CPU (gloo), DFlash verify of 8 requests x 4 tokens, vocab 4096, "
           "flat logits, top_p 0.9.\nThe renorm adds floats in a random order on each call, as flashinfer's "
           "default multi-CTA kernels do with atomicAdd.")
@@ -160,7 +154,7 @@ def run_demo(steps: int = 60, out: str | None = None, skip_hang: bool = False, t
     if not skip_hang:
         demo.part(5, total, "why it matters: the same flip without a guard (mixed logits, so acceptance "
                   "lengths follow the tokens)")
-        codes, _, took = demo.run("5-no-guard-hang", ["--renorm", det, "--no-progress", "--steps", "40",
+        codes, _, took = demo.run("5-no-guard-hang", ["--renorm", "deterministic", "--no-progress", "--steps", "40",
                                                       "--inject", "bonus@3:1", "--no-guard",
                                                       "--timeout", f"{timeout:g}"])
         demo.expect(codes == [EXIT_TIMEOUT] * 2,

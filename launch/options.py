@@ -31,10 +31,11 @@ except ImportError:  # pragma: no cover - older typer
 from tpguard.cli_types import one_of
 from tpguard.config import POLICIES
 from tpguard.quantities import CANONICAL_ORDER, DECISIONS_MODE
+from tpguard.renorm_registry import HARNESS_RENORMS, harness_renorm
 
 ALGOS = ("dflash", "eagle")
 LOGITS = ("flat", "peaky", "mixed")
-RENORMS = ("auto", "torch", "emulated-atomic", "flashinfer", "flashinfer-det", "tpguard")
+RENORMS = HARNESS_RENORMS  # tpguard/renorm_registry.py: the words and what each means
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 QUANTITY_SETS = {"full": CANONICAL_ORDER, "decisions": DECISIONS_MODE}
@@ -70,7 +71,7 @@ class HarnessOptions:
     top_k: int = 0
     min_p: float = 0.0
     mixed_params: bool = False
-    renorm: str = "auto"
+    renorm: str = "default"
     seed: int = 0
     device: str = "cpu"
     backend: str = "auto"
@@ -127,6 +128,11 @@ def _injections(texts: list[str] | None) -> list[Injection]:
         raise typer.BadParameter(str(e).removeprefix("--inject "), param_hint="'--inject'") from None
 
 
+def _renorm_word(value: str | None) -> str | None:
+    """A `--renorm` word in the registry's spelling (old spellings mapped), or a usage error."""
+    return None if value is None else one_of(*RENORMS)(harness_renorm(value))
+
+
 DESCRIPTION = ("tpguard TP harness: a seeded speculative verify workload on N ranks (run under torchrun; "
                "options: docs/harness.md).")
 WORKLOAD, SAMPLING, DEVICES_PANEL, GUARD, FAULTS = "workload", "sampling", "devices", "guard", "faults and output"
@@ -151,9 +157,10 @@ def harness_options(
     mixed_params: bool = Opt(False, "--mixed-params",
                              help="draw temperature/top-p/top-k/min-p per request from a seeded menu",
                              rich_help_panel=SAMPLING),
-    renorm: str = Opt("auto", "--renorm", callback=one_of(*RENORMS),
-                      help=f"renorm backend: {' | '.join(RENORMS)} (auto: flashinfer on GPU when installed, "
-                           "emulated-atomic otherwise)", rich_help_panel=SAMPLING),
+    renorm: str = Opt("default", "--renorm", callback=_renorm_word,
+                      help=f"renorm backend: {' | '.join(RENORMS)} (default: flashinfer's kernels on GPU when "
+                           "installed, emulated-atomic otherwise; old spelling: auto; deterministic: the first of "
+                           "tpguard, flashinfer-det, torch)", rich_help_panel=SAMPLING),
     device: str = Opt("cpu", "--device", callback=one_of(*DEVICES), help="where the pipeline runs: cpu | cuda",
                       rich_help_panel=DEVICES_PANEL),
     backend: str = Opt("auto", "--backend", callback=one_of(*BACKENDS),

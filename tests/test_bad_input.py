@@ -239,8 +239,8 @@ def test_harness_paths(tmp_path, capsys):
 
 def test_cli_arguments(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
-    for args, text in [(["audit", "--device", "bogus"], "--device"), (["audit", "--rows", "-1"], "--rows"),
-                       (["audit", "--vocab", "-5"], "--vocab"),
+    for args, text in [(["determinism", "--device", "bogus"], "--device"), (["determinism", "--rows", "-1"], "--rows"),
+                       (["audit", "--vocab", "-5"], "--vocab"),  # `audit`: the command's hidden earlier name
                        (["serve", "--trace-dir", str(tmp_path / "file"), "--", "true"], "not a directory"),
                        (["demo", "--steps", "x"], "valid integer"), (["demo", "--timeout", "inf"], "--timeout"),
                        (["demo", "--out", str(tmp_path / "file")], "not a directory")]:

@@ -12,7 +12,7 @@ from tpguard.launch.inject import Injector
 from tpguard.launch.model import SyntheticModel
 from tpguard.launch.options import Injection, OptionsError, parse_options
 from tpguard.launch.pipeline import VerifyPipeline
-from tpguard.launch.renorm_backends import get_backend
+from tpguard.renorm_registry import get_backend
 from tpguard.launch.tree import chain, eagle_tree
 from tpguard.launch.workload import SamplingParams, Workload
 from tpguard.quantities import CANONICAL_ORDER

@@ -102,14 +102,14 @@ def demo(
 
 
 @app.command()
-def audit(
+def determinism(
     calls: int = typer.Option(20, "--calls", help="repeated calls per kernel on identical input"),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
     rows: int = typer.Option(0, "--rows", help="rows per input (0: a default for the device)"),
     vocab: int = typer.Option(0, "--vocab", help="vocabulary size (0: a default for the device)"),
 ):
     """Determinism and batch-invariance table of every renorm/sampling kernel found here."""
-    from tpguard.audit import main as audit_main
+    from tpguard.determinism import main as determinism_main
 
     if device not in ("auto", "cpu", "cuda"):
         raise click_exc.BadParameter(f"must be auto, cpu or cuda, got {device!r}", param_hint="'--device'")
@@ -124,7 +124,11 @@ def audit(
         kwargs["rows"] = rows
     if vocab:
         kwargs["vocab"] = vocab
-    raise typer.Exit(audit_main(**kwargs) or 0)
+    raise typer.Exit(determinism_main(**kwargs) or 0)
+
+
+# `tpguard audit`: the command's earlier name (TPGUARD=audit is the guard's mode; the table is "determinism")
+app.command("audit", hidden=True)(determinism)
 
 
 @app.command()
@@ -142,7 +146,8 @@ def serve(
     trace_dir: Optional[str] = typer.Option(None, "--trace-dir"),
     every: int = typer.Option(1, "--every", help="check every N verify steps"),
     on_divergence: str = typer.Option("record", "--on-divergence", help="record | heal | abort | fix"),
-    renorm: str = typer.Option("default", "--renorm", help="default | deterministic"),
+    renorm: str = typer.Option("default", "--renorm",
+                               help="default | deterministic | tpguard | flashinfer-det | torch (TPGUARD_RENORM)"),
     dump: bool = typer.Option(False, "--dump"),
 ):
     """Run an SGLang launch command with the tpguard plugin enabled: tpguard serve -- python -m sglang..."""

@@ -48,7 +48,7 @@ class DumpContext:
     probs: how target_probs came from target_logits: {"path": "dense", "stages": [...]}:
       softmax(logits / temperature) in float32, then the renorm stages in order (top_k, top_p,
       min_p), each called on all rows with the per-row parameters;
-    renorm: {"name": a `--renorm` backend name (launch/renorm_backends.py), "source",
+    renorm: {"name": an implementation's name in the renorm registry (tpguard/renorm_registry.py), "source",
       "deterministic"};
     coins: {"draw": "torch.rand", "shapes": [[...], ...]} when the coins are the first draws of
       the generator whose state is `rng_state` (one `torch.rand` per shape, in order; the
@@ -103,7 +103,7 @@ def context_from_sampling_info(sampling_info, draft_token_num: int, *, algo: str
     """The context of an SGLang verify step, for the plugin's dumps: `sampling_info` is SGLang's
     SamplingBatchInfo (temperatures, top_ks, top_ps, min_ps, need_*_sampling), `draft_token_num`
     the verify positions per request (the rows of target_probs per request); `renorm_name` a
-    `--renorm` backend name (flashinfer, flashinfer-det, tpguard, torch); `sparse_topk` whether
+    renorm registry name (flashinfer, flashinfer-det, tpguard, torch); `sparse_topk` whether
     `build_speculative_verify_target_probs` took its sparse top-k path (replay re-runs the dense
     one only); `tree_parents` per request (None: a chain of `draft_token_num` nodes); `stages`
     default: top_k then top_p as SamplingBatchInfo's need_* flags say (the stages

@@ -398,14 +398,16 @@ def fused_probs_main(args: Options) -> int:
 
     from tpguard.fingerprint import fingerprint_rows_i64, to_unsigned
     from tpguard.kernels import fingerprint as kfp
-    from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, launch_write, shapes_for, workspace_for
+    from tpguard.kernels.renorm_config import default_config
+    from tpguard.kernels.renorm_passes import launch_write
+    from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
     from tpguard.kernels.renorm_write_fp import launch_write_fp
 
     dev = torch.device("cuda", torch.cuda.current_device())
     rows = args.bs * args.draft_tokens
     g = torch.Generator(device=dev).manual_seed(0)
     probs = torch.softmax(torch.randn(rows, args.vocab, device=dev, generator=g), -1)
-    cfg = DEFAULT_CONFIG
+    cfg = default_config()
     s = shapes_for(rows, args.vocab, cfg)
     ws = workspace_for(s, cfg, dev, with_sample=False, with_bracket=False)
     # a cutoff near the median, the kept mass ~ half: about half the entries written as zeros

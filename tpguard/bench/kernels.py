@@ -196,11 +196,12 @@ def run(rows=256, vocabs=(128256, 163840), logits=("flat", "peaky"), iters=50, r
     print(f"# top_p={top_p} top_k={top_k} min_p={min_p}, median of {iters} calls (CUDA events), "
           f"determinism over {repeats} calls on one input")
     if "tpguard" in impls:
+        from tpguard.config import renorm_graph_rows
         from tpguard.kernels import renorm_graph
-        from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
+        from tpguard.kernels.renorm_config import default_config
 
-        print(f"# tpguard block shapes: {DEFAULT_CONFIG}")
-        print(f"# tpguard eager calls of <= {renorm_graph.GRAPH_ROWS} rows and >= {renorm_graph.GRAPH_MIN_LAUNCHES} "
+        print(f"# tpguard block shapes: {default_config()}")
+        print(f"# tpguard eager calls of <= {renorm_graph_rows()} rows and >= {renorm_graph.GRAPH_MIN_LAUNCHES} "
               "launches replay their plan's graph (TPGUARD_RENORM_GRAPH_ROWS; 0: none)")
     cells: list[Cell] = []
     floors = {}
