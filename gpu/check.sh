@@ -10,7 +10,7 @@
 # Phases (PHASES=a,b,...; default: all six in this order). One device call may last 600 s, so run
 # them in groups; the times are what they took on one H200 (two for the NCCL parts):
 #   tests        the GPU test files (GPU_TESTS), pytest -n 8 (pytest-xdist from .whl)        ~300-400 s
-#   kernels      bench kernels (the renorm table beside flashinfer, batch sizes, top_k sweep), the audit
+#   kernels      bench kernels (the renorm table beside flashinfer, batch sizes, top_k sweep), the determinism table
 #                (1,000 calls at 8 rows, 300 at 256), host time per eager call; with 2 GPUs the
 #                cross-GPU bytes check                                  ~400 s, +100 s for flashinfer's JIT
 #   fingerprint  bench fingerprint (one tensor: TMA and ldg lane loads; the guard's sets)        ~90 s
@@ -104,7 +104,7 @@ XDIST=; python3 -c "import xdist" 2> /dev/null && XDIST="-n 8"
 # The GPU test files (the others are CPU-only: interpreter tests set TRITON_INTERPRET=1 at import).
 GPU_TESTS=${GPU_TESTS:-"tests/test_renorm_kernels.py tests/test_renorm_reference.py tests/test_renorm_write_fp.py
   tests/test_renorm_plan.py tests/test_renorm_top_k_fused.py tests/test_row_split.py tests/test_pdl.py
-  tests/test_fingerprint.py tests/test_gpu_guard_graphs.py tests/test_heal_copy.py tests/test_audit.py"}
+  tests/test_fingerprint.py tests/test_gpu_guard_graphs.py tests/test_heal_copy.py tests/test_determinism.py"}
 
 tests() {
   local d=$RES/tests; mkdir -p $d
@@ -128,9 +128,9 @@ kernels() {
   say "bench kernels rc=$? $(grep '^targets' $d/bench.log)"
   flashinfer_so
   for rc in 8:1000 256:300; do
-    within 120 python3 -m tpguard.audit --calls ${rc#*:} --device cuda --rows ${rc%:*} --vocab 163840 \
-      > $d/audit${rc%:*}.log 2>&1
-    say "audit rows=${rc%:*} calls=${rc#*:} rc=$?"
+    within 120 python3 -m tpguard.determinism --calls ${rc#*:} --device cuda --rows ${rc%:*} --vocab 163840 \
+      > $d/determinism${rc%:*}.log 2>&1
+    say "determinism rows=${rc%:*} calls=${rc#*:} rc=$?"
   done
   within 150 python3 gpu/renorm_host.py --gpu --batch-sizes 1,8,64 > $d/host.log 2>&1
   say "host time per eager call rc=$? $(tail -1 $d/host.log)"

@@ -55,14 +55,14 @@ def record_launches(op: str, mode: int, vocab: int = 163840, tensor_params: bool
     """(kernel, args, kwargs) of every launch one call of `op` makes with RenormConfig.pdl = mode,
     recorded from the host code (no launch, no GPU: CPU tensors stand in)."""
     from tpguard.kernels import pdl, renorm_plan
-    from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
+    from tpguard.kernels.renorm_config import default_config
 
     calls = []
     real_run, real_supported = JITFunction.run, pdl.supported
     JITFunction.run = lambda self, *args, grid, warmup, **kwargs: calls.append((self, args, kwargs))
     pdl.supported = lambda device: True  # as on an H200 (this process runs without TRITON_INTERPRET)
     try:
-        cfg = DEFAULT_CONFIG.replace(pdl=mode, pdl_min_rows=1)
+        cfg = default_config().replace(pdl=mode, pdl_min_rows=1)
         x = torch.rand(rows, vocab)
         k = torch.full((rows,), 40, dtype=torch.int32) if tensor_params else 40
         p = torch.full((rows,), 0.9) if tensor_params else 0.9

@@ -163,10 +163,11 @@ def kernels(d: Path, env: dict) -> str:
         if line.startswith(("targets", "direct launches")):
             out += f"\n{line}\n"
     for rows_, calls in ((8, 1000), (256, 300)):
-        text = read(d / f"audit{rows_}.log")
+        text = read(d / f"determinism{rows_}.log")
         lines = [ln for ln in text.splitlines() if ln.startswith("|") and "not available here" not in ln]
         if lines:
-            out += (f"\n**Audit**, `python -m tpguard.audit --calls {calls} --device cuda --rows {rows_} --vocab 163840`:"
+            out += (f"\n**Determinism**, `python -m tpguard.determinism --calls {calls} --device cuda --rows {rows_} "
+                    "--vocab 163840`:"
                     "\n\n" + "\n".join(lines) + "\n")
     host = read(d / "host.log")
     pat = re.compile(r"^\s*(\d+) x \d+ (\w+)\s+fp=n: host us/call plans off\s+([\d.]+)\s+on, untrimmed\s+([\d.]+)"

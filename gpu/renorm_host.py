@@ -28,10 +28,22 @@ import time
 
 
 def _calls(renorm, x, fp=None):
-    return {"top_p": lambda: renorm.top_p_renorm(x, 0.9, backend="triton", fingerprint_out=fp),
-            "top_k": lambda: renorm.top_k_renorm(x, 40, backend="triton", fingerprint_out=fp),
-            "top_k_top_p": lambda: renorm.top_k_top_p_renorm(x, 40, 0.9, backend="triton", fingerprint_out=fp),
-            "min_p": lambda: renorm.min_p_renorm(x, 0.1, backend="triton", fingerprint_out=fp)}
+    return {"top_p": lambda: renorm.top_p_renorm(x, 0.9, backend="tpguard", fingerprint_out=fp),
+            "top_k": lambda: renorm.top_k_renorm(x, 40, backend="tpguard", fingerprint_out=fp),
+            "top_k_top_p": lambda: renorm.top_k_top_p_renorm(x, 40, 0.9, backend="tpguard", fingerprint_out=fp),
+            "min_p": lambda: renorm.min_p_renorm(x, 0.1, backend="tpguard", fingerprint_out=fp)}
+
+
+def _plans_on() -> int:
+    """TPGUARD_RENORM_PLANS as the process has it (4 where it says 0: this script switches them)."""
+    from tpguard.config import renorm_plan_limits
+
+    return renorm_plan_limits()[0] or 4
+
+
+def _set_env(name: str, value) -> None:
+    """The plan knobs are read per call (tpguard.config): the script sets them in the environment."""
+    os.environ[name] = str(value)
 
 
 def cpu(args) -> int:
@@ -42,12 +54,12 @@ def cpu(args) -> int:
     import triton.runtime.interpreter as interp
 
     interp.InterpretedFunction.__getitem__ = lambda self, grid: (lambda *a, **k: None)  # no kernel runs
-    from tpguard.kernels import renorm, renorm_plan
+    from tpguard.kernels import renorm
 
     x = torch.softmax(torch.randn(1, args.vocab), -1)
     calls = _calls(renorm, x)
-    for plans in (0, renorm_plan.MAX_PLANS or 4):
-        renorm_plan.MAX_PLANS = plans
+    for plans in (0, _plans_on()):
+        _set_env("TPGUARD_RENORM_PLANS", plans)
         renorm.clear_plans()
         for name, fn in calls.items():
             for _ in range(20):
@@ -71,18 +83,19 @@ def gpu(args) -> int:
     import torch
 
     from tpguard.bench.timing import capture, time_host
+    from tpguard.config import renorm_graph_rows, renorm_plan_limits
     from tpguard.kernels import direct_launch, renorm, renorm_graph, renorm_plan
 
     if not torch.cuda.is_available():
         print("renorm_host --gpu: no CUDA device here")
         return 0
-    on = renorm_plan.MAX_PLANS or 4
+    on = _plans_on()
     direct = "on" if direct_launch.enabled() else "OFF"
     print(f"torch {torch.__version__}, triton {__import__('triton').__version__}, "
           f"{torch.cuda.get_device_name()}, vocab {args.vocab}, {args.calls} calls; plans on = "
-          f"{on} plans, {renorm_plan.MAX_BYTES >> 20} MiB; direct launches {direct}")
+          f"{on} plans, {renorm_plan_limits()[1] >> 20} MiB; direct launches {direct}")
     bad = 0
-    graph_rows0, min_launches0 = renorm_graph.GRAPH_ROWS, renorm_graph.GRAPH_MIN_LAUNCHES
+    graph_rows0, min_launches0 = renorm_graph_rows(), renorm_graph.GRAPH_MIN_LAUNCHES
     for rows in args.batch_sizes:
         g = torch.Generator(device="cuda").manual_seed(rows)
         x = torch.softmax(torch.randn(rows, args.vocab, device="cuda", generator=g), -1)
@@ -94,9 +107,9 @@ def gpu(args) -> int:
                 # plans replaying their own CUDA graph (renorm_graph.py)
                 for mode, plans, trim, graph_rows in (("off", 0, True, 0), ("as-is", on, False, 0),
                                                       ("on", on, True, 0), ("graph", on, True, rows)):
-                    renorm_plan.MAX_PLANS = plans
-                    os.environ["TPGUARD_LAUNCH_TRIM"] = "1" if trim else "0"  # read at record time
-                    renorm_graph.GRAPH_ROWS = graph_rows
+                    _set_env("TPGUARD_RENORM_PLANS", plans)
+                    _set_env("TPGUARD_LAUNCH_TRIM", int(trim))  # read at record time
+                    _set_env("TPGUARD_RENORM_GRAPH_ROWS", graph_rows)
                     renorm_graph.GRAPH_MIN_LAUNCHES = 0 if graph_rows else min_launches0
                     renorm.clear_plans()
                     for _ in range(4):  # compile, plan, record + check, graph capture + check
@@ -108,7 +121,8 @@ def gpu(args) -> int:
                     if graph_rows:
                         pg = [p.graphs for _, p in renorm_plan.plans() if p.graphs is not None]
                         g_state = f"{pg[-1].state} {pg[-1].refusal}".strip() if pg else "no graph"
-                os.environ["TPGUARD_LAUNCH_TRIM"], renorm_graph.GRAPH_ROWS = "1", graph_rows0
+                _set_env("TPGUARD_LAUNCH_TRIM", 1)
+                _set_env("TPGUARD_RENORM_GRAPH_ROWS", graph_rows0)
                 renorm_graph.GRAPH_MIN_LAUNCHES = min_launches0
                 o0, f0, t0 = res["off"]
                 same = all(torch.equal(o0.view(torch.int32), o.view(torch.int32)) and f0 == f
@@ -121,7 +135,7 @@ def gpu(args) -> int:
                       f"graph {t_g:7.1f} ({g_state})  bits {'same' if same else 'DIFFER'}  plan {st[0]} "
                       f"{st[2] / 2**20:.2f} MiB {st[1]}")
         # capture with plans on: the fresh-workspace path; replays give the eager bits
-        renorm_plan.MAX_PLANS = on
+        _set_env("TPGUARD_RENORM_PLANS", on)
         renorm.clear_plans()
         fn = _calls(renorm, x)["top_p"]
         expect = fn()

@@ -44,8 +44,8 @@ import types
 CONFIGS = {
     "default": {"TPGUARD_RENORM": "default"},
     "deterministic": {"TPGUARD_RENORM": "deterministic"},
-    "deterministic-flashinfer": {"TPGUARD_RENORM": "deterministic", "TPGUARD_RENORM_BACKEND": "flashinfer"},
-    "deterministic-tpguard": {"TPGUARD_RENORM": "deterministic", "TPGUARD_RENORM_BACKEND": "tpguard"},
+    "deterministic-flashinfer": {"TPGUARD_RENORM": "flashinfer-det"},
+    "deterministic-tpguard": {"TPGUARD_RENORM": "tpguard"},
     # audit: sglang's rank-0 broadcasts on (SGLANG_SPEC_TP_SYNC=all); tpguard fingerprints what each
     # rank computed before them, while the outputs (after the broadcast) stay equal.
     "audit": {"TPGUARD": "audit", "TPGUARD_RENORM": "default", "SGLANG_SPEC_TP_SYNC": "all"},

@@ -5,7 +5,7 @@ For each input (flat = logits N(0, 1), mid = N(0, 1) x 4, peaky = N(0, 1) x 5; 2
 unless told) and each config: us per call eagerly (3 batches of --iters back-to-back calls, the
 median) and from a CUDA graph, whether the output bits equal the first config's, and the bracket's
 size (entries copied per row, mean / max) where the config brackets. Config texts as
-TPGUARD_RENORM_CONFIG's (kernels/renorm_passes.config_from_env), ';'-separated, "" = the default.
+TPGUARD_RENORM_CONFIG's (kernels/renorm_config.config_from_env), ';'-separated, "" = the default.
 
 Usage: python -P gpu/top_p_presample_ab.py [--rows 256] [--vocab 163840] [--p 0.9] [--dtype fp32]
          [--configs ";top_p_presample=1;top_p_presample=1,bracket_pass_maxnreg=96"] [--json PATH]
@@ -20,8 +20,9 @@ import torch
 
 from tpguard.bench.timing import time_batched, time_graph
 from tpguard.kernels.reference import bits
-from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, shapes_for, workspace_for
+from tpguard.kernels.renorm_config import default_config
 from tpguard.kernels.renorm_top_p import top_p_renorm_triton
+from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -29,7 +30,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def config(text: str):
     from tpguard.config import replace_from_text
 
-    return replace_from_text(DEFAULT_CONFIG, text, "--configs") if text.strip() else DEFAULT_CONFIG
+    base = default_config()
+    return replace_from_text(base, text, "--configs") if text.strip() else base
 
 
 def probs(rows: int, vocab: int, scale: float, dtype, seed: int = 0) -> torch.Tensor:

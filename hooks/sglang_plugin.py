@@ -6,10 +6,11 @@ and every `from X import Y` binding of it. With TPGUARD unset or `off`, `registe
 once: no hook, no import, no collective.
 
 Environment (tpguard.config.GuardConfig): TPGUARD=off|on|audit, TPGUARD_TRACE_DIR, TPGUARD_EVERY,
-TPGUARD_ON_DIVERGENCE=record|heal|abort, TPGUARD_RENORM=default|deterministic, TPGUARD_DUMP,
+TPGUARD_ON_DIVERGENCE=record|heal|abort, TPGUARD_RENORM=default|deterministic|tpguard|flashinfer-det|torch
+(tpguard/renorm_registry.py), TPGUARD_DUMP,
 TPGUARD_TIMEOUT, TPGUARD_QUANTITIES=full|decisions, TPGUARD_SAMPLE, TPGUARD_MERGED,
 TPGUARD_RUN_ID (set by `tpguard serve`: one run id for every process of a server),
-TPGUARD_RENORM_BACKEND=tpguard|flashinfer|torch, TPGUARD_ALL_PROCESSES=1 (hook processes other
+TPGUARD_RENORM_BACKEND (older spelling of TPGUARD_RENORM=NAME), TPGUARD_ALL_PROCESSES=1 (hook processes other
 than sglang's schedulers too: scripts that call sglang's functions directly), TPGUARD_GUARD=auto|sync|device
 (auto: the no-host-sync DeviceStepGuard on NCCL groups with policy record/abort).
 """
@@ -99,10 +100,10 @@ def install(config: GuardConfig):
         HookRegistry.register(point.target, sglang_sites.HOOKS[point.name], HookType.AROUND)
         rt.hooks_installed.append(point.name)
 
-    if config.renorm == "deterministic":
-        # TPGUARD_RENORM_BACKEND=tpguard|flashinfer|torch picks one (default: the first available).
-        preferred = config.renorm_backend or None
-        routing = sglang_renorm.route(preferred, on_output=rt.on_renorm_output)
+    if config.renorm_choice != "default":
+        # TPGUARD_RENORM=deterministic (the first available) or tpguard|flashinfer-det|torch (that one where
+        # it runs): tpguard/renorm_registry.py
+        routing = sglang_renorm.route(config.renorm_choice, on_output=rt.on_renorm_output)
         rt.renorm_backend = routing.backend
         rt.renorm_routing = routing
         logger.info("tpguard: renorm routed to deterministic kernels (%s) at %s", routing.backend,

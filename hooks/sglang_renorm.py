@@ -1,17 +1,19 @@
-"""TPGUARD_RENORM=deterministic: route every renorm call site of sglang to deterministic kernels.
+"""TPGUARD_RENORM=deterministic (or a deterministic implementation's name): route every renorm call
+site of sglang to deterministic kernels.
 
 sglang binds `top_k_renorm_prob` / `top_p_renorm_prob` by name in four modules
 (`sglang_compat.RENORM_MODULES`). On CUDA they are flashinfer's default kernels (float atomicAdd:
 two calls on identical input differ in the last bits); on CPU they are None and sglang falls back
 to torch. Routing rebinds the name in each of those modules, and in any other loaded module that
-holds the same object, to one of (first available):
+holds the same object, to the implementation the renorm registry picks (tpguard/renorm_registry.py:
+the one named if it runs here, else the first that does, in this order):
 
 * ``tpguard``: the flashinfer-style drop-in `tpguard.kernels.flashinfer_api` (flashinfer's calling
   convention and parameter checks; Triton on CUDA, its torch reference on CPU);
-* ``flashinfer``: flashinfer's ``is_deterministic=True`` kernels (integer-histogram AIR top-p,
+* ``flashinfer-det``: flashinfer's ``is_deterministic=True`` kernels (integer-histogram AIR top-p,
   fixed-point top-k);
 * ``torch``: the same drop-in on tpguard's torch reference (`tpguard.kernels.reference`), for any
-  device. One registry: tpguard's renorms exist once, in tpguard.kernels.
+  device. tpguard's renorms exist once, in tpguard.kernels.
 
 Tie rule (`TIE_RULE`, `tie_rules()`; `tpguard doctor` prints them): on every path tpguard reroutes,
 every entry equal to the cutoff is kept, as flashinfer's CUDA kernels do. sglang's own CPU fallback
@@ -32,48 +34,25 @@ from collections.abc import Callable
 
 import torch
 
+from tpguard import renorm_registry
 from tpguard.hooks.sglang_compat import RENORM_MODULES, RENORM_NAMES
 from tpguard.kernels.renorm import TIE_RULE
-
-BACKENDS = ("tpguard", "flashinfer", "torch")
 
 
 def tie_rules(backend: str | None = None) -> list[str]:
     """The tie rule of each renorm path of sglang, for `tpguard doctor` (`backend`: the routed one,
-    e.g. `pick_backend()`, or None when TPGUARD_RENORM=deterministic is off)."""
+    `renorm_registry.routed_to`, or None when TPGUARD_RENORM is default)."""
     routed = {"tpguard": f"tpguard's kernels: {TIE_RULE}",
               "torch": f"tpguard's torch reference: {TIE_RULE}",
-              "flashinfer": "flashinfer's is_deterministic kernels: flashinfer's rule (x >= pivot)"}
+              "flashinfer-det": "flashinfer's is_deterministic kernels: flashinfer's rule (x >= pivot)"}
     lines = [f"routed renorms (top_k_renorm_prob, top_p_renorm_prob): "
-             f"{routed.get(backend, 'not routed (TPGUARD_RENORM=deterministic is off)')}"]
+             f"{routed.get(backend, 'not routed (TPGUARD_RENORM=default)')}"]
     lines.append("DFlash sparse verify (build_speculative_verify_target_probs with top-k): sglang truncates top-k "
                  "by rank (torch.topk: exactly k, ties by position) before its top-p step; "
                  "where the plugin installs RenormRouting.verify_target_probs in its place, the rule above holds "
                  "for both steps (the same result as the dense path)")
     lines.append("sglang's own torch fallback (CPU, not routed): keeps exactly k by rank")
     return lines
-
-
-def pick_backend(preferred: str | None = None) -> str:
-    """The first deterministic backend available here (or `preferred` if given and available)."""
-    order = [preferred] if preferred else []
-    order += [b for b in BACKENDS if b not in order]
-    for name in order:
-        if name == "tpguard" and _importable("tpguard.kernels.flashinfer_api"):
-            return name
-        if name == "flashinfer" and torch.cuda.is_available() and _importable("flashinfer.sampling"):
-            return name
-        if name == "torch":
-            return name
-    return "torch"
-
-
-def _importable(module: str) -> bool:
-    try:
-        importlib.import_module(module)
-        return True
-    except Exception:
-        return False
 
 
 # --- the routed functions ------------------------------------------------------------------------
@@ -90,7 +69,8 @@ def make_renorm(kind: str, backend: str, want_fingerprint: Callable[[], bool] | 
         from tpguard.fingerprint import call_with_fingerprint
         from tpguard.kernels import flashinfer_api
 
-        forced = "torch" if backend == "torch" else None  # None: Triton on CUDA (flashinfer_api.backend_for)
+        # None: the drop-in's pick (flashinfer_api.backend_for: Triton on CUDA and under the interpreter)
+        forced = "torch" if backend == "torch" else None
 
         def drop_in(probs, param, fingerprint_out=None):
             return flashinfer_api.renorm_probs(kind, probs, param, backend=forced, fingerprint_out=fingerprint_out)
@@ -100,7 +80,7 @@ def make_renorm(kind: str, backend: str, want_fingerprint: Callable[[], bool] | 
             if want_fingerprint is not None and want_fingerprint():
                 return call_with_fingerprint(drop_in, probs, param)
             return drop_in(probs, param)
-    elif backend == "flashinfer":
+    elif backend == "flashinfer-det":
         import flashinfer.sampling as fs
 
         impl = fs.top_k_renorm_probs if kind == "top_k" else fs.top_p_renorm_probs
@@ -108,7 +88,8 @@ def make_renorm(kind: str, backend: str, want_fingerprint: Callable[[], bool] | 
         def fn(probs, param):
             return impl(probs, param, is_deterministic=True)
     else:
-        raise ValueError(f"unknown renorm backend {backend!r} (known: {', '.join(BACKENDS)})")
+        known = ", ".join(renorm_registry.DETERMINISTIC_ORDER)
+        raise ValueError(f"unknown renorm backend {backend!r} (known: {known})")
     fn.__name__ = f"{kind}_renorm_prob"
     fn.__qualname__ = fn.__name__
     fn.__tpguard_renorm__ = f"{backend}.{kind}"
@@ -134,7 +115,7 @@ def with_output_hook(fn: Callable, on_output: Callable[[torch.Tensor], None] | N
 
 def make_verify_target_probs(on_output: Callable[[torch.Tensor], None] | None = None,
                              want_fingerprint: Callable[[], bool] | None = None,
-                             backend: str = "auto") -> Callable:
+                             backend: str = "deterministic") -> Callable:
     """A replacement of sglang 0.5.23's ``build_speculative_verify_target_probs``
     (srt/speculative/dflash_utils.py; DFlash, DSpark's sampled accept, UNO, the sampling mask): the
     same keyword arguments and result (float32 ``[bs, draft_token_num, vocab]``), computed by the
@@ -208,12 +189,14 @@ class RenormRouting:
         self.previous.clear()
 
 
-def route(backend: str | None = None, on_output: Callable | None = None,
+def route(choice: str | None = None, on_output: Callable | None = None,
           want_fingerprint: Callable[[], bool] | None = None) -> RenormRouting:
     """Rebind the renorm names at every call site to deterministic kernels; returns the routing.
-    `want_fingerprint` (default: the ``wants_renorm_fingerprint`` method of the object that
-    `on_output` is bound to, if any): whether this call's output should carry its fingerprint."""
-    backend = pick_backend(backend)
+    `choice`: ``deterministic`` (or None) or an implementation's name, as TPGUARD_RENORM takes it
+    (`renorm_registry.routed_to` picks what runs here). `want_fingerprint` (default: the
+    ``wants_renorm_fingerprint`` method of the object that `on_output` is bound to, if any): whether
+    this call's output should carry its fingerprint."""
+    backend = renorm_registry.routed_to(choice or renorm_registry.DETERMINISTIC, renorm_registry.here())
     routing = RenormRouting(backend)
     if want_fingerprint is None:
         want_fingerprint = getattr(getattr(on_output, "__self__", None), "wants_renorm_fingerprint", None)
@@ -221,7 +204,7 @@ def route(backend: str | None = None, on_output: Callable | None = None,
              for k in ("top_k", "top_p")}
     if backend in ("tpguard", "torch"):
         routing.verify_target_probs = make_verify_target_probs(on_output, want_fingerprint,
-                                                               "torch" if backend == "torch" else "auto")
+                                                               "torch" if backend == "torch" else "deterministic")
     originals: dict[str, set[int]] = {n: set() for n in RENORM_NAMES}
     for mod_name in RENORM_MODULES:
         module = importlib.import_module(mod_name)

@@ -231,10 +231,11 @@ class Runtime:
             allowed -= set(VOCAB_SIZED)
         return tuple(q for q in PLUGIN_ORDER if q in allowed)
 
-    def _open_trace(self, site: str, info) -> None:
+    def _start_run(self, site: str, info) -> None:
+        """Agree on the run id with the group's other ranks, then open this rank's trace writers."""
         from tpguard.guard import agree_on_run_id
         from tpguard.records import Header
-        from tpguard.trace import TraceWriter, merged_trace_path, rank_trace_path
+        from tpguard.trace import open_trace_writers
 
         run_id = agree_on_run_id(info, self.run_id, self.config.timeout_s)
         if info.distributed:
@@ -249,12 +250,8 @@ class Runtime:
                         quantities=list(self.quantities()), algo=algo_of(site),
                         versions=self.versions, config=self.config_dict())
         try:
-            self.trace = TraceWriter(rank_trace_path(self.config.trace_dir, run_id, info.rank), header,
-                                     max_bytes=self.config.max_trace_bytes)
-            if self.config.merged and info.rank == 0:
-                merged = Header(**{**header.__dict__, "ranks": list(range(info.world_size))})
-                self.merged_trace = TraceWriter(merged_trace_path(self.config.trace_dir, run_id), merged,
-                                                max_bytes=self.config.max_trace_bytes)
+            self.trace, self.merged_trace = open_trace_writers(self.config.trace_dir, header, info.rank,
+                                                               self.config.merged, self.config.max_trace_bytes)
         except OSError as e:  # this rank's disk: no trace here; checks go on (collectives stay paired)
             logger.error("tpguard: trace directory %s cannot be written (%s); this rank writes no trace "
                          "(checks go on)", self.config.trace_dir, e.strerror or e)
@@ -275,7 +272,7 @@ class Runtime:
 
         pg = self.group()
         if not self.guards:  # the first guard of this process: agree on the run id, open the trace
-            self._open_trace(site, GroupInfo(pg))
+            self._start_run(site, GroupInfo(pg))
         dump_dir = None
         if self.config.dump:
             from tpguard.optional import missing, say_once
@@ -326,12 +323,13 @@ class Runtime:
         return f"tpguard broadcasts rank 0's decisions at {sw.site} every step (SGLang has no broadcast there)"
 
     def renorm_name(self, binding=None) -> str:
-        """The renorm the target probs come from, as `tpguard replay` names backends: routed
-        (TPGUARD_RENORM=deterministic or policy fix), else read off sglang's `top_p_renorm_prob`
-        binding (`binding`: flashinfer's kernels on CUDA). sglang's own torch fallback (a None
-        binding) is none of replay's backends: "sglang-torch", which replay says it cannot re-run."""
-        if self.config.renorm == "deterministic" or self.renorm_routing is not None:
-            return {"flashinfer": "flashinfer-det"}.get(self.renorm_backend or "", self.renorm_backend or "torch")
+        """The renorm the target probs come from, in the renorm registry's words (tpguard/renorm_registry.py,
+        as `tpguard replay` loads them): routed (TPGUARD_RENORM other than default, or policy fix), else
+        read off sglang's `top_p_renorm_prob` binding (`binding`: flashinfer's kernels on CUDA). sglang's
+        own torch fallback (a None binding) is none of replay's backends: "sglang-torch", which replay
+        says it cannot re-run."""
+        if self.config.renorm_choice != "default" or self.renorm_routing is not None:
+            return self.renorm_backend or "torch"
         return renorm_name_of(binding)
 
     def use_device_guard(self, info) -> bool:

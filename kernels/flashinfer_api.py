@@ -39,8 +39,9 @@ from typing import Union
 
 import torch
 
-from tpguard.kernels import renorm
 from tpguard.config import interpreting
+from tpguard.kernels import renorm
+from tpguard.kernels.renorm_args import DTYPES, triton_available
 
 TopP = Union[torch.Tensor, float]
 TopK = Union[torch.Tensor, int]
@@ -72,7 +73,7 @@ def _check_input(t, name: str) -> None:
 
 
 def _check_dtype(t: torch.Tensor, name: str) -> None:
-    if t.dtype not in renorm.DTYPES:
+    if t.dtype not in DTYPES:
         raise ValueError(f"Unsupported dtype {t.dtype} of {name}, expected float32, float16, or bfloat16")
 
 
@@ -83,20 +84,21 @@ def _scalar(value, integer: bool, name: str):
 
 
 def backend_for(t: torch.Tensor) -> str:
-    """Triton on CUDA tensors and, under the Triton interpreter, on CPU ones; else the torch reference."""
-    return "triton" if (t.is_cuda or interpreting()) and renorm.triton_available() else "torch"
+    """The renorm API's `backend=` of a call here: "tpguard" (the Triton kernels) on CUDA tensors and,
+    under the Triton interpreter, on CPU ones; else "torch" (the reference)."""
+    return "tpguard" if (t.is_cuda or interpreting()) and triton_available() else "torch"
 
 
 def renorm_probs(kind: str, probs: torch.Tensor, param, *, backend: str | None = None,
                  fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """top_k_renorm_probs (kind "top_k") or top_p_renorm_probs ("top_p") with flashinfer's checks and
-    conversions, on `backend` (None: `backend_for(probs)`; "torch": the reference, "triton")."""
+    conversions, on `backend` (the renorm API's: "tpguard", "torch"; None: `backend_for(probs)`)."""
     if kind not in ("top_k", "top_p"):
         raise ValueError(f"kind must be top_k or top_p, got {kind!r}")
     _check_input(probs, "probs")
     if kind == "top_k":
         _check_dtype(probs, "probs")
-    elif probs.dtype not in renorm.DTYPES:
+    elif probs.dtype not in DTYPES:
         if not probs.dtype.is_floating_point:
             raise ValueError(f"probs must hold floats, got {probs.dtype}")
         probs = probs.float()  # flashinfer's top-p casts every input to float32

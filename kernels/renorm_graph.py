@@ -2,7 +2,7 @@
 docs/design-renorm.md, "Host time"; docs/kernels.md "Call plans").
 
 An eager call of a few rows is host-bound: its 3-6 direct launches cost more host time than the
-GPU spends on them (run 27: top-k(40) at 1 row 55 us of host time for 23 us of GPU work,
+GPU spends on them (H200: top-k(40) at 1 row 55 us of host time for 23 us of GPU work,
 flashinfer's one launch 46 us). A plan (kernels/renorm_plan.py) whose direct launches are
 validated, whose rows are <= ``TPGUARD_RENORM_GRAPH_ROWS`` (default 8) and whose call makes at
 least GRAPH_MIN_LAUNCHES launches (`worth_graph`) captures those launches once into a CUDA graph
@@ -30,21 +30,22 @@ host time dominates.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 
 import torch
 
+from tpguard.config import renorm_graph_rows
 from tpguard.kernels import direct_launch as dl
 from tpguard.kernels.driver_graph import DriverGraph
 from tpguard.kernels.reference import bits
 
 # H200 (docs/benchmarks.md): the copy in, the graph launch and the clone cost about what 3-4 direct
-# launches do. Eager us per call, direct launches vs graph, A/B in one process (run 33): top-p and
-# min-p (5 launches) 88.5 -> 75.1 and 75.6 -> 60.4 at 1 row, 87.8 -> 72.8 and 70.4 -> 61.3 at 8;
-# top-k and top-k + top-p with a scalar k (then 3 launches; one at <= 8 rows since session 11) within +-1.6 us. At 64 rows the two copies of
-# the batch cost more GPU time than the graph saves (run 31: top-p eager 166 vs 129 us).
-GRAPH_ROWS = int(os.environ.get("TPGUARD_RENORM_GRAPH_ROWS", "8"))
+# launches do. Eager us per call, direct launches vs graph, A/B in one process: top-p and min-p
+# (5 launches) 88.5 -> 75.1 and 75.6 -> 60.4 at 1 row, 87.8 -> 72.8 and 70.4 -> 61.3 at 8; top-k and
+# top-k + top-p with a scalar k (then 3 launches; one at <= 8 rows: renorm_top_k_fused.py) within
+# +-1.6 us. At 64 rows the two copies of the batch cost more GPU time than the graph saves (top-p
+# eager 166 vs 129 us). Hence up to TPGUARD_RENORM_GRAPH_ROWS rows (default 8; tpguard.config.
+# renorm_graph_rows, read when a plan decides) and GRAPH_MIN_LAUNCHES launches.
 GRAPH_MIN_LAUNCHES = 5
 GRAPHS_PER_PLAN = 4
 PROBS, OUT, K, P, FP = range(5)  # the roles of renorm_plan's values
@@ -52,7 +53,7 @@ PROBS, OUT, K, P, FP = range(5)  # the roles of renorm_plan's values
 
 def worth_graph(rows: int, launches: int) -> bool:
     """A plan of `rows` rows whose call makes `launches` direct launches replays a graph of its own."""
-    return rows <= GRAPH_ROWS and launches >= GRAPH_MIN_LAUNCHES
+    return rows <= renorm_graph_rows() and launches >= GRAPH_MIN_LAUNCHES
 
 
 def aligned_to(t: torch.Tensor, residue: int) -> torch.Tensor:
@@ -169,5 +170,5 @@ class PlanGraphs:
         return graph
 
 
-__all__ = ["GRAPHS_PER_PLAN", "GRAPH_MIN_LAUNCHES", "GRAPH_ROWS", "PlanGraphs", "aligned_like", "aligned_to",
+__all__ = ["GRAPHS_PER_PLAN", "GRAPH_MIN_LAUNCHES", "PlanGraphs", "aligned_like", "aligned_to",
            "worth_graph"]

@@ -15,19 +15,13 @@ import torch
 import triton
 import triton.language as tl
 
-from tpguard.kernels.radix_select import list_groups_block, reciprocal_f32, upper_mass_any
 from tpguard.kernels.pdl import pdl_enter, pdl_exit
-from tpguard.kernels.renorm_passes import (
-    DEFAULT_CONFIG,
-    RenormConfig,
-    launch_bracket,
-    launch_row_stats,
-    pdl_args,
-    reg_cap,
-    shapes_for,
-    workspace_for,
-)
-from tpguard.kernels.renorm_write_fp import fill_fingerprint, write_pass
+from tpguard.kernels.radix_select import list_groups_block, reciprocal_f32, upper_mass_any
+from tpguard.kernels.renorm_args import fill_fingerprint
+from tpguard.kernels.renorm_config import RenormConfig, default_config, pdl_args, reg_cap
+from tpguard.kernels.renorm_passes import launch_bracket, launch_row_stats
+from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
+from tpguard.kernels.renorm_write_fp import write_pass
 
 MinP = Union[float, torch.Tensor]
 
@@ -95,7 +89,7 @@ def min_p_renorm_triton(probs: torch.Tensor, min_p: MinP, config: Optional[Renor
                         out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Triton min-p renorm of a float32 [rows, vocab] tensor (no input checks: see renorm.py).
     `workspace`, `out`: as in top_p_renorm_triton."""
-    cfg = config or DEFAULT_CONFIG
+    cfg = config or default_config()
     rows, vocab = probs.shape
     out = torch.empty_like(probs) if out is None else out
     if rows == 0:

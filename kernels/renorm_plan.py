@@ -29,23 +29,23 @@ directly with probs, out, the parameters and the fingerprint slot substituted.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import fields
 
 import torch
 
+from tpguard.config import renorm_plan_limits
 from tpguard.kernels import direct_launch as dl
-from tpguard.kernels import renorm_graph, row_split
+from tpguard.kernels import renorm_graph, renorm_min_p, renorm_top_k, renorm_top_p, row_split
 from tpguard.kernels.reference import bits
-from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, RenormConfig, shapes_for, workspace_for
+from tpguard.kernels.renorm_config import RenormConfig, default_config
+from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
 
-# 16: SGLang's verify calls two ops per step on bs x draft-token rows, and bs moves as requests come and
-# go; a miss costs Triton's launch path (run 31: 200-420 us of host time per call against 38-70 with a
-# plan). Small plans are small (0.1-3 MiB at <= 8 rows); the byte cap bounds the large ones.
-MAX_PLANS = int(os.environ.get("TPGUARD_RENORM_PLANS", "16"))
-MAX_BYTES = int(float(os.environ.get("TPGUARD_RENORM_PLAN_MB", "256")) * (1 << 20))
+# The limits (tpguard.config.renorm_plan_limits, read per call): 16 plans by default, as SGLang's verify
+# calls two ops per step on bs x draft-token rows, and bs moves as requests come and go; a miss costs
+# Triton's launch path (200-420 us of host time per call against 38-70 with a plan). Small plans are
+# small (0.1-3 MiB at <= 8 rows); the byte cap (256 MiB by default) bounds the large ones.
 OPS = ("top_k", "top_p", "top_k_top_p", "min_p")
 # roles of a call's values (direct_launch.LaunchSet): the tensors and scalars a plan substitutes
 PROBS, OUT, K, P, FP = range(5)
@@ -56,13 +56,7 @@ _LOCK = threading.Lock()
 
 
 def _op_module(op: str):
-    if op == "top_p":
-        from tpguard.kernels import renorm_top_p as m
-    elif op == "min_p":
-        from tpguard.kernels import renorm_min_p as m
-    else:
-        from tpguard.kernels import renorm_top_k as m
-    return m
+    return renorm_top_p if op == "top_p" else renorm_min_p if op == "min_p" else renorm_top_k
 
 
 def _run_op(op: str, probs, k, p, cfg, fp, ws, out=None):
@@ -84,10 +78,12 @@ def _part_config(cfg: RenormConfig, rows: int) -> RenormConfig:
     return cfg.replace(pdl_min_rows=0) if rows >= cfg.pdl_min_rows else cfg.replace(pdl=0)
 
 
-def plan_allowed(capturing: bool) -> bool:
+def plan_allowed(capturing: bool, max_plans: int | None = None) -> bool:
     """The capture rule: a plan (cached workspace, recorded launches) is used only outside CUDA
-    graph capture, and only with plans switched on."""
-    return MAX_PLANS > 0 and not capturing
+    graph capture, and only with plans switched on (`max_plans`, default TPGUARD_RENORM_PLANS)."""
+    if max_plans is None:
+        max_plans = renorm_plan_limits()[0]
+    return max_plans > 0 and not capturing
 
 
 def _capturing(probs: torch.Tensor) -> bool:
@@ -149,9 +145,9 @@ class RenormPlan:
         # a fingerprint slot with more rows than one finalize program hashes takes a torch copy
         # after the launches (renorm_write_fp.launch_write_fp): Triton's launches there
         if fp_present and self.state == "untested":
-            from tpguard.kernels.fingerprint_config import default_config
+            from tpguard.kernels import fingerprint_config
 
-            if rows > default_config().finalize_rows:
+            if rows > fingerprint_config.default_config().finalize_rows:
                 self.state, self.refusal = "off", "fingerprint slot with rows > finalize_rows"
 
     def __call__(self, probs, k, p, fp):
@@ -182,7 +178,8 @@ class RenormPlan:
         evicting anything (a plan that evicted others, or itself, for its graphs would be rebuilt
         and capture again and again); else, or if the buffers cannot be made, none for good."""
         need = 2 * probs.numel() * probs.element_size() + 4096
-        if self.nbytes + need > MAX_BYTES or plan_bytes() + need > MAX_BYTES:
+        max_bytes = renorm_plan_limits()[1]
+        if self.nbytes + need > max_bytes or plan_bytes() + need > max_bytes:
             dl.FAILURES[f"renorm graph {self.op}"] = f"{need >> 20} MiB of graph buffers over the plan memory cap"
             return
         try:
@@ -242,14 +239,14 @@ class RenormPlan:
         return out
 
 
-def _evict(newest) -> None:
+def _evict(newest, max_plans: int, max_bytes: int) -> None:
     """Least recently used plans out until the limits hold; a plan over the byte cap alone goes."""
-    if newest.nbytes > MAX_BYTES:
+    if newest.nbytes > max_bytes:
         for key, plan in list(_PLANS.items()):
             if plan is newest:
                 del _PLANS[key]
     total = sum(plan.nbytes for plan in _PLANS.values())
-    while _PLANS and (len(_PLANS) > MAX_PLANS or total > MAX_BYTES):
+    while _PLANS and (len(_PLANS) > max_plans or total > max_bytes):
         _, plan = _PLANS.popitem(last=False)
         total -= plan.nbytes
 
@@ -270,7 +267,7 @@ def run(op: str, probs: torch.Tensor, top_k=None, top_p=None, config: RenormConf
     to [1, vocab]) or an int32 [rows] tensor; `top_p` (also min-p's parameter): a float or a
     float32 [rows] tensor; both on probs' device (renorm.py prepares them)."""
     with dl.device_guard(probs.device):  # the launches, the stream in the key: probs' device
-        return _run(op, probs, top_k, top_p, config or DEFAULT_CONFIG, fingerprint_out)
+        return _run(op, probs, top_k, top_p, config or default_config(), fingerprint_out)
 
 
 def _run(op: str, probs: torch.Tensor, top_k, top_p, cfg: RenormConfig, fingerprint_out) -> torch.Tensor:
@@ -284,7 +281,8 @@ def _run(op: str, probs: torch.Tensor, top_k, top_p, cfg: RenormConfig, fingerpr
         part_cfg = _part_config(cfg, rows)
         return row_split.run_split(lambda x, k, p, out: _run_op(op, x, k, p, part_cfg, None, None, out),
                                    probs, (top_k, top_p), parts, streams)
-    if rows == 0 or not plan_allowed(capturing):
+    max_plans, max_bytes = renorm_plan_limits()
+    if rows == 0 or not plan_allowed(capturing, max_plans):
         return _run_op(op, probs, top_k, top_p, cfg, fingerprint_out, None)
     top_k, top_p = _scalars(probs, top_k, top_p)
     key = plan_key(op, probs, top_k, top_p, cfg, fingerprint_out)
@@ -299,7 +297,7 @@ def _run(op: str, probs: torch.Tensor, top_k, top_p, cfg: RenormConfig, fingerpr
             nbytes = plan.nbytes
         out = plan(probs, top_k, top_p, fingerprint_out)
         if plan.nbytes != nbytes:  # a new plan, or one that just recorded its launches
-            _evict(plan)
+            _evict(plan, max_plans, max_bytes)
     return out
 
 
@@ -318,5 +316,5 @@ def plan_bytes() -> int:
     return sum(plan.nbytes for plan in _PLANS.values())
 
 
-__all__ = ["MAX_BYTES", "MAX_PLANS", "OPS", "RenormPlan", "clear_plans", "plan_allowed", "plan_bytes",
+__all__ = ["OPS", "RenormPlan", "clear_plans", "plan_allowed", "plan_bytes",
            "plan_key", "plans", "run"]

@@ -38,9 +38,9 @@ import triton
 import triton.language as tl
 
 from tpguard.kernels.direct_launch import sm_count as _device_sms
-from tpguard.kernels.renorm_passes import (SYNC_WORDS, RenormConfig, load_write_params, reg_cap, row_stats_chunk,
-                                          store_probs, write_value)
-from tpguard.kernels.renorm_top_k import top_k_select_row, workspace_flags
+from tpguard.kernels.renorm_config import RenormConfig, reg_cap
+from tpguard.kernels.renorm_passes import load_write_params, row_stats_chunk, store_probs, write_value
+from tpguard.kernels.renorm_top_k_select import top_k_select_row, workspace_flags
 
 @triton.jit
 def _top_k_fused_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
@@ -77,7 +77,7 @@ def _top_k_fused_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
             tl.atomic_xchg(sync + 1, 1, sem="release", scope="gpu")
     if (STAGES & 2) != 0:
         # volatile loads while waiting (atomic reads of one word by every waiting CTA queue up at its L2
-        # slice: run 36, 4 rows 36.3 -> 27.5 us), then one acquire
+        # slice: 4 rows 36.3 -> 27.5 us on an H200), then one acquire
         while tl.load(sync + 1, volatile=True) == 0:
             pass
         tl.atomic_add(sync + 1, 0, sem="acquire", scope="gpu")
@@ -101,7 +101,7 @@ def sm_count(device: torch.device) -> int:
 
 def chunks_per_cta(rows: int, n_chunks: int, cfg: RenormConfig, sms: int) -> int:
     """``cfg.fused_per_cta``, or when 0 the fewest (a power of two) that put the whole grid on the
-    GPU at one CTA per SM: run 36 (H200, 163840 vocab, graph us) 1 row: 1 per CTA 24.9, 4 per CTA
+    GPU at one CTA per SM: H200, 163840 vocab, graph us: 1 row: 1 per CTA 24.9, 4 per CTA
     28.3; 4 rows: 27.5 / 26.9 (2) / 28.9; 8 rows: 51.0 / 31.2 (2) / 29.6 (4); three launches 24.2-28.3.
     More CTAs than SMs wait on each other's SMs; fewer make each CTA's share longer."""
     if cfg.fused_per_cta:
@@ -137,4 +137,4 @@ def launch_fused(select_args: tuple, blocks: dict, out: torch.Tensor, s, ws, cfg
                                   num_warps=cfg.select_warps, **reg_cap(cfg.select_maxnreg, cfg.select_warps))
 
 
-__all__ = ["SYNC_WORDS", "chunks_per_cta", "fused_fits", "launch_fused", "sm_count"]
+__all__ = ["chunks_per_cta", "fused_fits", "launch_fused", "sm_count"]

@@ -39,23 +39,20 @@ import triton.language as tl
 
 from tpguard.kernels.pdl import pdl_enter, pdl_exit, pdl_signal, pdl_wait
 from tpguard.kernels.radix_select import reciprocal_f32
+from tpguard.kernels.renorm_args import fill_fingerprint
+from tpguard.kernels.renorm_config import RenormConfig, default_config, pdl_args, reg_cap
 from tpguard.kernels.renorm_passes import (
-    DEFAULT_CONFIG,
-    RenormConfig,
     bins_args,
     bins_window,
     bracket_chunk,
     bracket_resolve,
     copy_mode,
     exact_span,
-    pdl_args,
-    reg_cap,
-    shapes_for,
     store_chunk_stats,
-    workspace_for,
 )
-from tpguard.kernels.renorm_top_p import sample_blocks, sample_bracket
-from tpguard.kernels.renorm_write_fp import fill_fingerprint, write_pass
+from tpguard.kernels.renorm_top_p_select import sample_blocks, sample_bracket
+from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
+from tpguard.kernels.renorm_write_fp import write_pass
 
 TopP = Union[float, torch.Tensor]
 
@@ -171,7 +168,7 @@ def top_p_renorm_presample(probs: torch.Tensor, top_p: TopP, config: Optional[Re
                            out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`renorm_top_p.top_p_renorm_triton`'s contract (a Workspace with samples and bracket buffers),
     through the four launches above."""
-    cfg = config or DEFAULT_CONFIG
+    cfg = config or default_config()
     rows, vocab = probs.shape
     out = torch.empty_like(probs) if out is None else out
     if rows == 0:

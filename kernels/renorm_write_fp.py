@@ -15,7 +15,7 @@ kernels/reference.py); the fingerprints are `tpguard.kernels.fingerprint_referen
 
 Cost: the write pass is memory-bound (one read + one write); the hash adds ~15 integer
 instructions per word (one row per program: the position mix is per word, not shared by rows as
-in the standalone kernel): +8.4 us over the plain write at 256 x 163840 on an H200 (run 13). One extra tiny launch
+in the standalone kernel): +8.4 us over the plain write at 256 x 163840 on an H200. One extra tiny launch
 (finalize: ~rows x chunks x 16 bytes read).
 """
 
@@ -31,22 +31,17 @@ from tpguard.kernels.fingerprint_finalize import _finalize_chunks, _finalize_ker
 from tpguard.kernels.fingerprint_hash import _C2, _shr, _word_hashes
 from tpguard.kernels.fingerprint_lanes import _hash_row_fingerprints
 from tpguard.kernels.fingerprint_words import _next_pow2, _seed_args, _warps
-from tpguard.kernels.renorm import check_fingerprint_slot
 from tpguard.kernels.pdl import pdl_enter
-from tpguard.kernels.renorm_passes import (
-    launch_write,
-    load_write_params,
-    pdl_args,
-    to_out_dtype,
-    write_value,
-)
+from tpguard.kernels.renorm_args import check_fingerprint_slot
+from tpguard.kernels.renorm_config import pdl_args
+from tpguard.kernels.renorm_passes import launch_write, load_write_params, to_out_dtype, write_value
 
 OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 TAIL_BLOCK = 1024  # columns per step of a row's last, partial chunk
 # fmix32 shifts as IMAD.HI (a bitmask, see KernelConfig.shifts): the two ">>16" ones
 # here, where the standalone kernel's default is none (the write's float compares and selects
-# already load the integer ALU pipe). Chosen with fp/1 (runs 9 and 10, `bench guard --fused-probs`:
+# already load the integer ALU pipe). Chosen with fp/1 (`bench guard --fused-probs`:
 # h's and g's ">>16" +8.8 / +8.7 us over the plain write, all six +10.8 / +11.2); fp/2 has only h's
 # three shifts. A `fp_config` passed to the launcher overrides it.
 WRITE_SHIFTS = SHIFT_H16
@@ -170,17 +165,6 @@ def launch_write_fp(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg, *,
     return fp_out
 
 
-def fill_fingerprint(out: torch.Tensor, fp_out: torch.Tensor) -> torch.Tensor:
-    """``fingerprint(out)`` into `fp_out` the usual way (one read of `out`): for the renorm
-    API's paths without a write pass (no rows; the torch reference), so that every path honours
-    ``fingerprint_out=``."""
-    from tpguard.kernels.fingerprint import fingerprint_on_device
-
-    fp_out = check_fingerprint_slot(fp_out, out.device)
-    fp_out.view(1).copy_(fingerprint_on_device(out).view(1))
-    return fp_out
-
-
 def write_pass(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg,
                fingerprint_out: torch.Tensor | None = None) -> None:
     """The renorm pipelines' last pass: `launch_write`, or with `fingerprint_out` the fused write
@@ -191,4 +175,4 @@ def write_pass(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg,
         launch_write_fp(probs, out, s, ws, cfg, fp_out=fingerprint_out, dependent=True)
 
 
-__all__ = ["fill_fingerprint", "launch_write_fp", "write_pass"]
+__all__ = ["launch_write_fp", "write_pass"]

@@ -42,17 +42,22 @@ import triton
 import triton.language as tl
 
 from tpguard.kernels import reference
-from tpguard.kernels.renorm_passes import (
-    DEFAULT_CONFIG,
-    RenormConfig,
-    launch_bracket,
-    reg_cap,
-    shapes_for,
-    store_chunk_stats,
-    workspace_for,
+from tpguard.kernels.direct_launch import device_guard
+from tpguard.kernels.renorm_args import (
+    check_fingerprint_slot,
+    check_param,
+    check_range,
+    check_top_k,
+    check_top_p,
+    device_top_k,
+    fill_fingerprint,
+    kernel_for,
 )
-from tpguard.kernels.renorm_top_k import select_launch_args, top_k_select_row, workspace_flags
-from tpguard.kernels.renorm_write_fp import fill_fingerprint, write_pass
+from tpguard.kernels.renorm_config import RenormConfig, default_config, reg_cap
+from tpguard.kernels.renorm_passes import launch_bracket, store_chunk_stats
+from tpguard.kernels.renorm_top_k_select import select_launch_args, top_k_select_row, workspace_flags
+from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
+from tpguard.kernels.renorm_write_fp import write_pass
 
 Param = Union[int, float, torch.Tensor]
 LOG2E = 1.4426950408889634
@@ -174,7 +179,7 @@ def target_probs_triton(logits: torch.Tensor, c, top_k=None, top_p=None, min_p=N
     scale (`temperature_scale`); `top_k` an int or an int32 [rows] tensor (None: no top-k), `top_p`
     and `min_p` floats or float32 [rows] tensors (None: off), all on the logits' device.
     float32 [rows, vocab] out."""
-    cfg = (config or DEFAULT_CONFIG).replace(pdl=0)  # the write pass reads the stats pass's output
+    cfg = (config or default_config()).replace(pdl=0)  # the write pass reads the stats pass's output
     rows, vocab = logits.shape
     out = torch.empty((rows, vocab), dtype=torch.float32, device=logits.device)
     if rows == 0:
@@ -206,7 +211,7 @@ def target_probs_triton(logits: torch.Tensor, c, top_k=None, top_p=None, min_p=N
 def softmax_weights_triton(logits: torch.Tensor, c, config: Optional[RenormConfig] = None) -> torch.Tensor:
     """The kernel's weights w = exp2((x - M) * c) alone (passes 1-2; 0 on NaN rows): what the
     renorm stages of `target_probs_triton` run on (tests compare them with the reference's)."""
-    cfg = config or DEFAULT_CONFIG
+    cfg = config or default_config()
     rows, vocab = logits.shape
     w = torch.empty((rows, vocab), dtype=torch.float32, device=logits.device)
     if rows:
@@ -219,8 +224,6 @@ def softmax_weights_triton(logits: torch.Tensor, c, config: Optional[RenormConfi
 # --- public API ----------------------------------------------------------------------------------
 
 def _check(logits, temperature, top_k, top_p, min_p, validate: bool) -> None:
-    from tpguard.kernels.renorm import _check_param, _check_range, _check_top_k, _check_top_p
-
     if not isinstance(logits, torch.Tensor):
         raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dtype not in LOGIT_DTYPES:
@@ -230,19 +233,19 @@ def _check(logits, temperature, top_k, top_p, min_p, validate: bool) -> None:
     if logits.shape[1] == 0:
         raise ValueError("logits has an empty vocabulary (shape [rows, 0])")
     rows = logits.shape[0]
-    _check_param(temperature, rows, "temperature", integer=False)
-    _check_range(temperature, "temperature", validate, 0.0, math.inf, lo_open=True)
+    check_param(temperature, rows, "temperature", integer=False)
+    check_range(temperature, "temperature", validate, 0.0, math.inf, lo_open=True)
     if top_k is not None:
-        _check_top_k(top_k, rows, validate)
+        check_top_k(top_k, rows, validate)
     if top_p is not None:
-        _check_top_p(top_p, rows, validate)
+        check_top_p(top_p, rows, validate)
     if min_p is not None:
-        _check_param(min_p, rows, "min_p", integer=False)
-        _check_range(min_p, "min_p", validate, 0.0, 1.0, lo_open=False)
+        check_param(min_p, rows, "min_p", integer=False)
+        check_range(min_p, "min_p", validate, 0.0, 1.0, lo_open=False)
 
 
 def target_probs(logits: torch.Tensor, temperature: Param = 1.0, top_k: Optional[Param] = None,
-                 top_p: Optional[Param] = None, min_p: Optional[Param] = None, *, backend: str = "auto",
+                 top_p: Optional[Param] = None, min_p: Optional[Param] = None, *, backend: str = "deterministic",
                  validate: bool = True, fingerprint_out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """float32 target probabilities of ``logits`` [rows, vocab] (float32, float16 or bfloat16):
     ``softmax(logits / temperature)`` restricted to the entries that pass top-k (ties at the k-th
@@ -252,24 +255,22 @@ def target_probs(logits: torch.Tensor, temperature: Param = 1.0, top_k: Optional
     1 or rows values; None switches its stage off (as do top_k >= vocab, top_p >= 1, min_p <= 0).
     ``temperature`` must be > 0. `backend`, `validate`, `fingerprint_out`: as the renorms'
     (kernels/renorm.py). A row holding a NaN or +inf logit, or no finite one, comes back NaN."""
-    from tpguard.kernels.renorm import _check_fingerprint_out, _reference_out, _use_triton
-
     _check(logits, temperature, top_k, top_p, min_p, validate)
-    _check_fingerprint_out(fingerprint_out, logits)
+    if fingerprint_out is not None:
+        check_fingerprint_slot(fingerprint_out, logits.device)
     rows = logits.shape[0]
-    if _use_triton(logits, backend):
-        from tpguard.kernels.direct_launch import device_guard
-        from tpguard.kernels.renorm import _device_top_k
-
+    if kernel_for(logits, backend) == "tpguard":
         c = temperature_scale(temperature, rows, logits.device)
-        k = _device_top_k(top_k, logits) if top_k is not None else None
+        k = device_top_k(top_k, logits) if top_k is not None else None
         p = _row_values(top_p, rows, logits.device, torch.float32)
         mp = _row_values(min_p, rows, logits.device, torch.float32)
         with device_guard(logits.device):
             return target_probs_triton(logits.contiguous(), c, k, p, mp, fingerprint_out=fingerprint_out)
     out = reference.target_probs_reference(logits, temperature_scale(temperature, rows, logits.device),
                                            top_k, top_p, min_p)
-    return _reference_out(out, fingerprint_out)
+    if fingerprint_out is not None:  # the torch path honours it too: fingerprint(out), one extra read
+        fill_fingerprint(out, fingerprint_out)
+    return out
 
 
 __all__ = ["LOG2E", "softmax_weights_triton", "target_probs", "target_probs_triton", "temperature_scale"]

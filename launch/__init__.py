@@ -4,7 +4,8 @@ options (arguments and checks) -> __main__ (rendezvous, signals, process group, 
 (one rank's run):
 workload (seeded multi-turn streams, per-rank state and prefix cache) -> state_collective (the
 collective whose count depends on that state) -> pipeline (the verify step in SGLang's order:
-model, renorm_backends, accept over a tree) with inject (faults) -> the guard -> summary.
+model, the renorm from tpguard/renorm_registry.py, accept over a tree) with inject (faults) -> the guard ->
+summary.
 runner (`tpguard launch`: the ranks, their end, the one line), spawn (local ranks with torchrun's
 environment, for the demo and tests), demo.
 """

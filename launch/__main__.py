@@ -36,7 +36,7 @@ def check_environment(opts: HarnessOptions, world_size: int) -> str:
     """Checks that need torch (devices, backends); returns the process group backend."""
     import torch
 
-    from tpguard.launch.renorm_backends import BackendUnavailable, get_backend
+    from tpguard.renorm_registry import BackendUnavailable, get_backend
 
     if opts.device == "cuda" and not torch.cuda.is_available():
         raise OptionsError("--device cuda: no GPU is visible here (use --device cpu)")
@@ -127,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run_harness(opts)
     except Exception as e:  # noqa: BLE001 - one line and a documented code, never a traceback
-        if os.environ.get("TPGUARD_DEBUG") == "1":
+        from tpguard.config import debug
+
+        if debug():
             raise
         from tpguard.launch.harness import crash_code
 

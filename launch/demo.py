@@ -19,8 +19,6 @@ printed); the ranks come from a forkserver that imports torch once, to keep star
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import math
 import shutil
 import sys
@@ -34,22 +32,6 @@ from tpguard.errors import EXIT_ABORTED, EXIT_BAD_INPUT, EXIT_OK, EXIT_TIMEOUT
 BASE = ["--logits", "flat", "--top-p", "0.9", "--no-progress"]
 
 
-def _parser() -> argparse.ArgumentParser:
-    from tpguard.launch.options import _Parser  # usage errors: one line, not argparse's usage block
-
-    p = _Parser(prog="tpguard demo", add_help=True,
-                                description="Divergence caught, named, diagnosed and fixed (CPU, 2 ranks).")
-    p.add_argument("--steps", type=int, default=60, help="steps of the fixed runs (default 60)")
-    p.add_argument("--out", default=None, help="keep the traces in this directory (default: a temporary one)")
-    p.add_argument("--skip-hang", action="store_true", help="skip part 5 (the hang without a guard)")
-    p.add_argument("--timeout", type=float, default=4.0, help="deadline of part 5's waits, seconds (default 4)")
-    return p
-
-
-def _deterministic_renorm() -> str:
-    return "tpguard" if importlib.util.find_spec("tpguard.kernels.renorm") is not None else "torch"
-
-
 def _indent(text: str, prefix: str = "    ") -> str:
     keep = [ln for ln in text.splitlines() if ln.strip() and "Warning" not in ln and "return func(" not in ln]
     return textwrap.indent("\n".join(keep), prefix)
@@ -58,22 +40,22 @@ def _indent(text: str, prefix: str = "    ") -> str:
 PARTS = ("1-atomic-abort", "3-atomic-fix", "4-atomic-heal", "5-no-guard-hang")
 
 
-def _check(opts) -> None:
+def _check(steps: int, out: str | None, timeout: float) -> None:
     from tpguard.config import trace_dir_problem
     from tpguard.launch.options import OptionsError
 
-    if opts.steps < 1:
+    if steps < 1:
         raise OptionsError("--steps must be >= 1")
-    if not (opts.timeout > 0 and math.isfinite(opts.timeout)):
-        raise OptionsError(f"--timeout must be > 0 seconds and finite, got {opts.timeout}")
-    if opts.out:
-        problem = trace_dir_problem(opts.out)
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise OptionsError(f"--timeout must be > 0 seconds and finite, got {timeout}")
+    if out:
+        problem = trace_dir_problem(out)
         if problem:
             raise OptionsError(f"--out: {problem}")
         # An earlier demo's traces there would make part 2 see two runs; never delete them.
-        used = [name for name in PARTS if (Path(opts.out) / name).is_dir() and any((Path(opts.out) / name).iterdir())]
+        used = [name for name in PARTS if (Path(out) / name).is_dir() and any((Path(out) / name).iterdir())]
         if used:
-            raise OptionsError(f"--out {opts.out} already holds a demo's traces ({', '.join(used)}): "
+            raise OptionsError(f"--out {out} already holds a demo's traces ({', '.join(used)}): "
                                "choose a new or empty directory")
 
 
@@ -116,29 +98,27 @@ class Demo:
         print(f"    -> {good if cond else 'UNEXPECTED: ' + bad}", flush=True)
 
 
-def run_demo(args: list[str]) -> int:
+def run_demo(steps: int = 60, out: str | None = None, skip_hang: bool = False, timeout: float = 4.0) -> int:
+    """`tpguard demo` (its options: tpguard/cli.py); returns the exit code."""
     from tpguard.launch.options import OptionsError
 
     try:
-        opts = _parser().parse_args(args)
-        _check(opts)
-    except SystemExit as e:  # argparse printed help
-        return EXIT_OK if e.code == 0 else EXIT_BAD_INPUT
+        _check(steps, out, timeout)
     except OptionsError as e:
         print(f"tpguard demo: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    keep = bool(out)  # else a temporary directory, removed at the end
     started = time.monotonic()
-    out = Path(opts.out) if opts.out else Path(tempfile.mkdtemp(prefix="tpguard-demo-"))
+    out = Path(out) if keep else Path(tempfile.mkdtemp(prefix="tpguard-demo-"))
     out.mkdir(parents=True, exist_ok=True)
     demo = Demo(out, started)
-    total = 4 if opts.skip_hang else 5
-    det = _deterministic_renorm()
+    total = 4 if skip_hang else 5
     print("tpguard demo: 2 ranks on CPU (gloo), DFlash verify of 8 requests x 4 tokens, vocab 4096, "
           "flat logits, top_p 0.9.\nThe renorm adds floats in a random order on each call, as flashinfer's "
           "default multi-CTA kernels do with atomicAdd.")
 
     demo.part(1, total, "flashinfer-style renorm (emulated float atomics), guard on, policy abort")
-    codes, _, took = demo.run("1-atomic-abort", ["--renorm", "emulated-atomic", *BASE, "--steps", str(opts.steps),
+    codes, _, took = demo.run("1-atomic-abort", ["--renorm", "emulated-atomic", *BASE, "--steps", str(steps),
                                                  "--on-divergence", "abort"])
     demo.expect(codes == [EXIT_ABORTED] * 2,
                 f"caught and named at once; both ranks stopped with exit code 3 ({took:.1f} s)",
@@ -156,7 +136,7 @@ def run_demo(args: list[str]) -> int:
 
     demo.part(3, total, "the fix, in flight: policy fix heals the first divergence and switches its cause off\n"
               "      (the renorm becomes tpguard's deterministic kernels on every rank at that step)")
-    codes, _, took = demo.run("3-atomic-fix", ["--renorm", "emulated-atomic", *BASE, "--steps", str(opts.steps),
+    codes, _, took = demo.run("3-atomic-fix", ["--renorm", "emulated-atomic", *BASE, "--steps", str(steps),
                                                "--on-divergence", "fix"])
     switched = _one_switch(out / "3-atomic-fix")
     demo.expect(codes == [EXIT_OK] * 2 and switched is not None,
@@ -165,25 +145,25 @@ def run_demo(args: list[str]) -> int:
 
     demo.part(4, total, "the fix, other way: keep the fast kernel, heal (rank-0 broadcast of the decisions);\n"
               "      a decision flip is rare, so one is planted: rank 1's bonus token at step 3")
-    flip = min(3, opts.steps - 1)
-    codes, _, took = demo.run("4-atomic-heal", ["--renorm", "emulated-atomic", *BASE, "--steps", str(opts.steps),
+    flip = min(3, steps - 1)
+    codes, _, took = demo.run("4-atomic-heal", ["--renorm", "emulated-atomic", *BASE, "--steps", str(steps),
                                                 "--on-divergence", "heal", "--inject", f"bonus@{flip}:1"])
     demo.expect(codes == [EXIT_OK] * 2, f"every divergence healed, the flip included; outputs identical on both "
                 f"ranks ({took:.1f} s)", f"exit codes {codes}")
 
-    if not opts.skip_hang:
+    if not skip_hang:
         demo.part(5, total, "why it matters: the same flip without a guard (mixed logits, so acceptance "
                   "lengths follow the tokens)")
-        codes, _, took = demo.run("5-no-guard-hang", ["--renorm", det, "--no-progress", "--steps", "40",
+        codes, _, took = demo.run("5-no-guard-hang", ["--renorm", "deterministic", "--no-progress", "--steps", "40",
                                                       "--inject", "bonus@3:1", "--no-guard",
-                                                      "--timeout", f"{opts.timeout:g}"])
+                                                      "--timeout", f"{timeout:g}"])
         demo.expect(codes == [EXIT_TIMEOUT] * 2,
                     f"the ranks' states drifted and they wedged in a collective; the deadline named the rank "
                     f"and ended both with exit code 4 ({took:.1f} s; with the guard it is named at step 3)",
                     f"exit codes {codes}")
 
-    print(f"\ntraces: {out}" if opts.out else "\ntraces: written to a temporary directory, now removed (--out DIR keeps them)")
+    print(f"\ntraces: {out}" if keep else "\ntraces: written to a temporary directory, now removed (--out DIR keeps them)")
     print(f"demo {'done' if demo.ok else 'FAILED'} in {time.monotonic() - started:.1f} s")
-    if not opts.out:
+    if not keep:
         shutil.rmtree(out, ignore_errors=True)
     return EXIT_OK if demo.ok else 1

@@ -28,12 +28,12 @@ from tpguard.launch.model import SyntheticModel
 from tpguard.launch.options import HarnessOptions
 from tpguard.launch.pipeline import VerifyPipeline
 from tpguard.launch.progress import StepProgress
-from tpguard.launch.renorm_backends import get_backend
 from tpguard.launch.state_collective import HarnessTimeoutError, StartupTimeoutError, StateCollective
 from tpguard.launch.summary import RunSummary, warmup_steps
 from tpguard.launch.tree import for_algo
 from tpguard.launch.workload import SamplingParams, Workload
 from tpguard.quantities import DECISION_QUANTITIES
+from tpguard.renorm_registry import get_backend
 from tpguard.watchdog import Liveness, base_store, bounded, peer_lost, set_liveness, stale_after
 
 
@@ -96,7 +96,7 @@ def apply_switch(sw, pipeline: VerifyPipeline, opts: HarnessOptions, summary: Ru
 
     if sw.kind == fix.RENORM:
         before = pipeline.renorm.describe()
-        pipeline.renorm = get_backend("tpguard", opts.device)
+        pipeline.renorm = get_backend("deterministic", opts.device)
         summary.renorm = f"{before}, then {pipeline.renorm.describe()} from step {sw.step + 1}"
         done = f"renorm {before} -> {pipeline.renorm.describe()}"
     else:

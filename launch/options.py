@@ -1,5 +1,7 @@
-"""The harness's options: one argparse parser, one dataclass, and every check in one place.
+"""The harness's options: one typer declaration, one dataclass, and every check in one place.
 
+`python -m tpguard.launch` (each rank, under torchrun) parses them with `parse_options`; `tpguard
+launch` declares the same ones (`with_harness_options`) and hands them to its ranks (`to_argv`).
 Bad options are a one-line `OptionsError` (exit code 2 in `python -m tpguard.launch`,
 `tpguard launch` and `tpguard demo`), never a traceback. Checks that need the world size
 (an injection's rank, world size 1) take it as an argument, so `tpguard launch` can run them
@@ -8,22 +10,36 @@ before any process starts. Nothing here imports torch: rejecting bad arguments i
 
 from __future__ import annotations
 
-import argparse
+import functools
 import glob
+import inspect
 import math
 import re
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from dataclasses import dataclass, field
+from typing import List, Optional
 
+import typer
+from typer import Option as Opt
+
+try:  # typer >= 0.20 vendors click as typer._click
+    from typer._click import exceptions as click_exc
+except ImportError:  # pragma: no cover - older typer
+    from click import exceptions as click_exc
+
+from tpguard.cli_types import one_of
 from tpguard.config import POLICIES
 from tpguard.quantities import CANONICAL_ORDER, DECISIONS_MODE
+from tpguard.renorm_registry import HARNESS_RENORMS, harness_renorm
 
 ALGOS = ("dflash", "eagle")
 LOGITS = ("flat", "peaky", "mixed")
-RENORMS = ("auto", "torch", "emulated-atomic", "flashinfer", "flashinfer-det", "tpguard")
+RENORMS = HARNESS_RENORMS  # tpguard/renorm_registry.py: the words and what each means
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 QUANTITY_SETS = {"full": CANONICAL_ORDER, "decisions": DECISIONS_MODE}
+PROG = "python -m tpguard.launch"
 
 
 class OptionsError(ValueError):
@@ -55,7 +71,7 @@ class HarnessOptions:
     top_k: int = 0
     min_p: float = 0.0
     mixed_params: bool = False
-    renorm: str = "auto"
+    renorm: str = "default"
     seed: int = 0
     device: str = "cpu"
     backend: str = "auto"
@@ -92,13 +108,6 @@ class HarnessOptions:
         }
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises OptionsError instead of printing usage and exiting."""
-
-    def error(self, message: str):  # noqa: D401 - argparse's hook
-        raise OptionsError(message)
-
-
 _INJECT = re.compile(r"^(?P<q>[A-Za-z_][A-Za-z0-9_]*)@(?P<step>-?\d+):(?P<rank>-?\d+)$")
 
 
@@ -112,70 +121,152 @@ def parse_injection(text: str) -> Injection:
     return Injection(q, int(m.group("step")), int(m.group("rank")))
 
 
-def build_parser(prog: str = "python -m tpguard.launch") -> argparse.ArgumentParser:
-    p = _Parser(prog=prog, description="tpguard TP harness: a seeded speculative verify workload on N ranks "
-                "(run under torchrun; options: docs/harness.md).", allow_abbrev=False)
-    w = p.add_argument_group("workload")
-    w.add_argument("--steps", type=int, default=100, help="verify steps to run (default 100)")
-    w.add_argument("--bs", type=int, default=8, help="requests per step (default 8)")
-    w.add_argument("--draft-tokens", type=int, default=4,
-                   help="verify positions per request, the root token included (default 4)")
-    w.add_argument("--vocab", type=int, default=4096, help="vocabulary size (default 4096)")
-    w.add_argument("--algo", choices=ALGOS, default="dflash",
-                   help="dflash: chain accept; eagle: tree accept (default dflash)")
-    w.add_argument("--logits", choices=LOGITS, default="mixed",
-                   help="target logits entropy: flat, peaky, or mixed per row (default mixed)")
-    w.add_argument("--seed", type=int, default=0, help="workload seed, the same on every rank (default 0)")
-    w.add_argument("--cache-block", type=int, default=8, help="prefix-cache block size in tokens (default 8)")
-    s = p.add_argument_group("sampling")
-    s.add_argument("--temperature", type=float, default=1.0, help="> 0 (default 1.0)")
-    s.add_argument("--top-p", type=float, default=0.9, help="in (0, 1]; 1 disables top-p (default 0.9)")
-    s.add_argument("--top-k", type=int, default=0, help="0 disables top-k (default 0)")
-    s.add_argument("--min-p", type=float, default=0.0, help="in [0, 1); 0 disables min-p (default 0)")
-    s.add_argument("--mixed-params", action="store_true",
-                   help="draw temperature/top-p/top-k/min-p per request from a seeded menu")
-    s.add_argument("--renorm", choices=RENORMS, default="auto",
-                   help="renorm backend (default auto: flashinfer on GPU when installed, "
-                        "emulated-atomic otherwise)")
-    d = p.add_argument_group("devices")
-    d.add_argument("--device", choices=DEVICES, default="cpu", help="where the pipeline runs (default cpu)")
-    d.add_argument("--backend", choices=BACKENDS, default="auto",
-                   help="process group backend (default auto: nccl when each rank has its own GPU, else gloo)")
-    g = p.add_argument_group("guard")
-    g.add_argument("--trace", metavar="DIR", default=None, help="write per-rank trace files to DIR")
-    g.add_argument("--merged", action="store_true", help="rank 0 also writes a merged trace")
-    g.add_argument("--on-divergence", choices=POLICIES, default="record",
-                   help="record (default), heal (rank-0 broadcast of decisions), abort (exit 3), or fix "
-                        "(heal, then switch the cause off: deterministic renorm or a decision broadcast)")
-    g.add_argument("--dump", action="store_true", help="save each rank's tensors of a divergent step (needs --trace)")
-    g.add_argument("--no-guard", action="store_true", help="run without the guard")
-    g.add_argument("--every", type=int, default=1, help="check every N steps (default 1)")
-    g.add_argument("--quantities", choices=tuple(QUANTITY_SETS), default="full",
-                   help="full, or decisions (skip the vocab-sized logits and probs)")
-    g.add_argument("--timeout", type=float, default=30.0,
-                   help="seconds any wait (guard or harness collective) may take before exit 4 (default 30)")
-    g.add_argument("--run-id", default=None, help="run id in the trace (default: generated by rank 0)")
-    f = p.add_argument_group("faults and output")
-    f.add_argument("--inject", action="append", default=[], metavar="QUANTITY@STEP:RANK",
-                   help="perturb QUANTITY on RANK at STEP, minimally (repeatable)")
-    f.add_argument("--progress", dest="progress", action="store_true", default=None,
-                   help="progress bar on rank 0 (default: when stderr is a terminal)")
-    f.add_argument("--no-progress", dest="progress", action="store_false")
-    f.add_argument("--summary-json", metavar="FILE", default=None, help="rank 0 writes the summary as JSON")
-    f.add_argument("--quiet", action="store_true", help="no summary text (errors are still printed)")
-    f.add_argument("--warmup-steps", type=int, default=3, metavar="N",
-                   help="the first N steps (compilation, caches) are timed apart from the steady state "
-                        "(default 3; at most half the steps)")
-    return p
+def _injections(texts: list[str] | None) -> list[Injection]:
+    try:
+        return [parse_injection(t) for t in texts or ()]
+    except OptionsError as e:
+        raise typer.BadParameter(str(e).removeprefix("--inject "), param_hint="'--inject'") from None
+
+
+def _renorm_word(value: str | None) -> str | None:
+    """A `--renorm` word in the registry's spelling (old spellings mapped), or a usage error."""
+    return None if value is None else one_of(*RENORMS)(harness_renorm(value))
+
+
+DESCRIPTION = ("tpguard TP harness: a seeded speculative verify workload on N ranks (run under torchrun; "
+               "options: docs/harness.md).")
+WORKLOAD, SAMPLING, DEVICES_PANEL, GUARD, FAULTS = "workload", "sampling", "devices", "guard", "faults and output"
+
+
+def harness_options(
+    steps: int = Opt(100, "--steps", help="verify steps to run", rich_help_panel=WORKLOAD),
+    bs: int = Opt(8, "--bs", help="requests per step", rich_help_panel=WORKLOAD),
+    draft_tokens: int = Opt(4, "--draft-tokens", help="verify positions per request, the root token included",
+                            rich_help_panel=WORKLOAD),
+    vocab: int = Opt(4096, "--vocab", help="vocabulary size", rich_help_panel=WORKLOAD),
+    algo: str = Opt("dflash", "--algo", callback=one_of(*ALGOS), help="dflash: chain accept; eagle: tree accept",
+                    rich_help_panel=WORKLOAD),
+    logits: str = Opt("mixed", "--logits", callback=one_of(*LOGITS),
+                      help="target logits entropy: flat, peaky, or mixed per row", rich_help_panel=WORKLOAD),
+    seed: int = Opt(0, "--seed", help="workload seed, the same on every rank", rich_help_panel=WORKLOAD),
+    cache_block: int = Opt(8, "--cache-block", help="prefix-cache block size in tokens", rich_help_panel=WORKLOAD),
+    temperature: float = Opt(1.0, "--temperature", help="> 0", rich_help_panel=SAMPLING),
+    top_p: float = Opt(0.9, "--top-p", help="in (0, 1]; 1 disables top-p", rich_help_panel=SAMPLING),
+    top_k: int = Opt(0, "--top-k", help="0 disables top-k", rich_help_panel=SAMPLING),
+    min_p: float = Opt(0.0, "--min-p", help="in [0, 1); 0 disables min-p", rich_help_panel=SAMPLING),
+    mixed_params: bool = Opt(False, "--mixed-params",
+                             help="draw temperature/top-p/top-k/min-p per request from a seeded menu",
+                             rich_help_panel=SAMPLING),
+    renorm: str = Opt("default", "--renorm", callback=_renorm_word,
+                      help=f"renorm backend: {' | '.join(RENORMS)} (default: flashinfer's kernels on GPU when "
+                           "installed, emulated-atomic otherwise; old spelling: auto; deterministic: the first of "
+                           "tpguard, flashinfer-det, torch)", rich_help_panel=SAMPLING),
+    device: str = Opt("cpu", "--device", callback=one_of(*DEVICES), help="where the pipeline runs: cpu | cuda",
+                      rich_help_panel=DEVICES_PANEL),
+    backend: str = Opt("auto", "--backend", callback=one_of(*BACKENDS),
+                       help="process group backend: auto (nccl when each rank has its own GPU, else gloo) | gloo "
+                            "| nccl", rich_help_panel=DEVICES_PANEL),
+    trace: Optional[str] = Opt(None, "--trace", metavar="DIR", help="write per-rank trace files to DIR",
+                               rich_help_panel=GUARD),
+    merged: bool = Opt(False, "--merged", help="rank 0 also writes a merged trace", rich_help_panel=GUARD),
+    on_divergence: str = Opt("record", "--on-divergence", callback=one_of(*POLICIES),
+                             help="record, heal (rank-0 broadcast of decisions), abort (exit 3), or fix (heal, then "
+                                  "switch the cause off: deterministic renorm or a decision broadcast)",
+                             rich_help_panel=GUARD),
+    dump: bool = Opt(False, "--dump", help="save each rank's tensors of a divergent step (needs --trace)",
+                     rich_help_panel=GUARD),
+    no_guard: bool = Opt(False, "--no-guard", help="run without the guard", rich_help_panel=GUARD),
+    every: int = Opt(1, "--every", help="check every N steps", rich_help_panel=GUARD),
+    quantities: str = Opt("full", "--quantities", callback=one_of(*QUANTITY_SETS),
+                          help="full, or decisions (skip the vocab-sized logits and probs)", rich_help_panel=GUARD),
+    timeout: float = Opt(30.0, "--timeout",
+                         help="seconds any wait (guard or harness collective) may take before exit 4",
+                         rich_help_panel=GUARD),
+    run_id: Optional[str] = Opt(None, "--run-id", help="run id in the trace (default: generated by rank 0)",
+                                rich_help_panel=GUARD),
+    inject: List[str] = Opt([], "--inject", metavar="QUANTITY@STEP:RANK",
+                            help="perturb QUANTITY on RANK at STEP, minimally (repeatable)", rich_help_panel=FAULTS),
+    progress: Optional[bool] = Opt(None, "--progress/--no-progress",
+                                   help="progress bar on rank 0 (default: when stderr is a terminal)",
+                                   show_default=False, rich_help_panel=FAULTS),
+    summary_json: Optional[str] = Opt(None, "--summary-json", metavar="FILE",
+                                      help="rank 0 writes the summary as JSON", rich_help_panel=FAULTS),
+    quiet: bool = Opt(False, "--quiet", help="no summary text (errors are still printed)", rich_help_panel=FAULTS),
+    warmup_steps: int = Opt(3, "--warmup-steps", metavar="N",
+                            help="the first N steps (compilation, caches) are timed apart from the steady state "
+                                 "(at most half the steps)", rich_help_panel=FAULTS),
+) -> HarnessOptions:
+    """The harness's options, declared once for typer (`python -m tpguard.launch`, and `tpguard
+    launch` through `with_harness_options`); not yet checked (`validate`)."""
+    return HarnessOptions(
+        steps=steps, bs=bs, draft_tokens=draft_tokens, vocab=vocab, algo=algo, logits=logits,
+        temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, mixed_params=mixed_params,
+        renorm=renorm, seed=seed, device=device, backend=backend, trace=trace, merged=merged,
+        on_divergence=on_divergence, dump=dump, inject=_injections(inject), timeout=timeout, no_guard=no_guard,
+        every=every, quantities=quantities, progress=progress, run_id=run_id, summary_json=summary_json,
+        cache_block=cache_block, quiet=quiet, warmup_steps=warmup_steps)
+
+
+_HARNESS_PARAMS = tuple(inspect.signature(harness_options, eval_str=True).parameters.values())
+
+
+def with_harness_options(command: Callable) -> Callable:
+    """A typer command that takes the harness's options after its own: typer sees both sets,
+    `command` gets its own by name and the harness's as one `harness` (HarnessOptions, not yet
+    checked). So the options are declared once, here, for `tpguard launch` too."""
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "harness"]
+    names = {p.name for p in _HARNESS_PARAMS}
+
+    @functools.wraps(command)
+    def wrapped(**kwargs):
+        harness = harness_options(**{k: kwargs.pop(k) for k in names})
+        return command(harness=harness, **kwargs)
+
+    params = own + list(_HARNESS_PARAMS)
+    wrapped.__signature__ = inspect.Signature(params)
+    wrapped.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapped
+
+
+@functools.lru_cache(maxsize=1)
+def _harness_command():
+    """The click command typer makes of `harness_options` (what `typer.run` would run)."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command(help=DESCRIPTION)(harness_options)
+    return typer.main.get_command(app)
 
 
 def parse_options(argv: list[str], world_size: int | None = None) -> HarnessOptions:
-    """Parse and check; `world_size` (when known) also checks ranks and rejects 1."""
-    ns = build_parser().parse_args(argv)
-    opts = HarnessOptions(**{k: v for k, v in vars(ns).items() if k != "inject"})
-    opts.inject = [parse_injection(t) for t in ns.inject]
-    validate(opts, world_size)
-    return opts
+    """Parse and check; `world_size` (when known) also checks ranks and rejects 1. --help prints
+    the options and raises SystemExit(0)."""
+    try:
+        got = _harness_command().main(args=list(argv), prog_name=PROG, standalone_mode=False)
+    except click_exc.ClickException as e:
+        raise OptionsError(e.format_message()) from None
+    if not isinstance(got, HarnessOptions):  # --help was printed
+        raise SystemExit(got or 0)
+    validate(got, world_size)
+    return got
+
+
+def to_argv(o: HarnessOptions) -> list[str]:
+    """The command line that parses back to `o`: what `tpguard launch` hands its ranks (each runs
+    `python -m tpguard.launch`, as under torchrun). Only values other than the defaults."""
+    out: list[str] = []
+    for f in fields(HarnessOptions):
+        value, flag = getattr(o, f.name), "--" + f.name.replace("_", "-")
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if value == default:
+            continue
+        if f.name == "inject":
+            out += [f"--inject={i}" for i in value]
+        elif f.name == "progress":
+            out.append("--progress" if value else "--no-progress")
+        elif isinstance(value, bool):
+            out.append(flag)
+        else:
+            out.append(f"{flag}={value!r}" if isinstance(value, float) else f"{flag}={value}")
+    return out
 
 
 def check_paths(o: HarnessOptions, reused_run_id: bool = True) -> None:

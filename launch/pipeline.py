@@ -20,7 +20,7 @@ import torch
 from tpguard.launch.accept import bonus_tokens, output_tokens, verify_target_only
 from tpguard.launch.inject import Injector
 from tpguard.launch.model import SyntheticModel, mix64_int
-from tpguard.launch.renorm_backends import RenormBackend
+from tpguard.renorm_registry import RenormBackend
 from tpguard.launch.tree import Tree
 from tpguard.launch.workload import StepInputs
 

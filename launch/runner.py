@@ -19,7 +19,6 @@ process starts (exit 2).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -27,8 +26,10 @@ import sys
 import time
 from dataclasses import dataclass
 
+import orjson
+
 from tpguard.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_OK, EXIT_RANK_DIED, EXIT_TIMEOUT
-from tpguard.launch.options import OptionsError, check_paths, parse_options
+from tpguard.launch.options import HarnessOptions, OptionsError, check_paths, to_argv, validate
 
 POLL_S = 0.05
 KILL_AFTER_S = 2.0  # a rank asked to stop (SIGTERM) that has not, is killed after this
@@ -165,7 +166,7 @@ def rank_note(store, run_id: str | None, rank: int) -> dict:
         return {}
     value = _read(store, f"tpguard/{run_id}/live/{rank}/exit")
     try:
-        return json.loads(value) if value else {}
+        return orjson.loads(value) if value else {}
     except ValueError:
         return {}
 
@@ -228,17 +229,17 @@ def _others(launch: Launch, culprit: Rank, store, run_id: str | None) -> str:
     return ", ".join(parts) if parts else "no other rank"
 
 
-def launch_ranks(nproc_per_node: int, args: list[str]) -> int:
+def launch_ranks(nproc_per_node: int, opts: HarnessOptions) -> int:
+    """Check the options (with the world size), start the ranks with them, return the run's code."""
     try:
         if nproc_per_node < 2:
             raise OptionsError(f"--nproc-per-node must be >= 2 (the harness compares ranks), got {nproc_per_node}")
-        opts = parse_options(list(args), world_size=nproc_per_node)
+        validate(opts, world_size=nproc_per_node)
         check_paths(opts)
-    except SystemExit as e:  # --help printed the harness's options
-        return int(e.code or 0)
     except OptionsError as e:
         print(f"tpguard launch: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    args = to_argv(opts)
 
     got: list[signal.Signals] = []
 

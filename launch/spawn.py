@@ -45,7 +45,7 @@ def _rank_entry(argv: list[str], env: dict[str, str], out_path: str | None) -> N
         from tpguard.launch.__main__ import main
 
         code = main(argv)
-    except SystemExit as e:  # argparse or a library calling sys.exit
+    except SystemExit as e:  # --help, or a library calling sys.exit
         code = e.code if isinstance(e.code, int) else 1
     except BaseException as e:  # noqa: BLE001 - reported, then the rank exits non-zero
         import traceback

@@ -11,9 +11,10 @@ inflates the per-step cost.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
+
+import orjson
 
 from tpguard.errors import EXIT_ABORTED, EXIT_DIVERGED, EXIT_OK, EXIT_TIMEOUT
 
@@ -98,8 +99,8 @@ class RunSummary:
 
     def write_json(self, path: str) -> None:
         tmp = f"{path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self.to_json(), f, indent=1)
+        with open(tmp, "wb") as f:
+            f.write(orjson.dumps(self.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
         os.replace(tmp, path)
 
 

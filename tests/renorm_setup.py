@@ -11,7 +11,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anyw
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tpguard.kernels.renorm_passes import RenormConfig  # noqa: E402
+from tpguard.kernels.renorm_config import RenormConfig  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 DEVICE = "cuda" if (not INTERPRET and torch.cuda.is_available()) else "cpu"

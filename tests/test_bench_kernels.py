@@ -13,13 +13,26 @@ import torch  # noqa: E402
 from tpguard.bench import kernels as bench  # noqa: E402
 
 
-def test_grid_arguments():
-    a = bench.parse_args(["--grid"])
+def bench_options(monkeypatch, *args) -> dict:
+    """What `tpguard bench kernels ARGS` hands the benchmark (running it needs a GPU)."""
+    from tpguard.cli import main as cli_main
+
+    got = {}
+    monkeypatch.setattr(bench, "main", lambda **opts: got.update(opts) or 0)
+    assert cli_main(["bench", "kernels", *args]) == 0
+    return got
+
+
+def test_grid_arguments(monkeypatch):
+    a = bench_options(monkeypatch, "--grid")
     assert a["grid"] and a["grid_rows"] == (1, 8, 64, 256, 1024) and a["vocabs"] == (32000, 128256, 163840, 262144)
     assert a["dtypes"] == ("fp32", "bf16") and a["logits"] == ("flat", "peaky") and a["repeats"] == 10
-    a = bench.parse_args(["--grid", "--vocabs", "163840", "--dtypes", "fp32", "--grid-rows", "256", "--no-fused"])
+    a = bench_options(monkeypatch, "--grid", "--vocabs", "163840", "--dtypes", "fp32", "--grid-rows", "256",
+                      "--no-fused")
     assert a["vocabs"] == (163840,) and a["dtypes"] == ("fp32",) and a["grid_rows"] == (256,) and not a["fused"]
-    assert "grid" not in bench.parse_args(["--quick"])
+    a = bench_options(monkeypatch, "--quick")
+    assert "grid" not in a and (a["iters"], a["repeats"], a["vocabs"]) == (10, 20, (128256, 163840))
+    assert a["impls"] == bench.IMPLS and a["ops"] == bench.OPS
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU stand-in of the timer; on a GPU run the bench itself")

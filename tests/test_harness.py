@@ -148,6 +148,18 @@ def test_bad_arguments_exit_2_with_one_line(args, needle):
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr
 
 
+def test_launcher_hands_its_ranks_the_options_it_parsed():
+    """`tpguard launch` parses the harness options once and passes them on to every rank's
+    `python -m tpguard.launch` as a command line that parses back to the same options."""
+    from tpguard.launch.options import HarnessOptions, parse_options, to_argv
+
+    argv = ["--steps", "7", "--top-p", "0.3", "--temperature", "1e-3", "--inject", "bonus@3:1", "--inject",
+            "coins@2:0", "--no-progress", "--merged", "--trace", "-odd dir", "--renorm", "torch", "--run-id", "r.1"]
+    opts = parse_options(argv, world_size=2)
+    assert parse_options(to_argv(opts), world_size=2) == opts
+    assert to_argv(HarnessOptions()) == [] and parse_options([]) == HarnessOptions()
+
+
 def test_tpguard_launch_returns_the_workers_exit_code(tmp_path):
     p = _cli("-m", "tpguard.cli", "launch", "--nproc-per-node", "2", "--steps", "4", "--logits", "flat",
              "--renorm", "emulated-atomic", "--on-divergence", "abort", "--no-progress", "--trace", str(tmp_path))
@@ -159,7 +171,7 @@ def test_tpguard_launch_returns_the_workers_exit_code(tmp_path):
 def test_demo_runs_and_tells_the_story(capsys):
     from tpguard.launch.demo import run_demo
 
-    assert run_demo(["--steps", "6", "--timeout", "3"]) == 0
+    assert run_demo(steps=6, timeout=3) == 0
     out = capsys.readouterr().out
     for needle in ("caught and named at once", "DIVERGED at step 0", "first differing quantity 'target_probs'",
                    "switched at that step on both ranks, no divergence after it", "outputs identical on both ranks",

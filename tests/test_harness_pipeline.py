@@ -12,7 +12,7 @@ from tpguard.launch.inject import Injector
 from tpguard.launch.model import SyntheticModel
 from tpguard.launch.options import Injection, OptionsError, parse_options
 from tpguard.launch.pipeline import VerifyPipeline
-from tpguard.launch.renorm_backends import get_backend
+from tpguard.renorm_registry import get_backend
 from tpguard.launch.tree import chain, eagle_tree
 from tpguard.launch.workload import SamplingParams, Workload
 from tpguard.quantities import CANONICAL_ORDER
@@ -175,8 +175,9 @@ def test_emulated_atomic_differs_between_calls_and_reference_does_not():
     (["--quantities", "decisions", "--inject", "target_probs@1:1"], 2, "not recorded with --quantities decisions"),
     (["--every", "2", "--inject", "coins@3:1"], 2, "not a checked step with --every 2"),
     (["--no-guard", "--on-divergence", "heal"], 2, "needs the guard"),
-    (["--bogus"], 2, "unrecognized arguments: --bogus"),
-    (["--steps", "x"], 2, "invalid int value"),
+    (["--bogus"], 2, "No such option: --bogus"),
+    (["--steps", "x"], 2, "valid integer"),
+    (["--algo", "medusa"], 2, "'medusa' is not one of dflash | eagle"),
 ])
 def test_bad_options_are_one_line_errors(argv, world, needle):
     with pytest.raises(OptionsError) as e:

@@ -17,7 +17,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tpguard.kernels import pdl, renorm_plan as rp  # noqa: E402
-from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, pdl_args, pdl_mode, shapes_for  # noqa: E402
+from tpguard.kernels.renorm_config import default_config, pdl_args, pdl_mode  # noqa: E402
+from tpguard.kernels.renorm_workspace import shapes_for  # noqa: E402
+
+DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
 

@@ -16,10 +16,12 @@ from tpguard import fingerprint as fp_host  # noqa: E402
 from tpguard.kernels.fingerprint_reference import fingerprint_reference  # noqa: E402
 from tpguard.kernels import reference as ref  # noqa: E402
 from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm  # noqa: E402
-from tpguard.kernels.renorm_passes import DEFAULT_CONFIG  # noqa: E402
+from tpguard.kernels.renorm_config import default_config  # noqa: E402
 from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton  # noqa: E402
 from tpguard.kernels.renorm_top_p import top_p_renorm_triton  # noqa: E402
 from tpguard.kernels.renorm_min_p import min_p_renorm_triton  # noqa: E402
+
+DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
 
@@ -119,7 +121,7 @@ def test_per_row_parameters_and_ties(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, *DTYPES.values()], ids=["fp32", *DTYPES.keys()])
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend", ["tpguard", "torch"])
 def test_fingerprint_out_is_the_returned_tensors(dtype, backend):
     """`fingerprint_out=` receives fingerprint_tensor(out) of the tensor returned, in its own dtype
     (a 2-byte entry hashed as one zero-extended word): the write pass hashes the stored bits."""
@@ -165,7 +167,7 @@ def test_public_api_keeps_the_dtype(dtype):
     x = make_rows(3, 500, "peaky", seed=13, dtype=dtype)
     for fn, params in ((top_k_renorm, (7,)), (top_p_renorm, (0.8,)), (top_k_top_p_renorm, (20, 0.8)),
                        (min_p_renorm, (0.1,))):
-        a, b = fn(x, *params, backend="triton"), fn(x, *params, backend="torch")
+        a, b = fn(x, *params, backend="tpguard"), fn(x, *params, backend="torch")
         assert a.dtype == b.dtype == dtype
         assert_matches(a, b, dtype)
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):

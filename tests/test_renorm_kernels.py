@@ -24,9 +24,12 @@ from tpguard.kernels.radix_select import (bin_shift, kth_largest_block, mass_cut
                                           mass_cutoff_block_bins, search_start)
 from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm  # noqa: E402
 from tpguard.kernels.renorm_min_p import min_p_renorm_triton  # noqa: E402
-from tpguard.kernels.renorm_passes import DEFAULT_CONFIG  # noqa: E402
+from tpguard.kernels.renorm_config import default_config  # noqa: E402
 from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton  # noqa: E402
-from tpguard.kernels.renorm_top_p import kth_largest_split, top_p_renorm_triton  # noqa: E402
+from tpguard.kernels.renorm_top_p import top_p_renorm_triton  # noqa: E402
+from tpguard.kernels.renorm_top_p_select import kth_largest_split  # noqa: E402
+
+DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
 
@@ -154,12 +157,12 @@ def test_streaming_sub_blocks():
 
 def plans(monkeypatch, module):
     """Capture the workspaces a launcher allocates (to see which path each row took)."""
-    import tpguard.kernels.renorm_passes as passes
+    import tpguard.kernels.renorm_workspace as workspace
 
     seen = []
 
     def capture(*args, **kwargs):
-        ws = passes.workspace_for(*args, **kwargs)
+        ws = workspace.workspace_for(*args, **kwargs)
         seen.append(ws)
         return ws
 
@@ -205,13 +208,13 @@ GATHER_BLOCK = NO_MARGIN.replace(bracket_reg=4096, cap_per_chunk=256)
 
 def _top_p_workspace_run(x, p, cfg):
     """(output, workspace) of one top-p call."""
-    import tpguard.kernels.renorm_passes as passes
+    import tpguard.kernels.renorm_workspace as workspace
     import tpguard.kernels.renorm_top_p as tp_mod
 
     seen = []
 
     def capture(*args, **kwargs):
-        seen.append(passes.workspace_for(*args, **kwargs))
+        seen.append(workspace.workspace_for(*args, **kwargs))
         return seen[-1]
 
     with mock.patch.object(tp_mod, "workspace_for", capture):
@@ -432,20 +435,22 @@ def test_bracket_bins_fallbacks():
     # when the bins cannot be used the default search runs: a bin over its window (bins_window), an
     # inexact bracket (exact_span), an overflowing chunk: the same bits
     import tpguard.kernels.renorm_passes as passes
+    import tpguard.kernels.renorm_workspace as workspace
 
     x, p, base, ws = _s3_run("default")
     run = _s3_run.__wrapped__
     with mock.patch.object(passes, "bins_window", lambda cfg: 32):
         _, _, out, _ = run("default", (("bracket_bins", 16),))
     assert torch.equal(out.view(torch.int32), base.view(torch.int32))
-    real_workspace = passes.workspace_for
+    real_workspace = workspace.workspace_for
 
     def filled(*args, **kwargs):  # the list's scratch reads -1 unless something writes it
         ws_f = real_workspace(*args, **kwargs)
         ws_f.cand.fill_(-1.0)
         return ws_f
 
-    with mock.patch.object(passes, "exact_span", lambda cfg: -1), mock.patch.object(passes, "workspace_for", filled):
+    with mock.patch.object(passes, "exact_span", lambda cfg: -1), \
+            mock.patch.object(workspace, "workspace_for", filled):
         _, _, out, wf = run("default", (("bracket_bins", 16),))
     assert torch.equal(out.view(torch.int32), base.view(torch.int32))
     n = ws.cnt.view(x.shape[0], -1).sum(1)
@@ -578,25 +583,25 @@ def test_batch_invariance():
 
 def test_api_triton_backend():
     x = make_rows(3, 500, "flat", seed=12)
-    assert torch.equal(top_p_renorm(x, 0.9, backend="triton"), top_p_renorm_triton(x, 0.9))
-    assert torch.equal(top_k_renorm(x, torch.tensor([1, 1 << 40, 7]), backend="triton"),
+    assert torch.equal(top_p_renorm(x, 0.9, backend="tpguard"), top_p_renorm_triton(x, 0.9))
+    assert torch.equal(top_k_renorm(x, torch.tensor([1, 1 << 40, 7]), backend="tpguard"),
                        top_k_renorm_triton(x, torch.tensor([1, 500, 7], dtype=torch.int32, device=DEVICE)))
-    assert_matches(min_p_renorm(x, 0.2, backend="triton"), ref.min_p_renorm_reference(x, 0.2))
-    assert_matches(top_k_top_p_renorm(x, 40, torch.tensor(0.9), backend="triton"),
+    assert_matches(min_p_renorm(x, 0.2, backend="tpguard"), ref.min_p_renorm_reference(x, 0.2))
+    assert_matches(top_k_top_p_renorm(x, 40, torch.tensor(0.9), backend="tpguard"),
                    ref.top_k_top_p_renorm_reference(x, 40, 0.9))
-    assert top_p_renorm(x[:0], 0.9, backend="triton").shape == (0, 500)
+    assert top_p_renorm(x[:0], 0.9, backend="tpguard").shape == (0, 500)
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
-        top_p_renorm(x.double(), 0.9, backend="triton")
+        top_p_renorm(x.double(), 0.9, backend="tpguard")
     with pytest.raises(ValueError, match="values for 3 rows"):
-        top_k_renorm(x, torch.tensor([1, 2]), backend="triton")
+        top_k_renorm(x, torch.tensor([1, 2]), backend="tpguard")
 
 
 def test_api_without_validation_clamps_like_the_reference():
     x = make_rows(4, 200, "flat", seed=13)
     p = torch.tensor([-1.0, 0.0, 2.0, 0.5], device=DEVICE)
     k = torch.tensor([-3, 0, 1000, 10], device=DEVICE)
-    assert_matches(top_p_renorm(x, p, backend="triton", validate=False), ref.top_p_renorm_reference(x, p))
-    assert_matches(top_k_renorm(x, k, backend="triton", validate=False), ref.top_k_renorm_reference(x, k))
+    assert_matches(top_p_renorm(x, p, backend="tpguard", validate=False), ref.top_p_renorm_reference(x, p))
+    assert_matches(top_k_renorm(x, k, backend="tpguard", validate=False), ref.top_k_renorm_reference(x, k))
 
 
 def _top_p_plan_run(x, p, cfg):
@@ -638,8 +643,8 @@ SPLIT_SHAPES = SMALL.replace(group=8, sample_stride=8, select_warps=1)
 
 
 def test_tps_split_blocks_and_bad_values():
-    from tpguard.kernels.renorm_passes import shapes_for
-    from tpguard.kernels.renorm_top_p import sample_blocks
+    from tpguard.kernels.renorm_top_p_select import sample_blocks
+    from tpguard.kernels.renorm_workspace import shapes_for
 
     assert sample_blocks(5120, 8192, 1) == (4096, 1024)  # vocab 163840
     assert sample_blocks(4008, 4096, 1) == (4096, 0)  # vocab 128256: 2048 + 2048 would not help

@@ -31,8 +31,8 @@ def _fresh_plans(monkeypatch, request):
     if DEVICE == "cuda" and not GPU_ALL \
             and request.node.name not in ("test_direct_launches_on_gpu", "test_graph_replays_on_gpu"):
         pytest.skip("GPU: direct-launch test only (TPGUARD_RENORM_GPU_TESTS=all runs every test)")
-    monkeypatch.setattr(rp, "MAX_PLANS", 4)
-    monkeypatch.setattr(rp, "MAX_BYTES", 256 << 20)
+    monkeypatch.setenv("TPGUARD_RENORM_PLANS", "4")
+    monkeypatch.setenv("TPGUARD_RENORM_PLAN_MB", "256")
     rp.clear_plans()
     yield
     rp.clear_plans()
@@ -134,7 +134,7 @@ def test_keys_separate_what_the_launches_depend_on():
 
 def test_lru_and_byte_cap(monkeypatch):
     x = batch()
-    monkeypatch.setattr(rp, "MAX_PLANS", 2)
+    monkeypatch.setenv("TPGUARD_RENORM_PLANS", "2")
     for rows in (1, 2, 3):
         rp.run("top_k", x[:rows], 40, None, SMALL)
     assert [key[1] for key, _ in rp.plans()] == [2, 3]  # rows 1 evicted
@@ -142,7 +142,7 @@ def test_lru_and_byte_cap(monkeypatch):
     rp.run("top_k", x[:4], 40, None, SMALL)
     assert [key[1] for key, _ in rp.plans()] == [2, 4]
     one = rp.plans()[-1][1].nbytes
-    monkeypatch.setattr(rp, "MAX_BYTES", one)  # room for one such plan
+    monkeypatch.setenv("TPGUARD_RENORM_PLAN_MB", repr(one / (1 << 20)))  # room for one such plan
     rp.run("top_k", x[:3], 40, None, SMALL)
     assert [key[1] for key, _ in rp.plans()] == [3] and rp.plan_bytes() <= one
     out = rp.run("top_p", x, None, 0.9, SMALL)  # larger than the cap alone: used once, not kept
@@ -150,7 +150,7 @@ def test_lru_and_byte_cap(monkeypatch):
     assert [key[1] for key, _ in rp.plans()] == [3]
     rp.clear_plans()
     assert rp.plans() == [] and rp.plan_bytes() == 0
-    monkeypatch.setattr(rp, "MAX_PLANS", 0)  # switched off: today's path, nothing cached
+    monkeypatch.setenv("TPGUARD_RENORM_PLANS", "0")  # switched off: today's path, nothing cached
     assert torch.equal(bits(rp.run("top_k", x, 40, None, SMALL)), bits(fresh("top_k", x, 40, None)))
     assert rp.plans() == []
 
@@ -158,7 +158,7 @@ def test_lru_and_byte_cap(monkeypatch):
 def test_capture_rule(monkeypatch):
     assert rp.plan_allowed(capturing=False)
     assert not rp.plan_allowed(capturing=True)
-    monkeypatch.setattr(rp, "MAX_PLANS", 0)
+    monkeypatch.setenv("TPGUARD_RENORM_PLANS", "0")
     assert not rp.plan_allowed(capturing=False)
 
 
@@ -241,9 +241,10 @@ def test_default_graph_rule_counts_launches(monkeypatch):
     """By default a plan replays a graph of its own (renorm_graph.worth_graph) only where it replaces
     >= 5 launches at <= 8 rows: top-p and min-p; top-k and top-k + top-p with a scalar k < vocab make
     one launch at <= 8 rows (renorm_top_k_fused.py; two here, under the interpreter) and 3 above, which a
-    graph's copy in, launch and clone cost about as much as (runs 31, 33)."""
+    graph's copy in, launch and clone cost about as much as (kernels/renorm_graph.py)."""
     import triton.runtime.interpreter as interp
 
+    from tpguard.config import renorm_graph_rows
     from tpguard.kernels import renorm_graph
 
     launches = []
@@ -256,8 +257,8 @@ def test_default_graph_rule_counts_launches(monkeypatch):
         launches.clear()
         fresh(op, x, k, p)
         assert renorm_graph.worth_graph(1, len(launches)) is want, (op, len(launches))
-        assert renorm_graph.worth_graph(renorm_graph.GRAPH_ROWS, len(launches)) is want, op
-        assert not renorm_graph.worth_graph(renorm_graph.GRAPH_ROWS + 1, len(launches)), op
+        assert renorm_graph.worth_graph(renorm_graph_rows(), len(launches)) is want, op
+        assert not renorm_graph.worth_graph(renorm_graph_rows() + 1, len(launches)), op
 
 
 @pytest.mark.skipif(DEVICE != "cuda" or not dl.enabled(), reason="plan graphs replay direct launches: CUDA")
@@ -268,7 +269,7 @@ def test_graph_replays_on_gpu(monkeypatch):
     the fresh-workspace path."""
     from tpguard.kernels import renorm_graph
 
-    monkeypatch.setattr(renorm_graph, "GRAPH_ROWS", 64)
+    monkeypatch.setenv("TPGUARD_RENORM_GRAPH_ROWS", "64")
     monkeypatch.setattr(renorm_graph, "GRAPH_MIN_LAUNCHES", 0)  # the mechanism for every op
     x = batch(2)
     for op in rp.OPS:

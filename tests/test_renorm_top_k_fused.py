@@ -17,9 +17,13 @@ import torch  # noqa: E402
 from tpguard.kernels import reference as ref  # noqa: E402
 from tpguard.kernels import renorm_top_k_fused as fused  # noqa: E402
 from tpguard.kernels.renorm import top_k_renorm, top_k_top_p_renorm  # noqa: E402
-from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, shapes_for, workspace_for  # noqa: E402
-from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton, workspace_flags  # noqa: E402
+from tpguard.kernels.renorm_config import default_config  # noqa: E402
+from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton  # noqa: E402
+from tpguard.kernels.renorm_top_k_select import workspace_flags  # noqa: E402
+from tpguard.kernels.renorm_workspace import SYNC_WORDS, shapes_for, workspace_for  # noqa: E402
 from test_renorm_kernels import assert_matches, make_rows, special_rows  # noqa: E402
+
+DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
 
@@ -57,7 +61,7 @@ def test_same_bits_as_three_launches(cfg, vocab, rows, k, p, kind):
     assert torch.equal(bits(out), bits(three))
     expect = ref.top_k_renorm_reference(x, k) if p is None else ref.top_k_top_p_renorm_reference(x, k, p)
     assert_matches(out, expect)
-    assert ws.sync.numel() == rows * fused.SYNC_WORDS and not ws.sync.any()  # zero for the next call
+    assert ws.sync.numel() == rows * SYNC_WORDS and not ws.sync.any()  # zero for the next call
 
 
 @pytest.mark.parametrize("vocab", [300, 5000])
@@ -74,21 +78,21 @@ def test_special_rows(vocab):
 def test_batch_invariant_and_repeatable():
     """A row's bits are the same alone, in a batch of 8 (one launch) and in a batch of 20 (three launches)."""
     x = torch.cat([make_rows(10, 6000, "flat", seed=5), make_rows(10, 6000, "peaky", seed=6)])
-    big = top_k_renorm(x, 40, backend="triton")
+    big = top_k_renorm(x, 40, backend="tpguard")
     assert not fused.fused_fits(20, 6000, 40, None, None, DEFAULT_CONFIG, x.device)
     for start in (0, 9, 12):
         part = x[start:start + 8]
-        first = top_k_renorm(part, 40, backend="triton")
+        first = top_k_renorm(part, 40, backend="tpguard")
         for _ in range(2):
-            assert torch.equal(bits(top_k_renorm(part, 40, backend="triton")), bits(first))
+            assert torch.equal(bits(top_k_renorm(part, 40, backend="tpguard")), bits(first))
         assert torch.equal(bits(first), bits(big[start:start + 8]))
-        assert torch.equal(bits(top_k_renorm(x[start:start + 1], 40, backend="triton")), bits(big[start:start + 1]))
-    both = top_k_top_p_renorm(x, 40, 0.8, backend="triton")
-    assert torch.equal(bits(top_k_top_p_renorm(x[3:11], 40, 0.8, backend="triton")), bits(both[3:11]))
+        assert torch.equal(bits(top_k_renorm(x[start:start + 1], 40, backend="tpguard")), bits(big[start:start + 1]))
+    both = top_k_top_p_renorm(x, 40, 0.8, backend="tpguard")
+    assert torch.equal(bits(top_k_top_p_renorm(x[3:11], 40, 0.8, backend="tpguard")), bits(both[3:11]))
     k = torch.tensor([40, 6000, 7, 1 << 30] * 5, dtype=torch.int32)  # per-row k, top-k off on some rows
-    big = top_k_renorm(x, k, backend="triton")
+    big = top_k_renorm(x, k, backend="tpguard")
     for start in (0, 5, 13):
-        assert torch.equal(bits(top_k_renorm(x[start:start + 7], k[start:start + 7], backend="triton")),
+        assert torch.equal(bits(top_k_renorm(x[start:start + 7], k[start:start + 7], backend="tpguard")),
                            bits(big[start:start + 7])), start
 
 

@@ -13,8 +13,11 @@ import torch  # noqa: E402
 
 from tpguard import fingerprint as fp_host  # noqa: E402
 from tpguard.kernels import reference as ref  # noqa: E402
-from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, shapes_for, workspace_for  # noqa: E402
+from tpguard.kernels.renorm_config import default_config  # noqa: E402
+from tpguard.kernels.renorm_workspace import shapes_for, workspace_for  # noqa: E402
 from tpguard.kernels.renorm_top_p import top_p_renorm_triton  # noqa: E402
+
+DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 PRE = SMALL.replace(top_p_presample=1)

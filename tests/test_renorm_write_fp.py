@@ -14,9 +14,10 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _case(rows, vocab, chunk, seed, nan_rows=(), zero_rows=()):
-    from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, shapes_for, workspace_for
+    from tpguard.kernels.renorm_config import default_config
+    from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
 
-    cfg = DEFAULT_CONFIG.replace(chunk=chunk)
+    cfg = default_config().replace(chunk=chunk)
     g = torch.Generator().manual_seed(seed)
     probs = torch.rand(rows, vocab, generator=g) ** 4
     probs[:, :: max(1, vocab // 7)] = 0.0  # zeros: dropped by the x > 0 test
@@ -152,10 +153,10 @@ def test_pipeline_emits_target_probs_fingerprint_from_the_last_renorm():
     from tpguard.launch.inject import Injector
     from tpguard.launch.model import SyntheticModel
     from tpguard.launch.pipeline import VerifyPipeline
-    from tpguard.launch.renorm_backends import get_backend
     from tpguard.launch.tree import chain
     from tpguard.launch.workload import SamplingParams, Workload
     from tpguard.fingerprint import attached_fingerprint
+    from tpguard.renorm_registry import get_backend
 
     tree = chain(4)
     backend = replace(get_backend("torch", "cpu"), top_p=_fp_producer)
@@ -172,7 +173,7 @@ def test_pipeline_emits_target_probs_fingerprint_from_the_last_renorm():
 
 
 def test_fill_fingerprint_for_paths_without_a_write_pass():
-    from tpguard.kernels.renorm_write_fp import fill_fingerprint
+    from tpguard.kernels.renorm_args import fill_fingerprint
 
     for out in (torch.empty(0, 10), torch.rand(3, 7)):
         slot = torch.zeros(2, dtype=torch.int64)
@@ -180,7 +181,7 @@ def test_fill_fingerprint_for_paths_without_a_write_pass():
         assert fp_host.to_unsigned(int(slot[1])) == fp_host.fingerprint_tensor(out) and int(slot[0]) == 0
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend", ["tpguard", "torch"])
 def test_public_api_fingerprint_out(backend):
     """Every public renorm honours `fingerprint_out` on both paths: the slot holds fingerprint(out)."""
     from tpguard.fingerprint import fingerprint_tensor, to_unsigned

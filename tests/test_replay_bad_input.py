@@ -186,9 +186,9 @@ def test_no_dumps_and_bad_arguments(dumps, tmp_path, capsys):
 
 def test_the_runs_backend_cannot_run_here(dumps, tmp_path, capsys):
     # a dump of a GPU run with flashinfer's default renorm, replayed where flashinfer cannot run
-    from tpguard.launch.renorm_backends import flashinfer_available
+    from tpguard.renorm_registry import available
 
-    if torch.cuda.is_available() and flashinfer_available():
+    if torch.cuda.is_available() and available("flashinfer", "cuda"):
         pytest.skip("flashinfer runs here")
     d = copy_run(dumps / "a", tmp_path / "a")
     for f in files(d):

@@ -18,7 +18,9 @@ import torch  # noqa: E402
 from tpguard import fingerprint as fp_host  # noqa: E402
 from tpguard.kernels import reference as ref  # noqa: E402
 from tpguard.kernels import target_probs as tp  # noqa: E402
-from tpguard.kernels.renorm_passes import DEFAULT_CONFIG  # noqa: E402
+from tpguard.kernels.renorm_config import default_config  # noqa: E402
+
+DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 CONFIGS = {"default": DEFAULT_CONFIG, "small": SMALL}
@@ -128,7 +130,7 @@ def test_equals_sglangs_composition_up_to_rounding():
     logits = make_logits(rows, vocab, 3.0, seed=7)
     temperature = torch.tensor([0.6, 0.8, 1.0, 1.2, 2.0])
     k, p, mp = torch.tensor([5, 50, 2000, 300, 1]), torch.tensor([0.9, 0.5, 0.95, 1.0, 0.7]), 0.03
-    out = tp.target_probs(logits, on_device(temperature), on_device(k), on_device(p), mp, backend="triton")
+    out = tp.target_probs(logits, on_device(temperature), on_device(k), on_device(p), mp, backend="tpguard")
     probs = torch.softmax(logits.double() / on_device(temperature)[:, None].double(), dim=-1).float()
     staged = ref.min_p_renorm_reference(ref.top_p_renorm_reference(ref.top_k_renorm_reference(probs, k), p), mp)
     if DEVICE == "cpu":
@@ -155,7 +157,7 @@ def test_repeated_calls_batch_invariance_and_fingerprint():
 
 def test_public_api_backends_and_bad_input():
     logits = make_logits(3, 400, 2.0, seed=5)
-    a = tp.target_probs(logits, 0.8, 20, 0.9, backend="triton")
+    a = tp.target_probs(logits, 0.8, 20, 0.9, backend="tpguard")
     b = tp.target_probs(logits, 0.8, 20, 0.9, backend="torch")
     assert_near_reference(a, b)
     assert tp.target_probs(logits[:0], 1.0).shape == (0, 400)

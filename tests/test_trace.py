@@ -51,6 +51,24 @@ def test_unknown_fields_are_kept_and_ignored():
     assert to_json(rec)["gpu"] == "h200"
 
 
+def test_divergence_record_line_is_unchanged():
+    """The guard's divergence lines, policy heal's `healed` and `note` included, read back to the
+    same record and write out byte for byte as before; unset optional fields stay off the line."""
+    import orjson
+
+    head = (b'{"type":"divergence","run_id":"r","step":7,"site":"dflash.verify","quantity":"bonus",'
+            b'"values":{"0000000000000001":[0],"0000000000000002":[1]},"culprit_ranks":[1],')
+    healed = head + b'"action":"healed","dump":null,"majority_ranks":[0],"differing":["bonus"],"rows":[5],"healed":["bonus"]}'
+    refused = head + (b'"action":"recorded","dump":null,"majority_ranks":[0],"differing":["bonus"],'
+                      b'"note":"heal refused at this step (see the log); recorded"}')
+    for line in (healed, refused):
+        rec = from_json(orjson.loads(line))
+        assert isinstance(rec, DivergenceRecord) and rec.extra == {} and orjson.dumps(to_json(rec)) == line
+    assert from_json(orjson.loads(healed)).healed == ["bonus"] and from_json(orjson.loads(refused)).note.startswith("heal")
+    bare = DivergenceRecord(run_id="r", step=1, site="s", quantity="coins", values={}, culprit_ranks=[1])
+    assert not {"rows", "healed", "note", "switch"} & set(to_json(bare))
+
+
 def test_compact_and_expand():
     assert compact_fp(["a", "a"]) == "a"
     assert compact_fp(["a", None]) == ["a", None]

@@ -22,7 +22,7 @@ _LAZY = {
     "fingerprint_device": "tpguard.fingerprint",
     "fingerprint_rows": "tpguard.fingerprint",
     "StepGuard": "tpguard.guard",
-    "Divergence": "tpguard.divergence",
+    "DivergenceRecord": "tpguard.records",
     "RankDivergenceError": "tpguard.errors",
     "RankTimeoutError": "tpguard.errors",
 }

@@ -1,4 +1,6 @@
-"""The `tpguard` command: one typer app; each command's work lives in tpguard/commands/.
+"""The `tpguard` command: one typer app declaring every command's options (the harness's are in
+launch/options.py); the work lives in tpguard/commands/, launch/, tpguard/bench/ and audit.py.
+`python -m tpguard.launch` (a rank) and `python -m tpguard.bench.*` parse with the same declarations.
 
 Exit codes (tpguard/errors.py, one table in docs/exit-codes.md): 0 ok/clean, 1 diverged, 2 bad
 input or arguments (one line on stderr, never a traceback), 3 aborted on divergence, 4 rank
@@ -9,7 +11,6 @@ too (tpguard/__main__.py).
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import List, Optional
 
@@ -20,7 +21,10 @@ try:  # typer >= 0.20 vendors click as typer._click
 except ImportError:  # pragma: no cover - older typer
     from click import exceptions as click_exc
 
+from tpguard.cli_types import comma_list, one_of
+from tpguard.config import debug
 from tpguard.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, TPGuardError
+from tpguard.launch.options import HarnessOptions, with_harness_options
 
 app = typer.Typer(
     add_completion=False,
@@ -31,9 +35,8 @@ app = typer.Typer(
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print numbers (GPU where present).")
 app.add_typer(bench_app, name="bench")
 
+# serve passes what follows its options on to the command it runs
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
-# launch/demo/serve/bench pass --help on to the program they run
-PASSTHROUGH_HELP = {**PASSTHROUGH, "help_option_names": []}
 
 
 @app.command()
@@ -75,32 +78,38 @@ def replay(
                                 as_json=json_out))
 
 
-@app.command(context_settings=PASSTHROUGH_HELP)
-def launch(ctx: typer.Context,
+@app.command()
+@with_harness_options
+def launch(harness: HarnessOptions,
            nproc_per_node: int = typer.Option(2, "--nproc-per-node", help="ranks to start")):
     """Run the TP harness on N local ranks, as torchrun --standalone would (options: docs/harness.md)."""
     from tpguard.launch.runner import launch_ranks
 
-    raise typer.Exit(launch_ranks(nproc_per_node, list(ctx.args)))
-
-
-@app.command(context_settings=PASSTHROUGH_HELP)
-def demo(ctx: typer.Context):
-    """The README demo: divergence caught and named, diagnosed, then fixed two ways (CPU, 2 ranks)."""
-    from tpguard.launch.demo import run_demo
-
-    raise typer.Exit(run_demo(list(ctx.args)))
+    raise typer.Exit(launch_ranks(nproc_per_node, harness))
 
 
 @app.command()
-def audit(
+def demo(
+    steps: int = typer.Option(60, "--steps", help="steps of the fixed runs"),
+    out: Optional[str] = typer.Option(None, "--out", help="keep the traces in this directory (default: a temporary one)"),
+    skip_hang: bool = typer.Option(False, "--skip-hang", help="skip part 5 (the hang without a guard)"),
+    timeout: float = typer.Option(4.0, "--timeout", help="deadline of part 5's waits, seconds"),
+):
+    """The README demo: divergence caught and named, diagnosed, then fixed two ways (CPU, 2 ranks)."""
+    from tpguard.launch.demo import run_demo
+
+    raise typer.Exit(run_demo(steps=steps, out=out, skip_hang=skip_hang, timeout=timeout))
+
+
+@app.command()
+def determinism(
     calls: int = typer.Option(20, "--calls", help="repeated calls per kernel on identical input"),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
     rows: int = typer.Option(0, "--rows", help="rows per input (0: a default for the device)"),
     vocab: int = typer.Option(0, "--vocab", help="vocabulary size (0: a default for the device)"),
 ):
     """Determinism and batch-invariance table of every renorm/sampling kernel found here."""
-    from tpguard.audit import main as audit_main
+    from tpguard.determinism import main as determinism_main
 
     if device not in ("auto", "cpu", "cuda"):
         raise click_exc.BadParameter(f"must be auto, cpu or cuda, got {device!r}", param_hint="'--device'")
@@ -115,7 +124,11 @@ def audit(
         kwargs["rows"] = rows
     if vocab:
         kwargs["vocab"] = vocab
-    raise typer.Exit(audit_main(**kwargs) or 0)
+    raise typer.Exit(determinism_main(**kwargs) or 0)
+
+
+# `tpguard audit`: the command's earlier name (TPGUARD=audit is the guard's mode; the table is "determinism")
+app.command("audit", hidden=True)(determinism)
 
 
 @app.command()
@@ -133,7 +146,8 @@ def serve(
     trace_dir: Optional[str] = typer.Option(None, "--trace-dir"),
     every: int = typer.Option(1, "--every", help="check every N verify steps"),
     on_divergence: str = typer.Option("record", "--on-divergence", help="record | heal | abort | fix"),
-    renorm: str = typer.Option("default", "--renorm", help="default | deterministic"),
+    renorm: str = typer.Option("default", "--renorm",
+                               help="default | deterministic | tpguard | flashinfer-det | torch (TPGUARD_RENORM)"),
     dump: bool = typer.Option(False, "--dump"),
 ):
     """Run an SGLang launch command with the tpguard plugin enabled: tpguard serve -- python -m sglang..."""
@@ -143,36 +157,112 @@ def serve(
                                 on_divergence=on_divergence, renorm=renorm, dump=dump))
 
 
-@bench_app.command("kernels", context_settings=PASSTHROUGH_HELP)
-def bench_kernels(ctx: typer.Context):
+@bench_app.command("kernels")
+def bench_kernels(
+    rows: int = typer.Option(256, "--rows", help="rows of the main table"),
+    vocabs: Optional[str] = typer.Option(None, "--vocabs", callback=comma_list(int), show_default=False,
+                                         help="vocabulary sizes, comma-separated (default 128256,163840; with "
+                                              "--grid 32000,128256,163840,262144)"),
+    logits: str = typer.Option("flat,peaky", "--logits", callback=comma_list(), help="flat and/or peaky"),
+    iters: int = typer.Option(50, "--iters", help="timed calls per cell"),
+    repeats: Optional[int] = typer.Option(None, "--repeats", show_default=False,
+                                          help="repeated calls compared bit for bit (default 200; with --grid 10)"),
+    top_p: float = typer.Option(0.9, "--top-p"),
+    top_k: int = typer.Option(40, "--top-k"),
+    min_p: float = typer.Option(0.1, "--min-p"),
+    batch_sizes: str = typer.Option("1,8,64", "--batch-sizes", callback=comma_list(int)),
+    top_ks: str = typer.Option("40,256,1024", "--top-ks", callback=comma_list(int)),
+    impls: Optional[str] = typer.Option(None, "--impls", callback=comma_list(), show_default=False,
+                                        help="some of tpguard,flashinfer,flashinfer-det,torch (default: all)"),
+    ops: Optional[str] = typer.Option(None, "--ops", callback=comma_list(), show_default=False,
+                                      help="some of top_p,top_k,top_k_top_p,min_p (default: all)"),
+    graphs: bool = typer.Option(False, "--graphs", help="also time CUDA-graph replays in the main table"),
+    json_path: Optional[str] = typer.Option(None, "--json", help="also write the results to this file"),
+    quick: bool = typer.Option(False, "--quick", help="fewer iterations and repeats"),
+    host_profile: bool = typer.Option(False, "--host-profile", help="only: host time of eager tpguard calls at "
+                                      "1 row and a cProfile of them (where eager time goes)"),
+    grid: bool = typer.Option(False, "--grid", help="only: the grid (rows x vocab x logits x dtype), tpguard vs "
+                              "flashinfer, and the fused logits -> target probs kernel vs softmax + renorms"),
+    grid_rows: Optional[str] = typer.Option(None, "--grid-rows", callback=comma_list(int), show_default=False,
+                                            help="rows of --grid (default 1,8,64,256,1024)"),
+    dtypes: Optional[str] = typer.Option(None, "--dtypes", callback=comma_list(), show_default=False,
+                                         help="dtypes of --grid (default fp32,bf16)"),
+    no_fused: bool = typer.Option(False, "--no-fused", help="--grid without the logits -> target probs table"),
+):
     """Renorm kernels: tpguard vs flashinfer (default, deterministic) vs torch (docs/benchmarks.md)."""
-    from tpguard.bench.kernels import main as bench_main
+    from tpguard.bench import kernels
 
-    raise typer.Exit(bench_main(list(ctx.args)) or 0)
+    raise typer.Exit(kernels.main(**kernels.run_options(
+        rows=rows, vocabs=vocabs, logits=logits, iters=iters, repeats=repeats, top_p=top_p, top_k=top_k,
+        min_p=min_p, batch_sizes=batch_sizes, top_ks=top_ks, impls=impls, ops=ops, graphs=graphs,
+        json_path=json_path, quick=quick, host_profile=host_profile, grid=grid, grid_rows=grid_rows,
+        dtypes=dtypes, no_fused=no_fused)) or 0)
 
 
-@bench_app.command("fingerprint", context_settings=PASSTHROUGH_HELP)
-def bench_fingerprint(ctx: typer.Context):
+@bench_app.command("fingerprint")
+def bench_fingerprint(
+    iters: int = typer.Option(50, "--iters", help="timed calls per measurement (median)"),
+    shapes: str = typer.Option("all", "--shapes", callback=one_of("all", "main"), help="all | main"),
+    sweep: bool = typer.Option(False, "--sweep", help="also time tiling configs on the main shape"),
+    sweep_budget: float = typer.Option(30.0, "--sweep-budget", metavar="S", help="seconds the sweep may spend "
+                                       "on the main shape (the full set gets 10 more)"),
+    sweep_configs: Optional[str] = typer.Option(None, "--sweep-configs", metavar="A|B|...", help="sweep these "
+                                                "KernelConfig overrides ('|'-separated, '' the defaults) instead "
+                                                "of the list"),
+    full_set_configs: Optional[str] = typer.Option(None, "--full-set-configs", metavar="A|B|...", help="with "
+                                                   "--sweep: sweep these whole KernelConfig overrides on the "
+                                                   "guard's full set instead of the 3 fastest and FULL_SET_CONFIGS "
+                                                   "x long-row variants"),
+    check: bool = typer.Option(True, "--check/--no-check", help="check bit for bit against the numpy reference "
+                               "(--no-check skips it)"),
+):
     """Fingerprint kernel throughput and the guard's per-step fingerprint cost."""
     from tpguard.bench.fingerprint import main as bench_main
 
-    raise typer.Exit(bench_main(list(ctx.args)) or 0)
+    raise typer.Exit(bench_main(iters=iters, shapes=shapes, sweep=sweep, sweep_budget=sweep_budget,
+                                sweep_configs=sweep_configs, full_set_configs=full_set_configs, check=check) or 0)
 
 
-@bench_app.command("guard", context_settings=PASSTHROUGH_HELP)
-def bench_guard(ctx: typer.Context):
+@bench_app.command("guard")
+def bench_guard(
+    bs: int = typer.Option(32, "--bs", help="requests per step"),
+    draft_tokens: int = typer.Option(8, "--draft-tokens", help="verify positions per request"),
+    vocab: int = typer.Option(163840, "--vocab", help="vocabulary size"),
+    iters: int = typer.Option(50, "--iters", help="timed calls per measurement"),
+    json_path: Optional[str] = typer.Option(None, "--json", help="also write results to this file"),
+    profile: bool = typer.Option(False, "--profile", help="also print where the host time of an eager guarded "
+                                 "step goes (cProfile)"),
+    config: str = typer.Option("", "--config", help="KernelConfig overrides for the guard's fingerprints, e.g. "
+                               "block_words=2048,num_warps=4,many_long=rows,maxnreg=128 (the sweep's best line of "
+                               "`tpguard bench fingerprint --sweep`)"),
+    heal_only: bool = typer.Option(False, "--heal-only", help="with 2+ ranks: only the fused heal vs broadcasts "
+                                   "comparison (section 3), plus the plain decisions guard timed the same ways"),
+    fused_probs: bool = typer.Option(False, "--fused-probs", help="only measure the renorm's write pass with vs "
+                                     "without the fused target_probs fingerprint (kernels/renorm_write_fp.py)"),
+):
     """Guard cost per verify step, guard off vs on, in one process (and fused heal vs broadcasts)."""
-    from tpguard.bench.guard import main as bench_main
+    from tpguard.bench.guard import Options, main as bench_main
 
-    raise typer.Exit(bench_main(list(ctx.args)) or 0)
+    raise typer.Exit(bench_main(Options(bs=bs, draft_tokens=draft_tokens, vocab=vocab, iters=iters,
+                                        json=json_path, profile=profile, config=config, heal_only=heal_only,
+                                        fused_probs=fused_probs)) or 0)
 
 
-@bench_app.command("diagnose", context_settings=PASSTHROUGH_HELP)
-def bench_diagnose(ctx: typer.Context):
+@bench_app.command("diagnose")
+def bench_diagnose(
+    steps: int = typer.Option(1_000_000, "--steps", help="steps per rank (>= 20)"),
+    ranks: int = typer.Option(2, "--ranks", help="ranks (>= 2)"),
+    layout: str = typer.Option("both", "--layout", callback=one_of("compact", "spaced", "both"),
+                               help="compact (tpguard's writer), spaced (json.dumps's default separators), or both"),
+    directory: Optional[str] = typer.Option(None, "--dir", help="where to write the traces (default: a temp dir)"),
+    keep: bool = typer.Option(False, "--keep", help="keep the generated traces"),
+):
     """Diagnose throughput on a generated long trace (1,000,000 steps x 2 ranks by default)."""
     from tpguard.bench.diagnose import main as bench_main
 
-    raise typer.Exit(bench_main(list(ctx.args)) or 0)
+    if steps < 20 or ranks < 2:
+        raise click_exc.UsageError(f"--steps must be >= 20 and --ranks >= 2, got {steps} and {ranks}")
+    raise typer.Exit(bench_main(steps=steps, ranks=ranks, layout=layout, directory=directory, keep=keep) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tpguard: error: {where}{e.strerror or e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as e:  # noqa: BLE001 - a bug must not look like exit 1 ("diverged")
-        if os.environ.get("TPGUARD_DEBUG"):
+        if debug():
             raise
         msg = " ".join(str(e).split())[:300]
         print(f"tpguard: internal error: {type(e).__name__}: {msg} (a tpguard bug; "

@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpguard.quantities import CANONICAL_ORDER, DECISIONS_MODE
+from tpguard.renorm_registry import PLUGIN_RENORMS, RENORM_BACKEND_ALIASES, RENORM_BACKEND_VALUES, plugin_choice
 
 POLICIES = ("record", "heal", "abort", "fix")
 MODES = ("off", "on", "audit")
-RENORMS = ("default", "deterministic")
-RENORM_BACKENDS = ("", "tpguard", "flashinfer", "torch")  # "": the first available
 GUARD_KINDS = ("auto", "sync", "device")
 QUANTITY_SETS = {"full": CANONICAL_ORDER, "decisions": DECISIONS_MODE}
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -28,7 +27,7 @@ class GuardConfig:
     every: int = 1  # TPGUARD_EVERY: check every N verify steps
     sample_one_in: int = 0  # TPGUARD_SAMPLE: 1-in-N random steps with a shared seed (0: off)
     policy: str = "record"  # TPGUARD_ON_DIVERGENCE
-    renorm: str = "default"  # TPGUARD_RENORM
+    renorm: str = "default"  # TPGUARD_RENORM: default | deterministic | tpguard | flashinfer-det | torch
     dump: bool = False  # TPGUARD_DUMP
     timeout_s: float = 60.0  # TPGUARD_TIMEOUT
     quantity_set: str = "full"  # TPGUARD_QUANTITIES: full | decisions
@@ -36,7 +35,9 @@ class GuardConfig:
     clean_every: int = 1  # TPGUARD_CLEAN_EVERY: write 1 in N clean step records
     max_trace_bytes: int = 0  # TPGUARD_MAX_TRACE_MB (0: no rotation)
     run_id: str | None = None  # TPGUARD_RUN_ID: one id for every process of a server (tpguard serve)
-    renorm_backend: str = ""  # TPGUARD_RENORM_BACKEND: tpguard | flashinfer | torch ("": first available)
+    # TPGUARD_RENORM_BACKEND (older spelling of TPGUARD_RENORM=NAME): tpguard | flashinfer-det | torch, with
+    # TPGUARD_RENORM=deterministic ("": the first available; "flashinfer": flashinfer-det)
+    renorm_backend: str = ""
     all_processes: bool = False  # TPGUARD_ALL_PROCESSES: hook non-scheduler processes too (scripts)
     # TPGUARD_GUARD: auto (DeviceStepGuard on NCCL groups for record/abort, StepGuard otherwise),
     # sync (always StepGuard: host-synchronous, names rows, dumps), device (always DeviceStepGuard)
@@ -46,9 +47,9 @@ class GuardConfig:
     def __post_init__(self):
         _check("TPGUARD", self.mode, MODES)
         _check("TPGUARD_ON_DIVERGENCE", self.policy, POLICIES)
-        _check("TPGUARD_RENORM", self.renorm, RENORMS)
+        _check("TPGUARD_RENORM", self.renorm, PLUGIN_RENORMS)
         _check("TPGUARD_QUANTITIES", self.quantity_set, tuple(QUANTITY_SETS))
-        _check("TPGUARD_RENORM_BACKEND", self.renorm_backend, RENORM_BACKENDS)
+        _check("TPGUARD_RENORM_BACKEND", self.renorm_backend, RENORM_BACKEND_VALUES + tuple(RENORM_BACKEND_ALIASES))
         _check("TPGUARD_GUARD", self.guard, GUARD_KINDS)
         if self.every < 1:
             raise ValueError(f"TPGUARD_EVERY must be >= 1, got {self.every}")
@@ -66,6 +67,13 @@ class GuardConfig:
     @property
     def enabled(self) -> bool:
         return self.mode != "off"
+
+    @property
+    def renorm_choice(self) -> str:
+        """What the plugin routes sglang's renorms to: ``default`` (nothing), ``deterministic`` or an
+        implementation's name (tpguard.renorm_registry.plugin_choice of TPGUARD_RENORM and
+        TPGUARD_RENORM_BACKEND)."""
+        return plugin_choice(self.renorm, self.renorm_backend)
 
     @property
     def quantities(self) -> tuple[str, ...]:

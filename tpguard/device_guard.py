@@ -27,11 +27,11 @@ from collections.abc import Sequence
 
 import torch
 
-from tpguard.divergence import Divergence
 from tpguard.errors import RankTimeoutError
 from tpguard.fingerprint import attached_fingerprint, fingerprint_bytes, fingerprint_many, to_signed
 from tpguard.guard import _HDR, FAILED_BIT, StepGuard, all_gather_flat
 from tpguard.quantities import DECISION_QUANTITIES
+from tpguard.records import DivergenceRecord
 
 
 
@@ -216,7 +216,7 @@ class DeviceStepGuard(StepGuard):
 
     # --- the host half -------------------------------------------------------------------------
 
-    def check(self, step: int | None = None, *, heal: bool = True) -> Divergence | None:
+    def check(self, step: int | None = None, *, heal: bool = True) -> DivergenceRecord | None:
         """Enqueue this step; return the divergence found in an earlier step (lag steps ago).
         `failed_ranks` then names the ranks whose guard work failed at that earlier step."""
         step = self.step if step is None else int(step)
@@ -237,11 +237,11 @@ class DeviceStepGuard(StepGuard):
             self.metrics.checked(elapsed)
         return div
 
-    def drain(self) -> Divergence | None:
+    def drain(self) -> DivergenceRecord | None:
         """Wait for and process every pending step (shutdown, tests)."""
         return self._collect_ready(keep=0)
 
-    def _collect_ready(self, keep: int) -> Divergence | None:
+    def _collect_ready(self, keep: int) -> DivergenceRecord | None:
         first = None
         while len(self._pending) > keep:
             step, result, done, t_enq = self._pending.popleft()
@@ -261,7 +261,7 @@ class DeviceStepGuard(StepGuard):
                 self._on_timeout(step)
             time.sleep(1e-4)
 
-    def _process(self, step: int, result: torch.Tensor) -> Divergence | None:
+    def _process(self, step: int, result: torch.Tensor) -> DivergenceRecord | None:
         w, n = self.info.world_size, self.length
         q = len(self.quantities)
         flags = result[w * n:]
@@ -395,7 +395,7 @@ class DeviceStepGuard(StepGuard):
             compare_gathered(gathered.view(w, n), q, out=g["result"][w * n:])
             g["host"].copy_(g["result"], non_blocking=True)
 
-    def collect(self) -> Divergence | None:
+    def collect(self) -> DivergenceRecord | None:
         """After a replay: read the pinned result (waits for the stream to reach it)."""
         if self.dev.type == "cuda":
             torch.cuda.current_stream().synchronize()

@@ -1,7 +1,8 @@
 """Comparing ranks' fingerprints: the first diverging quantity and its culprit ranks.
 
 This is the one place where values are compared; the live guard and `tpguard diagnose` both
-call `first_divergence`, so they always name the same quantity and ranks.
+call `first_divergence`, so they always name the same quantity and ranks. The guard reports what
+it finds as a `tpguard.records.DivergenceRecord`, the record its trace holds.
 
 Rules (trace format v1): null values are never compared; the culprits are the ranks outside the
 largest group of equal values; on a tie, the ranks outside the group that holds the lowest rank
@@ -11,9 +12,7 @@ largest group of equal values; on a tie, the ranks outside the group that holds 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-
-from tpguard.records import DivergenceRecord
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -24,36 +23,6 @@ class Disagreement:
     values: dict[str, list[int]]  # fingerprint -> ranks holding it
     majority_ranks: list[int]
     culprit_ranks: list[int]
-
-
-@dataclass
-class Divergence:
-    """The first divergence of one step at one site, as the guard reports it."""
-
-    run_id: str
-    step: int
-    site: str
-    quantity: str
-    values: dict[str, list[int]]
-    culprit_ranks: list[int]
-    majority_ranks: list[int]
-    differing: list[str] = field(default_factory=list)  # every differing quantity, causal order
-    action: str = "recorded"
-    dump: str | None = None
-    rows: list[int] | None = None  # diverging rows of `quantity`, when they could be named
-    healed: list[str] | None = None  # decisions rank 0 broadcast (policy heal; [] if all agreed)
-    note: str | None = None  # why the policy could not act as asked (a refused heal)
-    switch: str | None = None  # policy fix: the switch this divergence turned on (tpguard.fix)
-
-    def to_record(self) -> DivergenceRecord:
-        extra = {k: v for k, v in (("healed", self.healed), ("note", self.note), ("switch", self.switch))
-                 if v is not None}
-        return DivergenceRecord(
-            run_id=self.run_id, step=self.step, site=self.site, quantity=self.quantity,
-            values=self.values, culprit_ranks=self.culprit_ranks, action=self.action,
-            dump=self.dump, majority_ranks=self.majority_ranks, differing=self.differing,
-            rows=self.rows, extra=extra,
-        )
 
 
 def split_majority(values: Mapping[str, Iterable[int]]) -> tuple[list[int], list[int]]:

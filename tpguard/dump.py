@@ -16,11 +16,12 @@ fields; the harness (launch/harness.py) and the SGLang plugin write them through
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import orjson
 
 DUMP_FORMAT = "tpguard.dump/1"
 DUMPS_SUBDIR = "dumps"
@@ -47,7 +48,7 @@ class DumpContext:
     probs: how target_probs came from target_logits: {"path": "dense", "stages": [...]}:
       softmax(logits / temperature) in float32, then the renorm stages in order (top_k, top_p,
       min_p), each called on all rows with the per-row parameters;
-    renorm: {"name": a `--renorm` backend name (launch/renorm_backends.py), "source",
+    renorm: {"name": an implementation's name in the renorm registry (tpguard/renorm_registry.py), "source",
       "deterministic"};
     coins: {"draw": "torch.rand", "shapes": [[...], ...]} when the coins are the first draws of
       the generator whose state is `rng_state` (one `torch.rand` per shape, in order; the
@@ -102,7 +103,7 @@ def context_from_sampling_info(sampling_info, draft_token_num: int, *, algo: str
     """The context of an SGLang verify step, for the plugin's dumps: `sampling_info` is SGLang's
     SamplingBatchInfo (temperatures, top_ks, top_ps, min_ps, need_*_sampling), `draft_token_num`
     the verify positions per request (the rows of target_probs per request); `renorm_name` a
-    `--renorm` backend name (flashinfer, flashinfer-det, tpguard, torch); `sparse_topk` whether
+    renorm registry name (flashinfer, flashinfer-det, tpguard, torch); `sparse_topk` whether
     `build_speculative_verify_target_probs` took its sparse top-k path (replay re-runs the dense
     one only); `tree_parents` per request (None: a chain of `draft_token_num` nodes); `stages`
     default: top_k then top_p as SamplingBatchInfo's need_* flags say (the stages
@@ -173,11 +174,11 @@ def write_dump(directory: str | os.PathLike, *, run_id: str, step: int, site: st
     path.parent.mkdir(parents=True, exist_ok=True)
     out = {k: v.detach().contiguous().cpu().clone() for k, v in tensors.items()}
     meta = {"format": DUMP_FORMAT, "run_id": run_id, "step": str(int(step)), "site": site,
-            "rank": str(int(rank)), "world_size": str(int(world_size)), "quantities": json.dumps(list(quantities))}
+            "rank": str(int(rank)), "world_size": str(int(world_size)), "quantities": orjson.dumps(list(quantities)).decode()}
     if context is not None:
         for name, t in context.params.items():
             out[PARAM_PREFIX + name] = t.detach().contiguous().cpu().clone()
-        meta["context"] = json.dumps(context.to_json())
+        meta["context"] = orjson.dumps(context.to_json(), option=orjson.OPT_NON_STR_KEYS).decode()
     tmp = path.with_name(path.name + ".tmp")
     save_file(out, str(tmp), metadata=meta)
     os.replace(tmp, path)

@@ -27,14 +27,14 @@ import torch.distributed as dist
 import xxhash
 
 from tpguard.config import POLICIES
-from tpguard.divergence import Divergence, first_divergence
+from tpguard.divergence import first_divergence
 from tpguard.errors import RankDivergenceError, RankTimeoutError, TraceWriteError
 from tpguard.fingerprint import attached_fingerprint, fingerprint_device, fingerprint_rows_i64, format_fp, to_signed
 from tpguard.quantities import CANONICAL_ORDER, DECISION_QUANTITIES, validate_order
 from tpguard.metrics import MetricsListener
-from tpguard.records import EventRecord, Header, StepRecord, compact_fp
+from tpguard.records import DivergenceRecord, EventRecord, Header, StepRecord, compact_fp
 from tpguard.sampling import should_check
-from tpguard.trace import TraceWriter, merged_trace_path, rank_trace_path
+from tpguard.trace import TraceWriter, open_trace_writers
 from tpguard.watchdog import Heartbeat, dead_wait_s, default_store, peer_lost, wait_with_deadline
 
 _HDR = 3  # step, site id, present mask
@@ -99,19 +99,6 @@ def agree_on_run_id(info: GroupInfo, run_id: str | None, timeout_s: float = 60.0
     return bytes(buf.cpu().tolist()).rstrip(b"\0").decode()
 
 
-def open_traces(trace_dir: str | os.PathLike, header: Header, rank: int, merged: bool,
-                max_bytes: int = 0) -> tuple[TraceWriter, TraceWriter | None]:
-    """This rank's trace file, and on rank 0 the merged file if asked for."""
-    own = TraceWriter(rank_trace_path(trace_dir, header.run_id, rank),
-                      Header(**{**header.__dict__, "ranks": [rank]}), max_bytes=max_bytes)
-    both = None
-    if merged and rank == 0:
-        both = TraceWriter(merged_trace_path(trace_dir, header.run_id),
-                           Header(**{**header.__dict__, "ranks": list(range(header.world_size))}),
-                           max_bytes=max_bytes)
-    return own, both
-
-
 class StepGuard:
     """Fingerprint, all-gather, compare and act, once per verify step at one site."""
 
@@ -167,7 +154,7 @@ class StepGuard:
                       "heal_broadcasts": 0}
         self.local_failure = False  # set by the caller before check(): sent as FAILED_BIT
         self.failed_ranks: list[int] = []  # ranks that sent FAILED_BIT at the last check
-        self.listeners: list[Callable[[Divergence], None]] = []
+        self.listeners: list[Callable[[DivergenceRecord], None]] = []
         # Policy fix: who applies a switch (tpguard.fix.Switch) from the next step on, and the
         # kinds already switched at this site (each switches once).
         self.switchers: list[Callable[[object], None]] = []
@@ -186,7 +173,7 @@ class StepGuard:
             header = Header(run_id=self.run_id, world_size=self.info.world_size, ranks=[self.info.rank],
                             quantities=list(self.quantities), algo=algo, config=config or {},
                             versions=versions or default_versions())
-            trace, own_merged = open_traces(trace, header, self.info.rank, merged, max_trace_bytes)
+            trace, own_merged = open_trace_writers(trace, header, self.info.rank, merged, max_trace_bytes)
             self._own_trace = trace
             self.merged_trace = self.merged_trace or own_merged
         self.trace = trace
@@ -248,7 +235,7 @@ class StepGuard:
         """Drop what was recorded; no step happened (the step number stays)."""
         self._reset_step()
 
-    def check(self, step: int | None = None, *, heal: bool = True) -> Divergence | None:
+    def check(self, step: int | None = None, *, heal: bool = True) -> DivergenceRecord | None:
         """Compare this step's fingerprints across ranks; act on a divergence per the policy.
         `heal=False`: this step cannot be healed (the caller says why): policy heal records."""
         step = self.step if step is None else int(step)
@@ -335,7 +322,7 @@ class StepGuard:
 
     # --- comparison and report ----------------------------------------------------------------
 
-    def _compare(self, gathered: torch.Tensor, step: int) -> Divergence | None:
+    def _compare(self, gathered: torch.Tensor, step: int) -> DivergenceRecord | None:
         rows = gathered.tolist()
         by_quantity: dict[str, dict[int, str | None]] = {}
         for i, name in enumerate(self.quantities):
@@ -354,9 +341,9 @@ class StepGuard:
         self._write_step(step, by_quantity, force=first is not None)
         if first is None:
             return None
-        div = Divergence(run_id=self.run_id, step=step, site=self.site, quantity=first.quantity,
-                         values=first.values, culprit_ranks=first.culprit_ranks,
-                         majority_ranks=first.majority_ranks, differing=differing)
+        div = DivergenceRecord(run_id=self.run_id, step=step, site=self.site, quantity=first.quantity,
+                               values=first.values, culprit_ranks=first.culprit_ranks,
+                               majority_ranks=first.majority_ranks, differing=differing)
         div.rows = self._diverging_rows(first.quantity)
         return div
 
@@ -405,7 +392,7 @@ class StepGuard:
 
     # --- policy -----------------------------------------------------------------------------
 
-    def _act(self, div: Divergence, gathered: torch.Tensor) -> None:
+    def _act(self, div: DivergenceRecord, gathered: torch.Tensor) -> None:
         self.stats["divergences"] += 1
         if self.dump_dir is not None:
             div.dump = self._dump(div.step)
@@ -419,7 +406,7 @@ class StepGuard:
         elif self.policy == "abort":
             div.action = "aborted"
             self.stats["aborted"] += 1
-        self._write(div.to_record(), both=True)
+        self._write(div, both=True)
         self.flush()
         if self.metrics is not None:
             self.metrics.divergence(div)
@@ -430,7 +417,7 @@ class StepGuard:
         if self.policy == "abort":
             raise RankDivergenceError(div)
 
-    def _switch(self, div: Divergence) -> None:
+    def _switch(self, div: DivergenceRecord) -> None:
         """Policy fix: the cause's switch, once per kind; every rank decides alike (same vector)."""
         import logging
 

@@ -1,7 +1,8 @@
-"""Typed records of the trace format v1 (/shared/design/trace-format.md, docs/trace-format.md).
+"""Typed records of the trace format v1 (docs/trace-format.md).
 
 Each record converts to and from the JSON object of one trace line. Readers ignore fields they
-do not know; `extra` keeps them so that a rewrite loses nothing.
+do not know; `extra` keeps them so that a rewrite loses nothing. The guard reports a divergence
+as the record it writes (`DivergenceRecord`), so what a listener sees is what the trace holds.
 """
 
 from __future__ import annotations
@@ -56,18 +57,23 @@ class StepRecord:
 
 @dataclass
 class DivergenceRecord:
+    """The first divergence of one step at one site (tpguard.divergence finds it)."""
+
     run_id: str
     step: int
     site: str
     quantity: str
-    values: dict[str, list[int]]
+    values: dict[str, list[int]]  # fingerprint -> ranks holding it
     culprit_ranks: list[int]
     action: str = "recorded"
     dump: str | None = None
-    # Fields beyond the spec (readers may ignore them).
+    # Fields beyond the spec (readers may ignore them); the optional ones are left out when None.
     majority_ranks: list[int] = field(default_factory=list)
-    differing: list[str] = field(default_factory=list)
-    rows: list[int] | None = None
+    differing: list[str] = field(default_factory=list)  # every differing quantity, causal order
+    rows: list[int] | None = None  # diverging rows of `quantity`, when they could be named
+    healed: list[str] | None = None  # decisions rank 0 broadcast (policy heal; [] if all agreed)
+    note: str | None = None  # why the policy could not act as asked (a refused heal)
+    switch: str | None = None  # policy fix: the switch this divergence turned on (tpguard.fix)
     extra: dict = field(default_factory=dict)
 
     type = "divergence"
@@ -93,11 +99,13 @@ _FIELDS = {
     "step": ("run_id", "step", "site", "ranks", "fp"),
     "divergence": (
         "run_id", "step", "site", "quantity", "values", "culprit_ranks", "action", "dump",
-        "majority_ranks", "differing", "rows",
+        "majority_ranks", "differing", "rows", "healed", "note", "switch",
     ),
     "event": ("run_id", "kind", "step", "site", "rank", "message"),
 }
 _TYPES = {"header": Header, "step": StepRecord, "divergence": DivergenceRecord, "event": EventRecord}
+# Fields written only when set (None: left out of the line).
+_OPTIONAL = {"divergence": ("rows", "healed", "note", "switch"), "event": ("step", "site", "rank")}
 _REQUIRED = {
     "header": ("schema", "run_id", "world_size", "ranks"),
     "step": ("run_id", "step", "site", "ranks", "fp"),
@@ -113,7 +121,7 @@ def to_json(rec: Record) -> dict[str, Any]:
         out["schema"] = SCHEMA
     for name in _FIELDS[rec.type]:
         value = getattr(rec, name)
-        if value is None and name in ("rows", "step", "site", "rank") and rec.type != "step":
+        if value is None and name in _OPTIONAL.get(rec.type, ()):
             continue
         out[name] = value
     out.update(rec.extra)
@@ -172,7 +180,10 @@ def _side_fields_ok(rec: Union[DivergenceRecord, EventRecord]) -> bool:
         return (isinstance(rec.site, str) and isinstance(rec.quantity, str) and isinstance(rec.action, str)
                 and isinstance(rec.values, dict) and isinstance(rec.culprit_ranks, list)
                 and isinstance(rec.majority_ranks, list) and isinstance(rec.differing, list)
-                and (rec.rows is None or (isinstance(rec.rows, list) and all(_is_int(r) for r in rec.rows))))
+                and (rec.rows is None or (isinstance(rec.rows, list) and all(_is_int(r) for r in rec.rows)))
+                and (rec.healed is None or isinstance(rec.healed, list))
+                and (rec.note is None or isinstance(rec.note, str))
+                and (rec.switch is None or isinstance(rec.switch, str)))
     return (isinstance(rec.kind, str) and (rec.step is None or _is_int(rec.step))
             and isinstance(rec.message, str))
 

@@ -13,6 +13,7 @@ anything else that is not a v1 trace is a `TraceError` (one line, exit code 2 in
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import errno
 import logging
 import os
@@ -182,6 +183,23 @@ class TraceWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def open_trace_writers(trace_dir: str | os.PathLike, header: Header, rank: int, merged: bool,
+                       max_bytes: int = 0) -> tuple[TraceWriter, TraceWriter | None]:
+    """This rank's trace file (`header` with `ranks: [rank]`), and on rank 0 the merged file
+    (every rank) if asked for. OSError if the directory cannot be written."""
+    own = TraceWriter(rank_trace_path(trace_dir, header.run_id, rank),
+                      dataclasses.replace(header, ranks=[rank]), max_bytes=max_bytes)
+    if not (merged and rank == 0):
+        return own, None
+    try:
+        both = TraceWriter(merged_trace_path(trace_dir, header.run_id),
+                           dataclasses.replace(header, ranks=list(range(header.world_size))), max_bytes=max_bytes)
+    except BaseException:
+        own.close()
+        raise
+    return own, both
 
 
 # --- reader ----------------------------------------------------------------------------------

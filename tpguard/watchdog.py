@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import os
 import threading
 import time
 from dataclasses import dataclass
 
+import orjson
 import torch.distributed as dist
 
 PULSE_S = 0.2  # how often a rank's pulse moves
@@ -246,12 +246,12 @@ class Liveness:
         note = {"how": how, "code": int(code), "message": message}
         if signal_name:
             note["signal"] = signal_name
-        return bounded(lambda: self.store.set(self.key(self.rank, "exit"), json.dumps(note)) or True, 1.0, False)
+        return bounded(lambda: self.store.set(self.key(self.rank, "exit"), orjson.dumps(note)) or True, 1.0, False)
 
     def note(self, rank: int) -> dict | None:
         def read():
             key = self.key(rank, "exit")
-            return json.loads(self.store.get(key)) if self.store.check([key]) else None
+            return orjson.loads(self.store.get(key)) if self.store.check([key]) else None
 
         return bounded(read, 1.0) if self.store is not None else None
 

@@ -1,5 +1,6 @@
-"""The benchmarks' argument parser: a usage error is one line on stderr and exit code 2
-(docs/diagnose.md's codes), not argparse's usage block."""
+"""The argparse parser left to scripts outside the `tpguard` command (`python -m tpguard.audit`'s
+own options, gpu/renorm_host.py): a usage error is one line on stderr and exit code 2
+(docs/exit-codes.md), not argparse's usage block. The `tpguard` commands are typer's (tpguard/cli.py)."""
 
 from __future__ import annotations
 

@@ -4,13 +4,13 @@ Writes a 2-rank per-rank trace of N steps (default 1,000,000) with one divergenc
 in tpguard's compact layout and in the spacing of a standard `json.dumps` (", " and ": "), then
 times, for each, a bare `json.loads` of every line (the yardstick: any layout should read within
 3x of it) and `tpguard.diagnose.diagnose`, and prints steps/s, the ratio and peak memory.
-Usage: python -m tpguard.bench.diagnose [--steps N] [--ranks R] [--layout compact|spaced|both]
+Usage: tpguard bench diagnose [--steps N] [--ranks R] [--layout compact|spaced|both]
        [--dir DIR] [--keep]
 """
 
 from __future__ import annotations
 
-import json
+import json  # the yardstick (a bare json.loads per line) and the spaced layout (json.dumps's)
 import resource
 import shutil
 import tempfile
@@ -19,7 +19,6 @@ from pathlib import Path
 
 import orjson
 
-from tpguard.bench.args import BenchParser
 from tpguard.quantities import CANONICAL_ORDER
 from tpguard.records import Header, to_json
 
@@ -79,40 +78,34 @@ def time_diagnose(paths: list[Path]) -> tuple[float, dict]:
     return time.perf_counter() - t0, j
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = BenchParser(prog="tpguard bench diagnose")
-    ap.add_argument("--steps", type=int, default=1_000_000)
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--layout", choices=(*LAYOUTS, "both"), default="both",
-                    help="compact (tpguard's writer), spaced (json.dumps's default separators), or both")
-    ap.add_argument("--dir", default=None, help="where to write the traces (default: a temp dir)")
-    ap.add_argument("--keep", action="store_true", help="keep the generated traces")
-    args = ap.parse_args(argv)
-    if args.steps < 20 or args.ranks < 2:
-        ap.error(f"--steps must be >= 20 and --ranks >= 2, got {args.steps} and {args.ranks}")
-    layouts = LAYOUTS if args.layout == "both" else (args.layout,)
-    root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tpguard-bench-"))
+def main(*, steps: int, ranks: int, layout: str, directory: str | None, keep: bool) -> int:
+    """`tpguard bench diagnose` (its options, checked: tpguard/cli.py); returns an exit code."""
+    layouts = LAYOUTS if layout == "both" else (layout,)
+    root = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="tpguard-bench-"))
     try:
         for layout in layouts:
             t0 = time.perf_counter()
-            paths = write_synthetic_trace(root / layout, args.steps, args.ranks, diverge_at=args.steps - 10,
-                                          layout=layout)
+            paths = write_synthetic_trace(root / layout, steps, ranks, diverge_at=steps - 10, layout=layout)
             t_write = time.perf_counter() - t0
             size = sum(p.stat().st_size for p in paths)
             t_json = time_json_loads(paths)
             t_diag, j = time_diagnose(paths)
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             f = j["first_divergence"]
-            print(f"{layout}: {args.ranks} ranks x {args.steps} steps, {size / 1e6:.1f} MB (written in {t_write:.1f} s)")
+            print(f"{layout}: {ranks} ranks x {steps} steps, {size / 1e6:.1f} MB (written in {t_write:.1f} s)")
             print(f"  json.loads of every line: {t_json:.2f} s")
-            print(f"  diagnose: {t_diag:.2f} s ({args.steps / t_diag:,.0f} steps/s, {size / 1e6 / t_diag:.0f} MB/s), "
+            print(f"  diagnose: {t_diag:.2f} s ({steps / t_diag:,.0f} steps/s, {size / 1e6 / t_diag:.0f} MB/s), "
                   f"{t_diag / t_json:.2f}x json.loads; peak RSS {rss:.0f} MB")
             print(f"  verdict: {j['verdict']} at step {f['step'] if f else '-'} ({f['quantity'] if f else '-'})")
     finally:
-        if not args.keep and not args.dir:
+        if not keep and not directory:
             shutil.rmtree(root, ignore_errors=True)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import sys
+
+    from tpguard.cli import main as cli_main
+
+    raise SystemExit(cli_main(["bench", "diagnose", *sys.argv[1:]]))

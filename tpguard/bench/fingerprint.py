@@ -6,7 +6,7 @@ next to torch's read-only floor (``x.sum()``) and a copy (read + write); then th
 call, and CUDA-graph replay), against one ``fingerprint_device`` call per tensor. Every kernel
 result is checked bit for bit against the numpy reference first (``--no-check`` skips it).
 
-Usage: python -m tpguard.bench.fingerprint [--iters N] [--shapes all|main] [--sweep [--sweep-budget S]] [--no-check]
+Usage: tpguard bench fingerprint [--iters N] [--shapes all|main] [--sweep [--sweep-budget S]] [--no-check]
 ``--sweep`` times KernelConfig variants (each checked against the reference) and names the best;
 the table above it uses the defaults (one tensor: ``SINGLE_TENSOR_CONFIG``; sets: ``default_config()``).
 Target: 256 x 163840 fp32 in <= 48 us (>= 3.5 TB/s) on one H200.
@@ -21,7 +21,6 @@ import time
 
 import torch
 
-from tpguard.bench.args import BenchParser
 from tpguard.bench.timing import time_batched, time_graph, time_host
 
 MAIN_SHAPE = ((256, 163840), torch.float32)
@@ -220,7 +219,7 @@ def _checked_us(label: str, matches, run, iters: int) -> float | None:
     return graph_batched(run, iters)
 
 
-def sweep(iters: int, budget_s: float = 30.0, configs: list[str] | None = None,
+def run_sweep(iters: int, budget_s: float = 30.0, configs: list[str] | None = None,
           full_configs: list[str] | None = None) -> None:
     """KernelConfig variants on the main shape (CUDA-graph replay), each checked bit for bit
     against the reference rows first; then the 3 fastest and FULL_SET_CONFIGS on the guard's full set
@@ -291,21 +290,9 @@ def sweep(iters: int, budget_s: float = 30.0, configs: list[str] | None = None,
     print(f"sweep took {time.perf_counter() - t0:.0f} s")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = BenchParser(prog="tpguard bench fingerprint")
-    ap.add_argument("--iters", type=int, default=50, help="timed calls per measurement (median)")
-    ap.add_argument("--shapes", choices=("all", "main"), default="all")
-    ap.add_argument("--sweep", action="store_true", help="also time tiling configs on the main shape")
-    ap.add_argument("--sweep-budget", type=float, default=30.0, metavar="S",
-                    help="seconds the sweep may spend on the main shape (the full set gets 10 more)")
-    ap.add_argument("--sweep-configs", default=None, metavar="A|B|...",
-                    help="sweep these KernelConfig overrides ('|'-separated, '' the defaults) instead of the list")
-    ap.add_argument("--full-set-configs", default=None, metavar="A|B|...",
-                    help="with --sweep: sweep these whole KernelConfig overrides on the guard's full set instead of "
-                         "the 3 fastest and FULL_SET_CONFIGS x long-row variants")
-    ap.add_argument("--no-check", dest="check", action="store_false",
-                    help="skip the bit-for-bit check against the numpy reference")
-    args = ap.parse_args(argv)
+def main(*, iters: int, shapes: str, sweep: bool, sweep_budget: float, sweep_configs: str | None,
+         full_set_configs: str | None, check: bool) -> int:
+    """`tpguard bench fingerprint` (its options: tpguard/cli.py); returns an exit code."""
     if not torch.cuda.is_available():
         print("tpguard bench fingerprint: CUDA is not available (this benchmark needs a GPU)",
               file=sys.stderr)
@@ -321,14 +308,13 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"device: {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}"
           f" | one tensor {k.SINGLE_TENSOR_CONFIG} | fingerprint_many {k.default_config()}")
-    shapes = SHAPES if args.shapes == "all" else [MAIN_SHAPE]
-    results = bench_shapes(shapes, args.iters, args.check)
-    bench_lane_loads(args.iters)
-    many_status = bench_many(args.iters, args.check)
-    if args.sweep:
-        sweep(args.iters, args.sweep_budget,
-              None if args.sweep_configs is None else args.sweep_configs.split("|"),
-              None if args.full_set_configs is None else args.full_set_configs.split("|"))
+    results = bench_shapes(SHAPES if shapes == "all" else [MAIN_SHAPE], iters, check)
+    bench_lane_loads(iters)
+    many_status = bench_many(iters, check)
+    if sweep:
+        run_sweep(iters, sweep_budget,
+                  None if sweep_configs is None else sweep_configs.split("|"),
+                  None if full_set_configs is None else full_set_configs.split("|"))
     main_row = results[0]
     nbytes = main_row["mb"] * 1e6
     best = min(main_row["fp_us"], main_row["graph_us"])
@@ -340,4 +326,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from tpguard.cli import main as cli_main
+
+    raise SystemExit(cli_main(["bench", "fingerprint", *sys.argv[1:]]))

@@ -14,13 +14,13 @@ Run on one GPU (`python -m tpguard.bench.guard`) or on two with NCCL
 
 from __future__ import annotations
 
-import json
+import json  # a result file, not a trace: the stdlib's encoder takes any float a timer gives (NaN too)
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from tpguard.bench.args import BenchParser
 from tpguard.bench.timing import time_graph, time_wall
 from tpguard.quantities import CANONICAL_ORDER, DECISIONS_MODE
 
@@ -62,23 +62,22 @@ def _us(value) -> str:
     return "n/a" if value is None else f"{value:.1f} us"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = BenchParser(prog="tpguard bench guard")
-    ap.add_argument("--bs", type=int, default=32)
-    ap.add_argument("--draft-tokens", type=int, default=8)
-    ap.add_argument("--vocab", type=int, default=163840)
-    ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--json", default=None, help="also write results to this file")
-    ap.add_argument("--profile", action="store_true", help="also print where the host time of an "
-                    "eager guarded step goes (cProfile)")
-    ap.add_argument("--config", default="", help="KernelConfig overrides for the guard's "
-                    "fingerprints, e.g. block_words=2048,num_warps=4,many_long=rows,maxnreg=128 "
-                    "(the sweep's best line of `python -m tpguard.bench.fingerprint --sweep`)")
-    ap.add_argument("--heal-only", action="store_true", help="with 2+ ranks: only the fused heal vs "
-                    "broadcasts comparison (section 3), plus the plain decisions guard timed the same ways")
-    ap.add_argument("--fused-probs", action="store_true", help="only measure the renorm's write pass "
-                    "with vs without the fused target_probs fingerprint (kernels/renorm_write_fp.py)")
-    args = ap.parse_args(argv)
+@dataclass(frozen=True)
+class Options:
+    """`tpguard bench guard`'s options (declared in tpguard/cli.py)."""
+
+    bs: int
+    draft_tokens: int
+    vocab: int
+    iters: int
+    json: str | None  # also write the results to this file
+    profile: bool
+    config: str  # KernelConfig overrides for the guard's fingerprints ("" none)
+    heal_only: bool
+    fused_probs: bool
+
+
+def main(args: Options) -> int:
     if not torch.cuda.is_available():
         print("tpguard bench guard: needs a CUDA GPU (the guard's cost is a GPU number)")
         return 2
@@ -99,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                  "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
 
     if not args.heal_only:
-        _guard_costs(args, ap, t, out, world)
+        _guard_costs(args, t, out, world)
 
     # 3. Fused heal vs per-site broadcasts (2 ranks).
     if world > 1:
@@ -157,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _guard_costs(args, ap, t: dict, out: dict, world: int) -> None:
+def _guard_costs(args: Options, t: dict, out: dict, world: int) -> None:
     """Sections 1 (graph-replayed device work) and 2 (eager steps, host time)."""
     from tpguard.device_guard import DeviceStepGuard
 
@@ -171,8 +170,10 @@ def _guard_costs(args, ap, t: dict, out: dict, world: int) -> None:
     if args.config:
         try:
             replace_from_text(default_config(), args.config, "--config")
-        except ValueError as e:
-            ap.error(str(e))
+        except ValueError as e:  # a usage error: one line, exit 2
+            import typer
+
+            raise typer.BadParameter(str(e).removeprefix("--config: "), param_hint="'--config'") from None
         os.environ["TPGUARD_FP_CONFIG"] = ",".join(filter(None, (fingerprint_config_text(), args.config)))
     out["config"] = str(default_config())
     base_text = fingerprint_config_text()
@@ -315,7 +316,7 @@ def _guard_costs(args, ap, t: dict, out: dict, world: int) -> None:
         guard.drain()
         guard.close()
 
-def heal_section(args, t: dict, out: dict) -> None:
+def heal_section(args: Options, t: dict, out: dict) -> None:
     """Fused heal vs per-site rank-0 broadcasts, each eager (host clock, synchronised per call:
     what a caller waits) and from a graph; fused heal also as host time alone (no sync, the
     measure of host_decisions_us), and the plain decisions guard (no heal) timed the same ways,
@@ -389,7 +390,7 @@ def print_heal(out: dict) -> None:
           f"{out['decisions_then_broadcasts_graph_us']:.1f} us graph")
 
 
-def fused_probs_main(args) -> int:
+def fused_probs_main(args: Options) -> int:
     """`--fused-probs`: GPU time (graph replay) of the renorm's write pass at the budget shape,
     plain vs emitting target_probs' fingerprint (write + hash + finalize), vs the plain pass plus
     the standalone fingerprint of its output (what the guard otherwise pays), one rank."""
@@ -397,15 +398,16 @@ def fused_probs_main(args) -> int:
 
     from tpguard.fingerprint import fingerprint_rows_i64, to_unsigned
     from tpguard.kernels import fingerprint as kfp
-    from tpguard.kernels.fingerprint_config import default_config
-    from tpguard.kernels.renorm_passes import DEFAULT_CONFIG, launch_write, shapes_for, workspace_for
+    from tpguard.kernels.renorm_config import default_config
+    from tpguard.kernels.renorm_passes import launch_write
+    from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
     from tpguard.kernels.renorm_write_fp import launch_write_fp
 
     dev = torch.device("cuda", torch.cuda.current_device())
     rows = args.bs * args.draft_tokens
     g = torch.Generator(device=dev).manual_seed(0)
     probs = torch.softmax(torch.randn(rows, args.vocab, device=dev, generator=g), -1)
-    cfg = DEFAULT_CONFIG
+    cfg = default_config()
     s = shapes_for(rows, args.vocab, cfg)
     ws = workspace_for(s, cfg, dev, with_sample=False, with_bracket=False)
     # a cutoff near the median, the kept mass ~ half: about half the entries written as zeros
@@ -427,7 +429,7 @@ def fused_probs_main(args) -> int:
            "bit_identical_out": same_out, "fingerprint_matches": same_fp, "row_fps_match": same_rows}
     res["write_us"] = time_graph(lambda: launch_write(probs, out_plain, s, ws, cfg), args.iters)
     for shifts in (0, 1, 3):  # KernelConfig.shifts bitmasks
-        fcfg = dataclasses.replace(default_config(), shifts=shifts)
+        fcfg = dataclasses.replace(kfp.default_config(), shifts=shifts)
         res[f"write_fp_us[shifts={shifts}]"] = time_graph(
             lambda fcfg=fcfg: launch_write_fp(probs, out_fp, s, ws, cfg, fp_out=vec[3], fp_config=fcfg),
             args.iters)
@@ -454,4 +456,8 @@ def fused_probs_main(args) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import sys
+
+    from tpguard.cli import main as cli_main
+
+    raise SystemExit(cli_main(["bench", "guard", *sys.argv[1:]]))

@@ -10,7 +10,7 @@ first one (bit for bit). Then batch sizes (1, 8, 64 rows) and top_k up to 1024.
 Logits: ``flat`` = N(0, 1), ``peaky`` = N(0, 1) * 5 (kept sets of a few hundred entries at
 top_p 0.9), softmax in float64, cast to float32. Seeded: every implementation sees the same bytes.
 
-Usage: python -m tpguard.bench.kernels [--rows 256] [--vocabs 128256,163840] [--logits flat,peaky]
+Usage: tpguard bench kernels [--rows 256] [--vocabs 128256,163840] [--logits flat,peaky]
        [--iters 50] [--repeats 200] [--top-p 0.9] [--top-k 40] [--min-p 0.1]
        [--batch-sizes 1,8,64] [--top-ks 40,256,1024] [--impls tpguard,flashinfer,flashinfer-det,torch]
        [--ops top_p,top_k,top_k_top_p,min_p] [--graphs] [--json PATH] [--quick]
@@ -27,14 +27,13 @@ Without CUDA it prints a note and exits 0 (the Triton interpreter is far too slo
 
 from __future__ import annotations
 
-import json
+import json  # a result file, not a trace: the stdlib's encoder takes any float a timer gives (NaN too)
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
 
 import torch
 
-from tpguard.bench.args import BenchParser
 from tpguard.bench.timing import time_batched, time_events, time_graph
 from tpguard.kernels.reference import bits
 
@@ -197,11 +196,12 @@ def run(rows=256, vocabs=(128256, 163840), logits=("flat", "peaky"), iters=50, r
     print(f"# top_p={top_p} top_k={top_k} min_p={min_p}, median of {iters} calls (CUDA events), "
           f"determinism over {repeats} calls on one input")
     if "tpguard" in impls:
+        from tpguard.config import renorm_graph_rows
         from tpguard.kernels import renorm_graph
-        from tpguard.kernels.renorm_passes import DEFAULT_CONFIG
+        from tpguard.kernels.renorm_config import default_config
 
-        print(f"# tpguard block shapes: {DEFAULT_CONFIG}")
-        print(f"# tpguard eager calls of <= {renorm_graph.GRAPH_ROWS} rows and >= {renorm_graph.GRAPH_MIN_LAUNCHES} "
+        print(f"# tpguard block shapes: {default_config()}")
+        print(f"# tpguard eager calls of <= {renorm_graph_rows()} rows and >= {renorm_graph.GRAPH_MIN_LAUNCHES} "
               "launches replay their plan's graph (TPGUARD_RENORM_GRAPH_ROWS; 0: none)")
     cells: list[Cell] = []
     floors = {}
@@ -391,55 +391,26 @@ def _fused_cell(logits, dname, kind, temperature, top_k, top_p, iters, fs, targe
     return cell
 
 
-def _csv(text: str, cast=str) -> tuple:
-    return tuple(cast(t) for t in text.split(",") if t.strip())
+def run_options(*, quick: bool, grid: bool, grid_rows: tuple | None, dtypes: tuple | None, no_fused: bool,
+                vocabs: tuple | None, repeats: int | None, impls: tuple | None, ops: tuple | None, **opts) -> dict:
+    """What `main` runs, from `tpguard bench kernels`'s options (declared in tpguard/cli.py): --quick
+    cuts iterations and repeats; --grid has its own defaults for vocabs and repeats not given (None)."""
+    given_repeats = repeats is not None
+    opts["repeats"] = 200 if repeats is None else repeats
+    if quick:
+        opts["iters"], opts["repeats"] = 10, 20
+    if grid:
+        return {"grid": True, "grid_rows": grid_rows if grid_rows is not None else GRID_ROWS,
+                "dtypes": dtypes if dtypes is not None else GRID_DTYPES,
+                "logits": opts["logits"], "vocabs": vocabs if vocabs is not None else GRID_VOCABS,
+                "iters": opts["iters"], "repeats": opts["repeats"] if given_repeats else 10,
+                "top_p": opts["top_p"], "top_k": opts["top_k"], "fused": not no_fused, "json_path": opts["json_path"]}
+    return {**opts, "vocabs": vocabs if vocabs is not None else (128256, 163840),
+            "impls": impls if impls is not None else IMPLS, "ops": ops if ops is not None else OPS}
 
 
-def parse_args(argv: Sequence[str]) -> dict:
-    p = BenchParser(prog="tpguard bench kernels", description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, default=256)
-    p.add_argument("--vocabs", type=lambda s: _csv(s, int), default=(128256, 163840))
-    p.add_argument("--logits", type=_csv, default=("flat", "peaky"))
-    p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--repeats", type=int, default=200)
-    p.add_argument("--top-p", type=float, default=0.9)
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--min-p", type=float, default=0.1)
-    p.add_argument("--batch-sizes", type=lambda s: _csv(s, int), default=(1, 8, 64))
-    p.add_argument("--top-ks", type=lambda s: _csv(s, int), default=(40, 256, 1024))
-    p.add_argument("--impls", type=_csv, default=IMPLS)
-    p.add_argument("--ops", type=_csv, default=OPS)
-    p.add_argument("--graphs", action="store_true", help="also time CUDA-graph replays in the main table")
-    p.add_argument("--json", dest="json_path", default=None)
-    p.add_argument("--quick", action="store_true", help="fewer iterations and repeats")
-    p.add_argument("--host-profile", action="store_true",
-                   help="only: host time of eager tpguard calls at 1 row and a cProfile of them (where eager time goes)")
-    p.add_argument("--grid", action="store_true",
-                   help="only: the issue's grid (rows x vocab x logits x dtype), tpguard vs flashinfer, and the fused "
-                        "logits -> target probs kernel vs softmax + renorms")
-    p.add_argument("--grid-rows", type=lambda s: _csv(s, int), default=GRID_ROWS)
-    p.add_argument("--dtypes", type=_csv, default=GRID_DTYPES)
-    p.add_argument("--no-fused", action="store_true", help="--grid without the logits -> target probs table")
-    argv = list(argv)
-    a = vars(p.parse_args(argv))
-    if a.pop("quick"):
-        a["iters"], a["repeats"] = 10, 20
-    if a.pop("grid"):
-        given = {arg.split("=")[0] for arg in argv}
-        return {"grid": True, "grid_rows": a["grid_rows"], "dtypes": a["dtypes"], "logits": a["logits"],
-                "vocabs": a["vocabs"] if "--vocabs" in given else GRID_VOCABS,
-                "iters": a["iters"], "repeats": a["repeats"] if "--repeats" in given else 10,
-                "top_p": a["top_p"], "top_k": a["top_k"], "fused": not a["no_fused"], "json_path": a["json_path"]}
-    for key in ("grid_rows", "dtypes", "no_fused"):
-        a.pop(key)
-    return a
-
-
-def main(argv: Optional[Sequence[str]] = None, **kwargs) -> int:
-    """CLI entry (``argv``, a list of arguments) or keyword arguments of ``run``; returns an exit code."""
-    if argv is not None and not isinstance(argv, (list, tuple)):
-        raise TypeError("argv must be a list of strings")
-    opts = parse_args(argv) if argv is not None and not kwargs else kwargs
+def main(**opts) -> int:
+    """Run what `run_options` gives (`tpguard bench kernels`); returns an exit code."""
     if not torch.cuda.is_available():
         print("tpguard bench kernels: no CUDA device here; the kernels are timed on GPUs only "
               "(tests check them on CPU under TRITON_INTERPRET=1).")
@@ -491,4 +462,6 @@ def host_profile(vocab: int, iters: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from tpguard.cli import main as cli_main
+
+    sys.exit(cli_main(["bench", "kernels", *sys.argv[1:]]))

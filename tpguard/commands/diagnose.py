@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
+
+import orjson
 
 from tpguard.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_NOTHING_COMPARED, EXIT_OK, TPGuardError
 
@@ -75,7 +76,7 @@ def run_diagnose(paths: list[str], as_json: bool = False, run: str | None = None
         return EXIT_BAD_INPUT
     # The report is printed first: a failing --html write must not cost the diagnosis itself.
     if as_json:
-        print(json.dumps(diag.to_json(), indent=None), flush=True)
+        print(orjson.dumps(diag.to_json(), option=orjson.OPT_NON_STR_KEYS).decode(), flush=True)
     else:
         print(render_text(diag), flush=True)
     if html_path:

@@ -7,10 +7,11 @@ installed or a TPGUARD_* variable is invalid.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import warnings
+
+import orjson
 
 from tpguard.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_OK
 
@@ -40,7 +41,7 @@ def doctor(as_json: bool = False) -> int:
                    "env": config.__dict__ if config else None, "env_problem": env_problem,
                    "limits": _limits()})
     if as_json:
-        print(json.dumps(report, default=str))
+        print(orjson.dumps(report, default=str, option=orjson.OPT_NON_STR_KEYS).decode())
     else:
         print(_render(disc, entry_point, backend, config, env_problem))
     if disc.versions["sglang"] is None or env_problem:
@@ -63,21 +64,22 @@ def _limits() -> list[str]:
     """What the plugin cannot do at some sites, and the renorm's tie rule: said, not hidden."""
     from tpguard.hooks.sglang_sites import FOLDED_NOTE
 
+    from tpguard import renorm_registry
     from tpguard.config import GuardConfig
-    from tpguard.hooks.sglang_renorm import pick_backend, tie_rules
+    from tpguard.hooks.sglang_renorm import tie_rules
 
     try:
         config = GuardConfig.from_env()
-        routed = pick_backend(config.renorm_backend or None) if config.renorm == "deterministic" else None
+        routed = renorm_registry.routed_to(config.renorm_choice, renorm_registry.here())
     except ValueError:
         routed = None
     return [FOLDED_NOTE] + [f"tie rule: {line}" for line in tie_rules(routed)]
 
 
 def _renorm_backend() -> str:
-    from tpguard.hooks.sglang_renorm import pick_backend
+    from tpguard import renorm_registry
 
-    return pick_backend()
+    return renorm_registry.pick_deterministic(renorm_registry.here())
 
 
 def _render(disc, entry_point, backend, config, env_problem) -> str:
@@ -113,7 +115,7 @@ def _render(disc, entry_point, backend, config, env_problem) -> str:
         lines.append(f"  ! {env_problem}")
     elif config is not None:
         state = "OFF (set TPGUARD=on or audit, or use `tpguard serve`)" if not config.enabled else config.mode
-        lines.append(f"  TPGUARD: {state}; on divergence: {config.policy}; renorm: {config.renorm}; "
+        lines.append(f"  TPGUARD: {state}; on divergence: {config.policy}; renorm: {config.renorm_choice}; "
                      f"every: {config.every}; trace dir: {config.trace_dir or '(none)'}")
     missing = [h.point.name for h in disc.missing]
     lines.append("")

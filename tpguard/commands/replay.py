@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import sys
+
+import orjson
 
 from tpguard.errors import EXIT_BAD_INPUT, TPGuardError
 
@@ -23,7 +24,7 @@ def run_replay(paths: list[str], run: str | None = None, step: int | None = None
         print(f"tpguard replay: {e}", file=sys.stderr)
         return e.exit_code
     if as_json:
-        print(json.dumps(rp.to_json()), flush=True)
+        print(orjson.dumps(rp.to_json(), option=orjson.OPT_NON_STR_KEYS).decode(), flush=True)
     else:
         print(render_text(rp), flush=True)
     if rp.verdict == "cannot-rerun":  # the report is printed; the reason is the last line on stderr too

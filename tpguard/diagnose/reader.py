@@ -20,7 +20,7 @@ from pathlib import Path
 
 import orjson
 
-from tpguard.diagnose.source import open_trace, truncated
+from tpguard.diagnose.source import open_trace_bytes, truncated
 from tpguard.errors import TraceError
 from tpguard.records import SCHEMA, DivergenceRecord, EventRecord, Header, from_json
 
@@ -81,7 +81,7 @@ class FileCursor:
     def __init__(self, f: TraceFile, ts: TraceSet):
         self.file = f
         self.ts = ts
-        self._fh = open_trace(f.path)
+        self._fh = open_trace_bytes(f.path)
         self.buf: list[bytes] = []
         self.pos = 0  # next unread line in buf
         self.lineno = 0  # lines consumed before buf[pos]
@@ -296,7 +296,7 @@ def _looks_like_torn_header(line: bytes) -> bool:
 
 
 def read_header(path: Path) -> Header:
-    with open_trace(path) as f:
+    with open_trace_bytes(path) as f:
         first = f.readline(FIRST_LINE_LIMIT)
         finished = first.endswith(b"\n")
         at_end = not finished and not f.read(1)
@@ -414,7 +414,7 @@ def _check_one_run(run_id: str, files: list[TraceFile]) -> None:
                          f"{'; '.join(pairs[:3])}; give the files of one run")
 
 
-def open_traces(paths: list[str | Path], run: str | None = None) -> TraceSet:
+def open_trace_set(paths: list[str | Path], run: str | None = None) -> TraceSet:
     """Check the files belong together and return the set to stream. TraceError if unusable."""
     if not paths:
         raise TraceError("no trace files given")

@@ -119,7 +119,7 @@ class _Decompressing(io.RawIOBase):
         super().close()
 
 
-def open_trace(path: str | os.PathLike) -> io.BufferedIOBase:
+def open_trace_bytes(path: str | os.PathLike) -> io.BufferedIOBase:
     """A buffered binary stream of the file's (decompressed) bytes; TraceError if unreadable.
 
     `truncated(stream)` says afterwards whether compressed data ended early."""

@@ -235,13 +235,9 @@ def _renorm(rp: Replay) -> None:
 
 
 def _deterministic_backends(device: str) -> list[str]:
-    names = ["tpguard", "torch"]
-    if device == "cuda":
-        from tpguard.launch.renorm_backends import flashinfer_available
+    from tpguard.renorm_registry import deterministic_names
 
-        if flashinfer_available():
-            names.insert(1, "flashinfer-det")
-    return names
+    return deterministic_names(device)
 
 
 def _backend_label(name: str, is_run: bool, backend=None) -> str:

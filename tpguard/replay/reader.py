@@ -9,12 +9,12 @@ dumps, a rank whose dump is missing, files whose metadata and names disagree.
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import orjson
 import torch
 
 from tpguard.dump import DUMP_FORMAT, DUMPS_SUBDIR, PARAM_PREFIX
@@ -110,7 +110,7 @@ def read_index(path: Path) -> tuple[dict, dict[str, tuple[str, list[int]]]]:
             (n,) = struct.unpack("<Q", head)
             if n > MAX_HEADER or 8 + n > size:
                 raise ReplayInputError(f"{path}: torn or not a dump (header of {n} bytes, file of {size})")
-            header = json.loads(fh.read(n))
+            header = orjson.loads(fh.read(n))
     except OSError as e:
         raise ReplayInputError(f"{path}: cannot read ({e.strerror or e})") from None
     except (ValueError, UnicodeDecodeError):
@@ -146,8 +146,8 @@ def load_rank_dump(path: Path) -> RankDump:
         site = meta.get("site") or (m and m.group("site"))
         rank = int(meta.get("rank") if "rank" in meta else m.group("rank"))
         world = int(meta["world_size"]) if "world_size" in meta else None
-        quantities = json.loads(meta["quantities"]) if "quantities" in meta else None
-        context = json.loads(meta["context"]) if "context" in meta else None
+        quantities = orjson.loads(meta["quantities"]) if "quantities" in meta else None
+        context = orjson.loads(meta["context"]) if "context" in meta else None
     except (AttributeError, TypeError, ValueError):
         raise ReplayInputError(f"{path}: not a tpguard dump (no run, step, site and rank in its metadata "
                                "or name)") from None
@@ -201,7 +201,7 @@ def _trace_world_size(trace_dir: Path | None, run_id: str) -> int | None:
     for path in (merged_trace_path(trace_dir, run_id), rank_trace_path(trace_dir, run_id, 0)):
         try:
             with open(path, "rb") as fh:
-                head = json.loads(fh.readline())
+                head = orjson.loads(fh.readline())
             return int(head["world_size"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
@@ -267,7 +267,7 @@ def open_step(paths: list[str | Path], run: str | None = None, step: int | None 
                                f"(world size {world}, found rank(s) {sorted(by_rank)}){hint}")
     if len(by_rank) < 2:
         raise ReplayInputError(f"run {run} step {chosen_step}: only rank {sorted(by_rank)} dumped: nothing to compare")
-    orders = {json.dumps(d.quantities) for d in chosen}
+    orders = {orjson.dumps(d.quantities) for d in chosen}
     if len(orders) > 1:
         raise ReplayInputError(f"the dumps of run {run} step {chosen_step} list different quantities: mixed dumps")
     others = sorted({d.step for d in mine if d.site == site and d.step != chosen_step})

@@ -4,7 +4,7 @@ Stages (the ones that produce a quantity from earlier ones):
 
 * ``renorm``: target_logits -> target_probs: ``softmax(logits / temperature)`` in float32, then
   the renorm stages the batch needed (top_k, top_p, min_p, in that order) with the recorded
-  per-row parameters, through the harness's backends registry (launch/renorm_backends.py), so the
+  per-row parameters, through the renorm registry (tpguard/renorm_registry.py), so the
   very functions the run called;
 * ``coins``: rng_state -> coins: the first ``torch.rand`` draws of a generator set to the state;
 * ``accept``: draft_tokens, target_probs, coins -> accept_index, accept_len, bonus, commit_lens,
@@ -49,8 +49,8 @@ def row_bytes_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # --- the stages ------------------------------------------------------------------------------
 
 def renorm_backend(name: str, device: str):
-    """The harness's backend of that name on `device`, or StageUnavailable."""
-    from tpguard.launch.renorm_backends import BackendUnavailable, get_backend
+    """The renorm registry's backend of that name on `device`, or StageUnavailable."""
+    from tpguard.renorm_registry import BackendUnavailable, get_backend
 
     try:
         return get_backend(name, device)

@@ -1,8 +1,9 @@
-"""`tpguard audit`: are the renorm kernels found here deterministic and batch-invariant?
+"""`tpguard determinism`: are the renorm kernels found here deterministic and batch-invariant?
 
-Runs every sampling/renorm kernel it can find (tpguard's Triton kernels, flashinfer's with and
-without ``is_deterministic``, sgl_kernel's when present, the torch reference and the
-emulated-atomic backend) on identical inputs and prints, per kernel:
+Runs every renorm implementation of the registry (tpguard/renorm_registry.py) it can find here
+(tpguard's Triton kernels, flashinfer's with and without ``is_deterministic``, sgl_kernel's when
+present, the torch reference and the emulated-atomic backend) on identical inputs and prints, per
+kernel:
 
 * **repeat**: ``n_calls`` calls on the same bytes; how many calls differ from the first one,
   how many rows ever differ, and the largest difference in ulps (bit patterns of the output's
@@ -11,25 +12,22 @@ emulated-atomic backend) on identical inputs and prints, per kernel:
   positions); how many rows come out different from the first batch's, and the max ulp.
 
 Works on CPU (torch, emulated atomics, tpguard under the Triton interpreter, which is slow: the
-CPU defaults are small) and on GPU with everything. ``run_audit`` returns the rows;
-``print_audit`` prints the table.
+CPU defaults are small) and on GPU with everything. ``measure`` returns the rows; ``print_table``
+prints the table.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
-from tpguard.config import interpreting
-
 
 @dataclass
-class AuditRow:
+class DeterminismRow:
     kernel: str  # e.g. "tpguard", "flashinfer", "flashinfer-det", "sgl_kernel", "torch", "emulated-atomic"
     op: str  # top_p | top_k | top_k_top_p | min_p
     calls: int = 0
@@ -72,95 +70,42 @@ def make_probs(rows: int, vocab: int, device, seed: int, scale: float = 1.0, dty
 
 # --- the kernels we can find -------------------------------------------------------------------
 
-def _tpguard(device) -> Optional[dict]:
-    if device.type == "cpu" and "tpguard.kernels.renorm_top_p" not in sys.modules:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are defined
-    from tpguard.kernels import renorm as tk
+# the table's kernels, in its order: implementations of the renorm registry (tpguard/renorm_registry.py)
+KERNELS = ("tpguard", "flashinfer", "flashinfer-det", "sgl_kernel", "torch", "emulated-atomic")
+OPS = ("top_p", "top_k", "top_k_top_p", "min_p")
 
-    if device.type == "cpu" and not (tk.triton_available() and interpreting()):
-        return None
-    if device.type == "cuda" and not tk.triton_available():
-        return None
-    kw = {"backend": "triton", "validate": False}
-    return {
-        "top_p": lambda x, k, p, m: tk.top_p_renorm(x, p, **kw),
-        "top_k": lambda x, k, p, m: tk.top_k_renorm(x, k, **kw),
-        "top_k_top_p": lambda x, k, p, m: tk.top_k_top_p_renorm(x, k, p, **kw),
-        "min_p": lambda x, k, p, m: tk.min_p_renorm(x, m, **kw),
+
+def _ops(backend) -> Optional[dict]:
+    """{op: fn(x, k, p, min_p)} of the ops a loaded backend has."""
+    calls = {
+        "top_p": backend.top_p and (lambda x, k, p, m: backend.top_p(x, p)),
+        "top_k": backend.top_k and (lambda x, k, p, m: backend.top_k(x, k)),
+        "top_k_top_p": backend.top_k_top_p and (lambda x, k, p, m: backend.top_k_top_p(x, k, p)),
+        "min_p": backend.min_p and (lambda x, k, p, m: backend.min_p(x, m)),
     }
-
-
-def _torch(device) -> dict:
-    from tpguard.kernels import reference as ref
-
-    return {
-        "top_p": lambda x, k, p, m: ref.top_p_renorm_reference(x, p),
-        "top_k": lambda x, k, p, m: ref.top_k_renorm_reference(x, k),
-        "top_k_top_p": lambda x, k, p, m: ref.top_k_top_p_renorm_reference(x, k, p),
-        "min_p": lambda x, k, p, m: ref.min_p_renorm_reference(x, m),
-    }
-
-
-def _emulated(device) -> dict:
-    from tpguard.kernels import emulated_atomic as ea
-
-    return {
-        "top_p": lambda x, k, p, m: ea.top_p_renorm_emulated_atomic(x, p),
-        "top_k": lambda x, k, p, m: ea.top_k_renorm_emulated_atomic(x, k),
-        "top_k_top_p": lambda x, k, p, m: ea.top_k_top_p_renorm_emulated_atomic(x, k, p),
-        "min_p": lambda x, k, p, m: ea.min_p_renorm_emulated_atomic(x, m),
-    }
-
-
-def _flashinfer(device, deterministic: bool) -> Optional[dict]:
-    if device.type != "cuda" or importlib.util.find_spec("flashinfer") is None:
-        return None
-    import flashinfer.sampling as fs
-
-    det = deterministic
-    return {
-        "top_p": lambda x, k, p, m: fs.top_p_renorm_probs(x, p, is_deterministic=det),
-        "top_k": lambda x, k, p, m: fs.top_k_renorm_probs(x, k, is_deterministic=det),
-        "top_k_top_p": lambda x, k, p, m: fs.top_p_renorm_probs(
-            fs.top_k_renorm_probs(x, k, is_deterministic=det), p, is_deterministic=det),
-    }
-
-
-def _sgl_kernel(device) -> Optional[dict]:
-    if device.type != "cuda" or importlib.util.find_spec("sgl_kernel") is None:
-        return None
-    import sgl_kernel
-
-    out = {}
-    if hasattr(sgl_kernel, "top_p_renorm_prob"):
-        out["top_p"] = lambda x, k, p, m: sgl_kernel.top_p_renorm_prob(x, p)
-    if hasattr(sgl_kernel, "top_k_renorm_prob"):
-        out["top_k"] = lambda x, k, p, m: sgl_kernel.top_k_renorm_prob(x, k)
-    return out or None
+    return {op: fn for op, fn in calls.items() if fn} or None
 
 
 def find_kernels(device: torch.device, include: Optional[list[str]] = None) -> dict[str, Optional[dict]]:
-    """kernel name -> {op: fn(x, k, p, min_p)} (None: not available here)."""
-    finders: dict[str, Callable[[], Optional[dict]]] = {
-        "tpguard": lambda: _tpguard(device),
-        "flashinfer": lambda: _flashinfer(device, False),
-        "flashinfer-det": lambda: _flashinfer(device, True),
-        "sgl_kernel": lambda: _sgl_kernel(device),
-        "torch": lambda: _torch(device),
-        "emulated-atomic": lambda: _emulated(device),
-    }
+    """kernel name -> {op: fn(x, k, p, min_p)} (None: not available here): each implementation itself
+    (the registry's ``exact`` form: no stand-in where one cannot run or lacks an op)."""
+    from tpguard.renorm_registry import get_backend
+
     found = {}
-    for name, finder in finders.items():
+    for name in KERNELS:
         if include is not None and name not in include:
             continue
+        if name == "tpguard" and device.type == "cpu" and "tpguard.kernels.renorm_top_p" not in sys.modules:
+            # on CPU the Triton interpreter (Triton reads it when the kernels are defined)
+            os.environ.setdefault("TRITON_INTERPRET", "1")
         try:
-            found[name] = finder()
-        except Exception:  # noqa: BLE001 - a kernel that cannot even load is "not here"
+            found[name] = _ops(get_backend(name, device.type, exact=True))
+        except Exception:  # noqa: BLE001 - unavailable, or a kernel that cannot even load: "not here"
             found[name] = None
     return found
 
 
-# --- the audit ----------------------------------------------------------------------------------
+# --- the table ----------------------------------------------------------------------------------
 
 def _repeat(fn, x, k, p, m, n_calls):
     first = fn(x, k, p, m).clone()
@@ -203,10 +148,10 @@ def _batch_invariance(fn, x, others, k, p, m):
     return len(layouts), int(rows_diff.sum()), max_ulp
 
 
-def run_audit(n_calls: int = 20, device: str = "auto", rows: Optional[int] = None, vocab: Optional[int] = None,
-              top_k: int = 40, top_p: float = 0.9, min_p: float = 0.1, kernels: Optional[list[str]] = None,
-              ops: Optional[list[str]] = None, seed: int = 0, dtype: str = "fp32") -> list[AuditRow]:
-    """Audit every kernel found on ``device`` ("auto", "cpu", "cuda") on probabilities of ``dtype``
+def measure(n_calls: int = 20, device: str = "auto", rows: Optional[int] = None, vocab: Optional[int] = None,
+            top_k: int = 40, top_p: float = 0.9, min_p: float = 0.1, kernels: Optional[list[str]] = None,
+            ops: Optional[list[str]] = None, seed: int = 0, dtype: str = "fp32") -> list[DeterminismRow]:
+    """Measure every kernel found on ``device`` ("auto", "cpu", "cuda") on probabilities of ``dtype``
     (fp32, fp16, bf16); see the module doc."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -224,8 +169,8 @@ def run_audit(n_calls: int = 20, device: str = "auto", rows: Optional[int] = Non
     others = make_probs(6, vocab, dev, seed + 1, scale=4.0, dtype=DTYPES[dtype])
     result = []
     for name, table in find_kernels(dev, kernels).items():
-        for op in ops or ("top_p", "top_k", "top_k_top_p", "min_p"):
-            row = AuditRow(kernel=name, op=op)
+        for op in ops or OPS:
+            row = DeterminismRow(kernel=name, op=op)
             fn = (table or {}).get(op)
             if fn is None:
                 row.note = "not available here" if table is None else "no such op"
@@ -246,7 +191,7 @@ def run_audit(n_calls: int = 20, device: str = "auto", rows: Optional[int] = Non
     return result
 
 
-def print_audit(rows: list[AuditRow], file=None) -> None:
+def print_table(rows: list[DeterminismRow], file=None) -> None:
     file = file or sys.stdout
     head = ["kernel", "op", "calls differing", "rows differing", "max ulp", "batch rows differing",
             "batch max ulp", "verdict", "note"]
@@ -263,26 +208,26 @@ def print_audit(rows: list[AuditRow], file=None) -> None:
 
 
 def main(**kwargs) -> int:
-    """`tpguard audit`: keyword arguments of ``run_audit``; prints the table, returns an exit code
-    (0 whatever the verdicts: the audit reports, it does not judge)."""
+    """`tpguard determinism`: keyword arguments of ``measure``; prints the table, returns an exit code
+    (0 whatever the verdicts: the table reports, it does not judge)."""
     try:
         device = kwargs.get("device", "auto")
-        rows = run_audit(**kwargs)
+        rows = measure(**kwargs)
     except ValueError as e:
-        print(f"tpguard audit: {e}", file=sys.stderr)
+        print(f"tpguard determinism: {e}", file=sys.stderr)
         return 2
     where = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     n_calls = kwargs.get("n_calls", 20)
-    print(f"# tpguard audit on {where}: {n_calls} calls per kernel on identical input (fewer under the "
+    print(f"# tpguard determinism on {where}: {n_calls} calls per kernel on identical input (fewer under the "
           f"Triton interpreter), and the same rows in other batches")
-    print_audit(rows)
+    print_table(rows)
     return 0
 
 
 if __name__ == "__main__":
     from tpguard.bench.args import BenchParser
 
-    ap = BenchParser(prog="tpguard audit")
+    ap = BenchParser(prog="tpguard determinism")
     ap.add_argument("--calls", dest="n_calls", type=int, default=20)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--rows", type=int, default=None)

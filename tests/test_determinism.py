@@ -1,4 +1,4 @@
-"""`tpguard audit` on CPU: the emulated flashinfer atomics show differences; the torch reference and
+"""`tpguard determinism` on CPU: the emulated flashinfer atomics show differences; the torch reference and
 tpguard's kernels (Triton interpreter) show none, over repeated calls and batch compositions."""
 
 from __future__ import annotations
@@ -10,30 +10,31 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 
-from tpguard.audit import AuditRow, main, print_audit, run_audit  # noqa: E402
+from tpguard.determinism import DeterminismRow, main, measure, print_table  # noqa: E402
 from tpguard.config import interpreting  # noqa: E402
 
 # tpguard's kernels on CPU tensors need the interpreter; gpu/check.sh exports TRITON_INTERPRET=0 for its GPU
-# test runs (there the audit runs on CUDA: `python -m tpguard.audit --device cuda`, docs/benchmarks.md)
+# test runs (there the table runs on CUDA: `python -m tpguard.determinism --device cuda`, docs/benchmarks.md)
 INTERPRETER = interpreting()
+NO_INTERPRETER = "TRITON_INTERPRET=0 in the environment: tpguard's kernels cannot run on CPU"
 
 
-def by_key(rows: list[AuditRow]) -> dict[tuple[str, str], AuditRow]:
+def by_key(rows: list[DeterminismRow]) -> dict[tuple[str, str], DeterminismRow]:
     return {(r.kernel, r.op): r for r in rows}
 
 
 def test_emulated_atomic_differs_between_calls():
-    rows = by_key(run_audit(n_calls=12, device="cpu", rows=4, vocab=8192, kernels=["emulated-atomic"],
-                            ops=["top_p", "min_p"]))
+    rows = by_key(measure(n_calls=12, device="cpu", rows=4, vocab=8192, kernels=["emulated-atomic"],
+                          ops=["top_p", "min_p"]))
     for op in ("top_p", "min_p"):
         r = rows[("emulated-atomic", op)]
         assert r.calls_differing and r.calls_differing > 0, r
         assert r.max_ulp >= 1 and r.deterministic is False
 
 
-@pytest.mark.skipif(not INTERPRETER, reason="TRITON_INTERPRET=0 in the environment: tpguard's kernels cannot run on CPU")
+@pytest.mark.skipif(not INTERPRETER, reason=NO_INTERPRETER)
 def test_reference_and_tpguard_kernels_are_deterministic_and_batch_invariant():
-    rows = run_audit(n_calls=3, device="cpu", rows=2, vocab=1024, kernels=["tpguard", "torch"])
+    rows = measure(n_calls=3, device="cpu", rows=2, vocab=1024, kernels=["tpguard", "torch"])
     assert {r.kernel for r in rows} == {"tpguard", "torch"}
     for r in rows:
         assert r.note in ("", "Triton interpreter"), r
@@ -43,10 +44,10 @@ def test_reference_and_tpguard_kernels_are_deterministic_and_batch_invariant():
 
 
 def test_missing_kernels_are_reported_not_raised():
-    rows = by_key(run_audit(n_calls=2, device="cpu", rows=1, vocab=64, kernels=["flashinfer", "sgl_kernel"]))
+    rows = by_key(measure(n_calls=2, device="cpu", rows=1, vocab=64, kernels=["flashinfer", "sgl_kernel"]))
     assert rows[("flashinfer", "top_p")].note == "not available here"
     out = io.StringIO()
-    print_audit(list(rows.values()), file=out)
+    print_table(list(rows.values()), file=out)
     assert "| flashinfer | top_p |" in out.getvalue()
 
 
@@ -57,19 +58,19 @@ def test_main_bad_device_is_one_line(capsys):
         return
     assert main(n_calls=2, device="cuda") == 2
     err = capsys.readouterr().err
-    assert err.startswith("tpguard audit:") and err.count("\n") == 1
+    assert err.startswith("tpguard determinism:") and err.count("\n") == 1
 
 
-@pytest.mark.skipif(not INTERPRETER, reason="TRITON_INTERPRET=0 in the environment: tpguard's kernels cannot run on CPU")
+@pytest.mark.skipif(not INTERPRETER, reason=NO_INTERPRETER)
 def test_16_bit_probabilities():
     """bfloat16 input: tpguard's kernels and the reference deterministic (ulps of bfloat16), the emulated atomics
     not; a bad dtype is one line."""
     import torch
 
-    from tpguard.audit import ulp_distance
+    from tpguard.determinism import ulp_distance
 
-    rows = by_key(run_audit(n_calls=3, device="cpu", rows=2, vocab=1024, kernels=["tpguard", "torch"], ops=["top_p"],
-                            dtype="bf16"))
+    rows = by_key(measure(n_calls=3, device="cpu", rows=2, vocab=1024, kernels=["tpguard", "torch"], ops=["top_p"],
+                          dtype="bf16"))
     assert rows[("tpguard", "top_p")].deterministic is True and rows[("torch", "top_p")].deterministic is True
     a = torch.tensor([[1.0, 0.5]], dtype=torch.bfloat16)
     b = torch.tensor([[1.0, 0.5]], dtype=torch.bfloat16).view(torch.int16).add(3).view(torch.bfloat16)

@@ -1,0 +1,177 @@
+"""Block shapes of tpguard's renorm kernels (`RenormConfig`), the process default
+(``TPGUARD_RENORM_CONFIG``, read when used: `default_config()`), and the launch options that follow
+from a config (register caps, programmatic dependent launch). Results depend only on the config and
+the vocabulary size, never on the batch (docs/design-renorm.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from tpguard.config import renorm_config_text
+from tpguard.kernels import pdl
+
+
+@dataclass(frozen=True)
+class RenormConfig:
+    """Block shapes. Results depend only on these and the vocabulary size, never on the batch.
+
+    Defaults: the fastest correct variants of the H200 sweeps (docs/benchmarks.md and
+    docs/design-renorm.md); every option gives the same output bits."""
+
+    # every streaming pass at 4 warps x 4096 entries (chunk4k_w4): top-p flat 386 vs 396 us at
+    # 8 warps x 8192, the other ops equal
+    chunk: int = 4096  # entries per program in the full passes (a power of two, >= 64)
+    pass_warps: int = 4
+    select_warps: int = 8  # the per-row kernels hold a row's group maxima in registers
+    sub: int = 1024  # entries per step when the per-row searches stream
+    reg: int = 2048  # candidates searched from registers (more are streamed)
+    # bracket_select at 8 warps (2 CTAs per SM: 256 rows in one wave): top-p flat 314 -> 299 us, logits x 4
+    # 297 -> 282, bracket_select 49.6 -> 33.7 us (16 warps at 1 CTA per SM ran two waves; 16 warps / 8192
+    # beat 32 / 16384)
+    bracket_warps: int = 8
+    bracket_reg: int = 16384  # bracket entries searched from registers (~10-14k on flat rows; 8192 was slower)
+    group: int = 32  # G: entries per gmax group
+    sample_stride: int = 32  # SG: one sampled entry per SG entries (a multiple of G)
+    tau_groups: int = 512  # top-p: groups gathered before falling back to the bracket pass
+    min_p_groups: int = 512  # min-p: most groups gathered before the bracket pass
+    list_cap: int = 16384  # gathered entries above the cutoff's lower bound kept per row
+    compact_sub: int = 4096  # entries per step when a select kernel compacts gathered groups
+    cap_per_chunk: int = 1024  # bracket entries kept per chunk before the fallback searches
+    z: float = 5.0  # bracket half-width in standard deviations of the sample estimate
+    # --- register and occupancy options (docs/design-renorm.md, "Registers and occupancy") ---
+    tau_mass_first: int = 1  # top-p select: M(>= tau) streamed first, the tau list compacted only when needed
+    bracket_chunk: int = 0  # entries per bracket-pass program (0: chunk); smaller = more CTAs per SM
+    bracket_pass_warps: int = 0  # warps of the bracket pass (0: pass_warps)
+    bracket_prefetch: int = 0  # bracket pass: load the chunk before the row's plan arrives (reads every row)
+    # register caps (ptxas .maxnreg; 0 = none). Uncapped, ptxas gives the 8-warp select kernels
+    # 255 registers (1 CTA per SM: 256 rows = 2 waves) and the bracket pass 134 (1 CTA per SM);
+    # at 128 both fit 2 CTAs per SM, with 0-32 bytes of stack (sm_90a, cuobjdump).
+    select_maxnreg: int = 128
+    bracket_maxnreg: int = 128
+    # the bracket pass's own cap (0: bracket_maxnreg): the streaming pass compiles to ~100 registers (5 CTAs per
+    # SM at 4 warps) where bracket_select needs its 128. H200, graph: top-p flat 330 -> 316 us at 80
+    # (96: 320, 64: 320), top-p logits x 4 305 -> 298, min-p flat 206 -> 202
+    bracket_pass_maxnreg: int = 80
+    # bracket pass copy-out (docs/design-renorm.md, "Registers and occupancy"): 2 (bracket pass 100 -> 75 us,
+    # top-p flat 386 -> 364) = one scan over the chunk, stored from a view in the load's own lane/warp layout
+    # (no shared-memory shuffle); used where that view fits (4 <= group <= 128, bracket chunk >= 128), else
+    # 0 = prefix over groups + scan inside each
+    bracket_copy: int = 2
+    # B (docs/design-renorm.md, "Sub-bracket bins"; 0 = off): the bracket pass sums its entries' mass per 1/B
+    # of [lo, hi) (by bit pattern); bracket_select searches only the sub-bracket holding the cutoff (a power of
+    # two, 2..64). bracket_select 85 -> 50 us, the bracket pass 75 -> 95 us, top-p flat 363 -> 349 us at
+    # B = 8 (16: 351, 4: 355, 32: 365)
+    bracket_bins: int = 8
+    # top-p select (docs/design-renorm.md, "Top-p: where the estimate's rounds went"): while the bracket's lo
+    # and hi searches agree, one 6-sum reduction per round instead of 12 (same bits). The select pass
+    # 55.0 -> 46.7 us, top-p flat 347 -> 339 us; 0 = the two searches apart. (top-k + top-p with k >= vocab,
+    # plain top-p inside the top-k select kernel, keeps them apart: not measured there)
+    tps_shared: int = 1
+    # top-p select (same section; 0 = one padded block): 1 = the sample bracket's samples as a power-of-two
+    # main block plus a power-of-two remainder block (4096 + 1024 at vocab 163840, not one padded 8192 block;
+    # 128256: 4096, unchanged), and the tau search's group maxima likewise (exact int64 counts: same tau); same
+    # output bits (float32 summation order differs, so the estimated bracket may differ: it is verified
+    # exactly). H200, graph: the select pass 46.6 -> 37.7 us, top-p flat 336 -> 326 us, peaky 210 -> 207.
+    tps_split: int = 1
+    # top-p select (same section; 0 = off): with fewer than this many samples in [hi, tau), hi = tau (the
+    # estimate's variance there rests on a handful of samples; a bracket ending below the cutoff sends the row
+    # to bracket_select's slowest path). Top-p on logits N(0, 1) x 4 437 -> 305 us. The top-p select kernel
+    # only (top-k + top-p with k >= vocab, whose select kernel runs the same plan, keeps the old rule and no
+    # tps_split: not measured there)
+    bracket_hi_samples: int = 16
+    # (kernels/row_split.py; 1 = off) a call captured in a CUDA graph runs its rows in this many parts, each on
+    # its own stream, so that one part's streaming passes overlap the other's per-row kernels (same bits: the
+    # kernels are batch-invariant). H200, graph, 256 x 163840: top-p flat 327.6 -> 314.6 us, top-p logits x 4
+    # 307.9 -> 270.4
+    graph_row_split: int = 2
+    # (kernels/pdl.py; docs/design-renorm.md, "Launches"; 0 = plain launches) programmatic dependent launch
+    # (sm_90+): every launch of a call after its first is made with the PDL attribute and waits
+    # (griddepcontrol.wait) before it touches anything an earlier launch wrote; 1: every kernel signals its
+    # dependents at its start, so the next kernel's CTAs are resident (and the write pass has its chunk
+    # loaded) when the one before ends; 2: the per-row kernels (select, bracket_select) signal at their end
+    # instead (no faster than 1 at 256 rows but for peaky top-p from a graph). Same bits (the same kernels, the
+    # same order of sums). H200, 256 x 163840, eager / graph us: top-p flat 304.4 / 290.9 -> 295.8 / 286.9,
+    # top-k(40) 169.0 / 163.1 -> 163.5 / 158.7, top-k + top-p 180.2 / 174.5 -> 173.6 / 169.7, min-p
+    # 203.3 / 193.9 -> 198.6 / 190.0; top-p peaky 210.4 / 193.0 -> 209.4 / 198.9
+    pdl: int = 1
+    # calls of fewer rows launch plainly (a split call's parts as the whole call: renorm_plan._part_config):
+    # H200, pdl=1, top-p at 1 / 8 / 64 rows 57.5 -> 60.0, 63.0 -> 73.9, 121.8 -> 125.9 us from a graph (1 row
+    # eagerly 84.3 -> 98.3; top-k gained 1-5 us from a graph there); at 256 rows top-p flat, top-k, top-k +
+    # top-p and min-p gained 4-9 us eagerly and 4-5 from a graph, top-p peaky lost 5.9 from a graph
+    pdl_min_rows: int = 128
+    # (kernels/renorm_top_k_fused.py; 0 = the three launches at every batch size) top-k alone, or top-k + top-p
+    # with a scalar k < vocab, at <= this many rows: one launch (row stats, select and write in one grid, a
+    # row's CTAs waiting on its select) instead of three; same bits. H200, 163840, eager: top-k(40) at 1 / 8
+    # rows 52 / 51 -> 38 / 37 us (flashinfer 45 / 47)
+    fused_rows: int = 8
+    # chunks per CTA of the one-launch kernel (same chunk sums); 0: the fewest that fit the grid on the GPU
+    # at one CTA per SM (renorm_top_k_fused.chunks_per_cta)
+    fused_per_cta: int = 0
+    # top-p with one read before the write (kernels/renorm_top_p_presample.py; docs/kernels.md, "A faster
+    # top-p"): 1 = the bracket from a 1/32 sample taken first, the row stats and the bracket's copy-out in
+    # one pass; 0 = the default pipeline (renorm_top_p.py). Same cutoffs. Not measured yet: off
+    top_p_presample: int = 0
+    presample_block: int = 8  # consecutive entries per sample block (one 32-byte sector of float32)
+
+    def replace(self, **changes) -> "RenormConfig":
+        return dataclasses.replace(self, **changes)
+
+    def __hash__(self) -> int:
+        # cached: every eager call hashes its config in the plan key (~1 us for ~40 fields)
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+
+@functools.lru_cache(maxsize=16)
+def config_from_env(text: str) -> RenormConfig:
+    """``TPGUARD_RENORM_CONFIG="chunk=4096,pass_warps=4"``: block shapes for the whole process.
+    Every rank must use the same value (like any kernel configuration); results depend on it
+    only where a float64 sum ties at the cutoff. Cached per text: one config object per value, so
+    that the per-shape caches keyed on it (shapes, call plans) keep hitting."""
+    from tpguard.config import replace_from_text
+
+    return replace_from_text(RenormConfig(), text, "TPGUARD_RENORM_CONFIG")
+
+
+def default_config() -> RenormConfig:
+    """The config of calls that pass none: ``TPGUARD_RENORM_CONFIG`` over `RenormConfig`'s defaults,
+    read at the call (tpguard.config.renorm_config_text)."""
+    return config_from_env(renorm_config_text())
+
+
+def pdl_mode(cfg: RenormConfig, s, device: torch.device) -> int:
+    """cfg.pdl for one call (`s`: its renorm_workspace.Shapes): 0 (plain launches) below
+    cfg.pdl_min_rows rows or on a device without grid dependency control (kernels/pdl.py)."""
+    if not cfg.pdl or s.rows < cfg.pdl_min_rows or not pdl.supported(device):
+        return 0
+    return int(cfg.pdl)
+
+
+def pdl_args(cfg: RenormConfig, s, device: torch.device, *, first: bool = False, late: bool = False) -> dict:
+    """A launch's PDL constexpr and options (kernels/pdl.py). `first`: the call's first launch (plain,
+    it only signals its dependent; also the write pass launched on its own); else a dependent launch
+    (the PDL attribute; it waits before dependent work). `late`: a per-row kernel (signals at its end
+    under pdl=2)."""
+    mode = pdl_mode(cfg, s, device)
+    if first:
+        return {"PDL": pdl.first(mode)}
+    return {"PDL": pdl.dependent(mode, late), **pdl.launch_options(mode)}
+
+
+def reg_cap(n: int, num_warps: int) -> dict:
+    """Launch options for a register cap (none when 0), at most what one CTA of num_warps may hold
+    (64K registers per SM: a 32-warp CTA must stay at 64); the interpreter ignores them."""
+    if not n:
+        return {}
+    return {"maxnreg": max(24, min(int(n), 65536 // (32 * num_warps)) // 8 * 8)}
+
+
+__all__ = ["RenormConfig", "config_from_env", "default_config", "pdl_args", "pdl_mode", "reg_cap"]
