@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 
-from renorm_setup import DEVICE  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+from renorm_setup import DEVICE  # noqa: I001 - the shared set-up first
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -9,7 +9,7 @@ check the workspace reuse and the keys; the direct launches are checked where CU
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, GPU_ALL, INTERPRET, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+from renorm_setup import DEVICE, GPU_ALL, INTERPRET, SMALL  # noqa: I001 - the shared set-up first
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

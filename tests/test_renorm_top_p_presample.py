@@ -6,7 +6,7 @@ the fingerprint slot, determinism and batch invariance. CPU under the Triton int
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, GPU_ALL, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+from renorm_setup import DEVICE, GPU_ALL, SMALL  # noqa: I001 - the shared set-up first
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
