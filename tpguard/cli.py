@@ -96,7 +96,7 @@ def demo(
     timeout: float = typer.Option(4.0, "--timeout", help="deadline of part 5's waits, seconds"),
 ):
     """The README demo: divergence caught and named, diagnosed, then fixed two ways (CPU, 2 ranks)."""
-    from tpguard.launch.demo import run_demo
+    from tpguard.commands.demo import run_demo
 
     raise typer.Exit(run_demo(steps=steps, out=out, skip_hang=skip_hang, timeout=timeout))
 
