@@ -1,5 +1,5 @@
 """The `tpguard` command: one typer app declaring every command's options (the harness's are in
-launch/options.py); the work lives in tpguard/commands/, launch/, tpguard/bench/ and audit.py.
+launch/options.py); the work lives in tpguard/commands/, launch/, tpguard/bench/ and tpguard/determinism.py.
 `python -m tpguard.launch` (a rank) and `python -m tpguard.bench.*` parse with the same declarations.
 
 Exit codes (tpguard/errors.py, one table in docs/exit-codes.md): 0 ok/clean, 1 diverged, 2 bad
