@@ -3,8 +3,8 @@
 # grimp finds a package's modules by walking its folder, so it cannot see the package-dir mapping
 # (tpguard.kernels -> kernels/, tpguard.hooks -> hooks/, tpguard.launch -> launch/). It reads a
 # temporary tree instead: tpguard/ with a link to each of its entries plus kernels, hooks and
-# launch linked in as subpackages, run from outside the repository so that the editable install
-# does not shadow it. Exit status: lint-imports' (0: every contract kept).
+# launch linked in as subpackages, run from outside the repository so that this tree is the only
+# tpguard found. Exit status: lint-imports' (0: every contract kept).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 LINT="${LINT_IMPORTS:-$ROOT/.venv/bin/lint-imports}"
