@@ -1,4 +1,4 @@
-"""The argparse parser left to scripts outside the `tpguard` command (`python -m tpguard.audit`'s
+"""The argparse parser left to scripts outside the `tpguard` command (`python -m tpguard.determinism`'s
 own options, gpu/renorm_host.py): a usage error is one line on stderr and exit code 2
 (docs/exit-codes.md), not argparse's usage block. The `tpguard` commands are typer's (tpguard/cli.py)."""
 

@@ -9,7 +9,7 @@ result is checked bit for bit against the numpy reference first (``--no-check`` 
 Usage: tpguard bench fingerprint [--iters N] [--shapes all|main] [--sweep [--sweep-budget S]] [--no-check]
 ``--sweep`` times KernelConfig variants (each checked against the reference) and names the best;
 the table above it uses the defaults (one tensor: ``SINGLE_TENSOR_CONFIG``; sets: ``KernelConfig()``).
-Target (issue 3): 256 x 163840 fp32 in <= 48 us (>= 3.5 TB/s) on one H200.
+Target: 256 x 163840 fp32 in <= 48 us (>= 3.5 TB/s) on one H200.
 """
 
 from __future__ import annotations
@@ -175,21 +175,22 @@ def bench_many(iters: int, do_check: bool) -> list[str]:
 
 
 # KernelConfig overrides ("name=value,..." on KernelConfig(), tpguard.config.replace_from_text);
-# first: KernelConfig() (fingerprint_many's default; the one-tensor default is the next line). Runs 9 and 10 (docs/benchmarks.md, fp/1): the shift
-# masks and the load-pipelining knobs (since removed) were no faster than these.
+# first: KernelConfig() (fingerprint_many's default; the one-tensor default is the next line). On
+# fp/1 (docs/benchmarks.md) the shift masks and the load-pipelining knobs (since removed) were no
+# faster than these.
 SWEEP_CONFIGS = [
-    "",  # 128 regs, 4 CTAs/SM (run 12, fp/1: 55.2 us; run 13, fp/2: 54.8)
-    # fp/2 (run 13): the single tensor at 54.8 us vs 45.9 per tensor in the full set: 640 programs of
+    "",  # 128 regs, 4 CTAs/SM (fp/1: 55.2 us; fp/2: 54.8)
+    # fp/2: the single tensor at 54.8 us vs 45.9 per tensor in the full set: 640 programs of
     # [8 rows, 8192 words] on 528 CTA slots (1.2 waves); offline, 16 words/thread uncapped takes 64
     # registers (8 CTAs/SM, one wave)
     "block_words=2048,maxnreg=none", "block_words=2048,maxnreg=none,chunk_words=4096",
     "chunk_words=4096", "chunk_words=2048", "rows_per_tile=4,chunk_words=4096",
     "block_words=2048,maxnreg=none,rows_per_tile=4", "shifts=2", "maxnreg=none",
     "block_words=8192,num_warps=8", "block_words=2048,rows_per_tile=1,chunk_words=16384,num_warps=8",
-    # around run 14's best (offline registers: 38 -> 12 CTAs/SM; 64 -> 8; 64 -> 8; 80 -> 3)
+    # around the best of that sweep (offline registers: 38 -> 12 CTAs/SM; 64 -> 8; 64 -> 8; 80 -> 3)
     "block_words=1024,maxnreg=none", "block_words=2048,maxnreg=none,rows_per_tile=16",
     "block_words=2048,maxnreg=none,chunk_words=16384", "block_words=4096,maxnreg=none,num_warps=8",
-    # session 5: chunks sized so the programs fill the SMs once, evenly (1024 at 8 CTAs/SM); run 20: 53.9 us at 8,
+    # chunks sized so the programs fill the SMs once, evenly (1024 at 8 CTAs/SM): 53.9 us at 8,
     # 48.6-48.9 at 7 (docs/benchmarks.md)
     "block_words=2048,maxnreg=none,fill_ctas_per_sm=8", "block_words=4096,maxnreg=none,num_warps=8,fill_ctas_per_sm=3",
     "fill_ctas_per_sm=4",
@@ -197,8 +198,8 @@ SWEEP_CONFIGS = [
 # fingerprint_many's long rows (the guard's full set: 2 x 168 MB): on top of each base config
 MANY_VARIANTS = [dict(many_long="table"), dict(many_long="table", maxnreg=128),
                  dict(many_long="rows"), dict(many_long="rows", maxnreg=128)]
-# and these whole configs on the full set (twice the programs of one tensor: run 14's one-wave tile
-# needs half as many chunks there)
+# and these whole configs on the full set (twice the programs of one tensor: the sweep's one-wave
+# tile needs half as many chunks there)
 FULL_SET_CONFIGS = ["", "block_words=2048,maxnreg=none,chunk_words=16384",
                     "block_words=1024,maxnreg=none,chunk_words=16384", "chunk_words=16384"]
 

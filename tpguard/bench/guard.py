@@ -288,7 +288,7 @@ def _guard_costs(args: Options, t: dict, out: dict, world: int) -> None:
             guard.drain()
             guard.close()
     # back to direct launches: plans made under Triton's launches would keep them (the profile and
-    # the printed plan states below would then describe Triton's path: run 28 printed {'off': 2})
+    # the printed plan states below would then describe Triton's path: {'off': 2})
     kfp.FAST_LAUNCH = True
     kfp._PLAN_CACHE.clear()
     guard_compare._LAUNCHES.clear()

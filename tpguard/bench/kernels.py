@@ -1,4 +1,4 @@
-"""`tpguard bench kernels`: renorm speed and repeat-call determinism, side by side (issue 3).
+"""`tpguard bench kernels`: renorm speed and repeat-call determinism, side by side.
 
 For top-p, top-k, top-k + top-p and min-p, on float32 ``[rows, vocab]`` probabilities from flat
 or peaky logits, it times (CUDA events, median) tpguard's Triton kernels, flashinfer's default
@@ -39,7 +39,7 @@ from tpguard.kernels.reference import bits
 
 OPS = ("top_p", "top_k", "top_k_top_p", "min_p")
 IMPLS = ("tpguard", "flashinfer", "flashinfer-det", "torch")
-ISSUE_TABLE_US = {  # issue 3, H200, flashinfer 0.7.2.post1, 256 rows
+ISSUE_TABLE_US = {  # the figures the targets were set against: H200, flashinfer 0.7.2.post1, 256 rows
     ("top_p", "flashinfer", 128256, "flat"): 787, ("top_p", "flashinfer", 163840, "flat"): 971,
     ("top_p", "flashinfer", 163840, "peaky"): 472, ("top_p", "flashinfer-det", 128256, "flat"): 1097,
     ("top_p", "flashinfer-det", 163840, "flat"): 1370, ("top_p", "flashinfer-det", 163840, "peaky"): 657,
