@@ -11,8 +11,7 @@ docs/design-renorm.md): top-p flat 327.6 -> 314.6 us, top-p with logits N(0, 1) 
 for top-p).
 
 Only inside CUDA graph capture (`RenormConfig.graph_row_split`): eagerly every part pays its
-launches' host time again (top-k(40) eager 174 -> 285 us per call in the same run), a replayed
-graph pays none. Not with a fingerprint slot (the fused write pass hashes the whole output).
+launches' host time again (top-k(40) eager 174 -> 285 us per call), a replayed graph pays none. Not with a fingerprint slot (the fused write pass hashes the whole output).
 The side streams fork from the caller's stream and join back into it before the call returns,
 so the caller's later work (and the caching allocator's reuse of `probs` or `out`) is ordered
 after every part.
