@@ -156,9 +156,9 @@ def gpu(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tpguard.bench.args import BenchParser
+    import argparse
 
-    ap = BenchParser(prog="gpu/renorm_host.py")
+    ap = argparse.ArgumentParser(prog="gpu/renorm_host.py")
     ap.add_argument("--vocab", type=int, default=163840)
     ap.add_argument("--calls", type=int, default=None, help="timed calls per case (CPU 2000, GPU 200)")
     ap.add_argument("--gpu", action="store_true", help="time the real launches on a CUDA device")

@@ -7,7 +7,7 @@ once: no hook, no import, no collective.
 
 Environment (tpguard.config.GuardConfig): TPGUARD=off|on|audit, TPGUARD_TRACE_DIR, TPGUARD_EVERY,
 TPGUARD_ON_DIVERGENCE=record|heal|abort, TPGUARD_RENORM=default|deterministic|tpguard|flashinfer-det|torch
-(tpguard/renorm_registry.py), TPGUARD_DUMP,
+(tpguard/renorm_words.py), TPGUARD_DUMP,
 TPGUARD_TIMEOUT, TPGUARD_QUANTITIES=full|decisions, TPGUARD_SAMPLE, TPGUARD_MERGED,
 TPGUARD_RUN_ID (set by `tpguard serve`: one run id for every process of a server),
 TPGUARD_RENORM_BACKEND (older spelling of TPGUARD_RENORM=NAME), TPGUARD_ALL_PROCESSES=1 (hook processes other

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import torch
 
-from tpguard import renorm_registry
+from tpguard import renorm_registry, renorm_words
 from tpguard.hooks.sglang_compat import RENORM_MODULES, RENORM_NAMES
 from tpguard.kernels.renorm import TIE_RULE
 
@@ -88,7 +88,7 @@ def make_renorm(kind: str, backend: str, want_fingerprint: Callable[[], bool] | 
         def fn(probs, param):
             return impl(probs, param, is_deterministic=True)
     else:
-        known = ", ".join(renorm_registry.DETERMINISTIC_ORDER)
+        known = ", ".join(renorm_words.DETERMINISTIC_ORDER)
         raise ValueError(f"unknown renorm backend {backend!r} (known: {known})")
     fn.__name__ = f"{kind}_renorm_prob"
     fn.__qualname__ = fn.__name__
@@ -196,7 +196,7 @@ def route(choice: str | None = None, on_output: Callable | None = None,
     (`renorm_registry.routed_to` picks what runs here). `want_fingerprint` (default: the
     ``wants_renorm_fingerprint`` method of the object that `on_output` is bound to, if any): whether
     this call's output should carry its fingerprint."""
-    backend = renorm_registry.routed_to(choice or renorm_registry.DETERMINISTIC, renorm_registry.here())
+    backend = renorm_registry.routed_to(choice or renorm_words.DETERMINISTIC, renorm_registry.here())
     routing = RenormRouting(backend)
     if want_fingerprint is None:
         want_fingerprint = getattr(getattr(on_output, "__self__", None), "wants_renorm_fingerprint", None)

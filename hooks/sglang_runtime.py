@@ -323,7 +323,7 @@ class Runtime:
         return f"tpguard broadcasts rank 0's decisions at {sw.site} every step (SGLang has no broadcast there)"
 
     def renorm_name(self, binding=None) -> str:
-        """The renorm the target probs come from, in the renorm registry's words (tpguard/renorm_registry.py,
+        """The renorm the target probs come from, in the renorm words (tpguard/renorm_words.py,
         as `tpguard replay` loads them): routed (TPGUARD_RENORM other than default, or policy fix), else
         read off sglang's `top_p_renorm_prob` binding (`binding`: flashinfer's kernels on CUDA). sglang's
         own torch fallback (a None binding) is none of replay's backends: "sglang-torch", which replay

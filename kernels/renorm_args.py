@@ -15,7 +15,7 @@ from tpguard.config import interpreting
 Param = Union[int, float, torch.Tensor]
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # probabilities in; the output has the same dtype
-# `backend=` of the renorm API, words of the renorm registry (tpguard/renorm_registry.py):
+# `backend=` of the renorm API, renorm words (tpguard/renorm_words.py):
 # "deterministic" picks per call (tpguard's Triton kernels on CUDA tensors, the torch reference
 # elsewhere), "tpguard" the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1), "torch" the reference.
 BACKENDS = ("deterministic", "tpguard", "torch")

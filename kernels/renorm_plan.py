@@ -21,9 +21,10 @@ directly with probs, out, the parameters and the fingerprint slot substituted.
 * Small batches (``TPGUARD_RENORM_GRAPH_ROWS``, default 8 rows; calls of 5 or more launches: top-p,
   min-p): the recorded launches captured once into a CUDA graph the plan owns and replayed per call
   (kernels/renorm_graph.py).
-* Bounded: at most ``TPGUARD_RENORM_PLANS`` plans (default 16, 0 = no plans: today's path) and
-  ``TPGUARD_RENORM_PLAN_MB`` MiB of plan memory (default 256; a plan larger than that alone is
-  used for its one call and dropped), least recently used evicted first; `clear_plans()`.
+* Bounded: at most ``TPGUARD_RENORM_PLANS`` plans (default 16; 0 = no plans: a fresh workspace and
+  Triton's launches per call) and ``TPGUARD_RENORM_PLAN_MB`` MiB of plan memory (default 256; a plan
+  larger than that alone is used for its one call and dropped), least recently used evicted first;
+  `clear_plans()`.
   ``TPGUARD_FAST_LAUNCH=0`` keeps the workspace cache but launches through Triton.
 """
 

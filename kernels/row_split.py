@@ -5,14 +5,13 @@ select kernels and bracket_select run one program per row and leave the GPU most
 ~30-50 us each). Rows are independent (the kernels are batch-invariant: a row's output does not
 depend on the other rows), so the same op on row parts, each part on its own stream, gives the
 same bits, and the parts' kernels overlap: one part's streaming passes fill the SMs that the
-other part's per-row kernels leave idle. Measured on an H200 (run 20, 256 x 163840, graph replay,
+other part's per-row kernels leave idle. Measured on an H200 (256 x 163840, graph replay,
 docs/design-renorm.md): top-p flat 327.6 -> 314.6 us, top-p with logits N(0, 1) x 4 307.9
 -> 270.4, top-k(40) 166.9 -> 164.1, top-k + top-p 178.1 -> 175.5 (2 parts; 3-4 parts no better
 for top-p).
 
 Only inside CUDA graph capture (`RenormConfig.graph_row_split`): eagerly every part pays its
-launches' host time again (top-k(40) eager 174 -> 285 us per call in the same run), a replayed
-graph pays none. Not with a fingerprint slot (the fused write pass hashes the whole output).
+launches' host time again (top-k(40) eager 174 -> 285 us per call), a replayed graph pays none. Not with a fingerprint slot (the fused write pass hashes the whole output).
 The side streams fork from the caller's stream and join back into it before the call returns,
 so the caller's later work (and the caching allocator's reuse of `probs` or `out`) is ordered
 after every part.

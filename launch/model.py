@@ -5,7 +5,7 @@ context hash: the hash of the request's committed history and position, chained 
 node's ancestors' tokens. From it:
 
 * the draft model proposes each node's first child as the target's peak token with probability
-  `draft_hit` (else a hashed random token); further children (EAGLE) are hashed random tokens;
+  `DRAFT_HIT` (else a hashed random token); further children (EAGLE) are hashed random tokens;
 * the target's logits at a node are seeded noise (the step's "forward pass") plus, on a peaky row,
   a peak at that node's peak token high enough to hold ~80% of the mass. `--logits mixed` picks
   flat or peaky per row from the hash.

@@ -31,11 +31,11 @@ except ImportError:  # pragma: no cover - older typer
 from tpguard.cli_types import one_of
 from tpguard.config import POLICIES
 from tpguard.quantities import CANONICAL_ORDER, DECISIONS_MODE
-from tpguard.renorm_registry import HARNESS_RENORMS, harness_renorm
+from tpguard.renorm_words import HARNESS_RENORMS, harness_renorm
 
 ALGOS = ("dflash", "eagle")
 LOGITS = ("flat", "peaky", "mixed")
-RENORMS = HARNESS_RENORMS  # tpguard/renorm_registry.py: the words and what each means
+RENORMS = HARNESS_RENORMS  # tpguard/renorm_words.py: the words and what each means
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 QUANTITY_SETS = {"full": CANONICAL_ORDER, "decisions": DECISIONS_MODE}

@@ -11,7 +11,7 @@ import pytest
 from tpguard.bench.diagnose import write_synthetic_trace
 from tpguard.cli import main as cli_main
 from tpguard.config import GuardConfig
-from tpguard.launch.demo import run_demo
+from tpguard.commands.demo import run_demo
 from tpguard.launch.options import OptionsError, check_paths, parse_options
 from tpguard.records import Header, StepRecord
 from tpguard.trace import TraceWriter

@@ -8,7 +8,7 @@ named within --timeout; warm-up steps are timed apart from the steady state.
 
 Runs are started as a user would: `tpguard launch` (the launcher and its rank processes) or
 `python -m tpguard.launch` per rank with torchrun's variables set by hand (rank 0 hosts the store).
-Ranks run 100000 steps; a fault is planted once rank 1's trace shows a few steps.
+Each rank is set to 100000 steps; a fault is planted once rank 1's trace shows a few steps.
 """
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ def test_tpguard_launch_returns_the_workers_exit_code(tmp_path):
 
 
 def test_demo_runs_and_tells_the_story(capsys):
-    from tpguard.launch.demo import run_demo
+    from tpguard.commands.demo import run_demo
 
     assert run_demo(steps=6, timeout=3) == 0
     out = capsys.readouterr().out

@@ -113,8 +113,8 @@ def test_top_p_whole_row_fallbacks(cfg):
         assert_matches(top_p_renorm_triton(x, p, config=cfg), ref.top_p_renorm_reference(x, p))
 
 
-def test_run4_options_match_reference():
-    # the run-4 options (docs/design-renorm.md): the bracket pass's own chunk and prefetch, the tau list
+def test_bracket_pass_and_register_options_match_reference():
+    # RenormConfig's options (docs/design-renorm.md): the bracket pass's own chunk and prefetch, the tau list
     # compacted only for peaky rows, no register caps; every combination must keep the
     # reference's set and the same bits as the default shapes
     x = torch.cat([make_rows(2, 1500, "flat", seed=51), make_rows(1, 1500, "peaky", seed=52)])
@@ -197,7 +197,7 @@ def test_top_p_default_shapes_above_tau_groups():
     assert_matches(top_p_renorm_triton(x, 0.9), ref.top_p_renorm_reference(x, 0.9))
 
 
-# --- bracket_select's register searches; session-3 option (docs/design-renorm.md): bracket_copy -----
+# --- bracket_select's register searches; the copy-out option (docs/design-renorm.md): bracket_copy ---
 # Default block shapes (chunk 4096, groups of 32, 16384 bracket entries in registers) at vocab
 # 40000: two flat rows and a peaky row at p = 0.9999 take the bracket passes (FULL) and the
 # register search among the bracket entries. The other register search of bracket_select (the
@@ -223,7 +223,7 @@ def _top_p_workspace_run(x, p, cfg):
 
 
 @functools.lru_cache(maxsize=16)
-def _s3_run(batch: str, changes: tuple = ()):
+def _bracket_select_run(batch: str, changes: tuple = ()):
     """(output, workspace) of one top-p call; cached: the tests below share their baselines."""
     if batch == "default":
         x = torch.cat([make_rows(2, 40000, "flat", seed=71), make_rows(1, 40000, "peaky", seed=72)])
@@ -238,7 +238,7 @@ def _s3_run(batch: str, changes: tuple = ()):
 def test_bracket_select_register_searches():
     # both register-search paths of bracket_select are taken and match the reference
     for batch in ("default", "gather"):
-        x, p, base, ws = _s3_run(batch)
+        x, p, base, ws = _bracket_select_run(batch)
         assert_matches(base, ref.top_p_renorm_reference(x, p))
         rows = x.shape[0]
         full, m_hi = ws.plan[:, 0] == 2, ws.mhi.view(rows, -1).sum(1)
@@ -297,7 +297,7 @@ def test_bracket_copy_same_slots():
     # sample brackets of a real call, a bracket holding every entry (full groups, lane 31
     # included) and a narrow one, also with small CAPs (an overflowing chunk stops at CAP); also
     # with groups of 8 and 4 (other lane splits) and the smallest chunk it takes (128)
-    x, p, base, ws = _s3_run("default")
+    x, p, base, ws = _bracket_select_run("default")
     lo, hi = ws.plan[:, 1].clone(), ws.plan[:, 2].clone()
     every = (torch.ones_like(lo), torch.full_like(hi, 0x7F800000))
     narrow = (lo, torch.minimum(hi, lo + (1 << 16)))
@@ -313,7 +313,7 @@ def test_bracket_copy_same_slots():
         for name, w, g in zip(("mhi", "cnt", "slots"), want, got):
             assert torch.equal(w, g), (name, cap, cfg.group)
     # a whole call: the same workspace counts, slots and output bits
-    _, _, out, ws_c = _s3_run("default", (("bracket_copy", 0),))  # the default is 2 (run 9)
+    _, _, out, ws_c = _bracket_select_run("default", (("bracket_copy", 0),))  # the default is 2
     assert torch.equal(ws_c.cnt, ws.cnt) and torch.equal(ws_c.mhi, ws.mhi)
     written = torch.arange(ws.cap, device=DEVICE)[None, :] < ws.cnt.clamp(max=ws.cap)[:, None]  # (empty workspace)
     assert torch.equal(ws_c.slots.view(-1, ws.cap)[written], ws.slots.view(-1, ws.cap)[written])
@@ -325,12 +325,12 @@ def test_bracket_copy_same_slots():
     assert copy_mode(small) == 0 and copy_mode(DEFAULT_CONFIG) == 2
     assert torch.equal(top_p_renorm_triton(x[:1], 0.9, config=small).view(torch.int32),
                        top_p_renorm_triton(x[:1], 0.9, config=small.replace(bracket_copy=0)).view(torch.int32))
-    for bad in (1, 3):  # (1: the ballot copy-out, removed in session 4)
+    for bad in (1, 3):  # (1: the ballot copy-out, tried and lost: docs/design-renorm.md)
         with pytest.raises(ValueError, match="bracket_copy"):
             top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bracket_copy=bad))
 
 
-# --- session-4 option (docs/design-renorm.md, "Sub-bracket bins"): bracket_bins ---------
+# --- sub-bracket option (docs/design-renorm.md, "Sub-bracket bins"): bracket_bins ---------
 
 def _bin_shift(lo: int, hi: int, bins: int) -> int:
     """radix_select.bin_shift in Python."""
@@ -343,11 +343,11 @@ def test_bracket_bins_same_cutoff_and_bits():
     # bits as the default on the real FULL rows (2 flat, 1 peaky at p = 0.9999), with 16 and 64
     # bins; the bins hold exactly the list's masses, and
     # the scratch after the list holds the cutoff's bin, in list order
-    x, p, base, ws = _s3_run("default")
+    x, p, base, ws = _bracket_select_run("default")
     rows, n_chunks = x.shape[0], ws.cnt.numel() // x.shape[0]
     assert (ws.plan[:, 0] == 2).all() and (ws.cnt.view(rows, -1) <= ws.cap).all()
     for bins in (16, 64):
-        _, _, out, wb = _s3_run("default", (("bracket_bins", bins),))
+        _, _, out, wb = _bracket_select_run("default", (("bracket_bins", bins),))
         assert torch.equal(wb.params.view(torch.int32), ws.params.view(torch.int32)), bins
         assert torch.equal(out.view(torch.int32), base.view(torch.int32)), bins
         bin_mass = wb.bmass.view(rows, n_chunks, bins).sum(1)
@@ -437,8 +437,8 @@ def test_bracket_bins_fallbacks():
     import tpguard.kernels.renorm_passes as passes
     import tpguard.kernels.renorm_workspace as workspace
 
-    x, p, base, ws = _s3_run("default")
-    run = _s3_run.__wrapped__
+    x, p, base, ws = _bracket_select_run("default")
+    run = _bracket_select_run.__wrapped__
     with mock.patch.object(passes, "bins_window", lambda cfg: 32):
         _, _, out, _ = run("default", (("bracket_bins", 16),))
     assert torch.equal(out.view(torch.int32), base.view(torch.int32))
@@ -616,7 +616,7 @@ TPS_OPTIONS = ({"tps_shared": 0},)  # the two searches apart (the default, 1, sh
 @pytest.mark.parametrize("vocab, cfg", [(40000, "default"), (700, "small")])
 def test_top_p_select_rounds_same_plan_and_bits(vocab, cfg):
     # docs/design-renorm.md, "Top-p: where the estimate's rounds went": the select kernel's sample-bracket
-    # rounds with the session-4 options give today's plan (status, lo, hi), target, params (cutoff,
+    # rounds under TPS_OPTIONS give the default config's plan (status, lo, hi), target, params (cutoff,
     # 1/kept) and output bits, on flat (FULL: bracket) and peaky (DONE: gather) rows, per-row and
     # scalar p
     base_cfg = CONFIGS[cfg]
@@ -685,7 +685,7 @@ def _kth_largest_pattern(b: torch.Tensor, k: int) -> int:
 
 
 # 1 warp: the remainder block (32 entries) no smaller than the CTA, what sample_blocks gives the select
-# kernel; 2-8: each remainder entry held by several threads (on the H200, run 27: exact in 20 of 20 calls)
+# kernel; 2-8: each remainder entry held by several threads (on an H200: exact in 20 of 20 calls)
 @pytest.mark.parametrize("warps", [1, 2, 4, 8])
 def test_tps_split_tau_search_exact(warps):
     # the tau search over split group maxima gives kth_largest_block's pattern, and both the exact one

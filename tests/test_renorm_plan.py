@@ -1,6 +1,6 @@
 """Renorm call plans (kernels/renorm_plan.py): a cached workspace (and, on a GPU, recorded direct
-launches, kernels/direct_launch.py) gives the bits of today's fresh-workspace path, with the
-parameters of each call, keyed and bounded as documented.
+launches, kernels/direct_launch.py) gives the bits of the plan-free path (a fresh workspace per call),
+with the parameters of each call, keyed and bounded as documented.
 
 On CPU the kernels run under the Triton interpreter, where direct launches are off: these tests
 check the workspace reuse and the keys; the direct launches are checked where CUDA is present
@@ -59,7 +59,7 @@ def params(op: str, tensor: bool, k: int = 40, p: float = 0.9):
 
 
 def fresh(op, x, k, p, fp=None):
-    """Today's path: a fresh workspace, Triton's launches."""
+    """The plan-free path: a fresh workspace, Triton's launches."""
     return rp._run_op(op, x, k, p, SMALL, fp, None)
 
 
@@ -150,7 +150,7 @@ def test_lru_and_byte_cap(monkeypatch):
     assert [key[1] for key, _ in rp.plans()] == [3]
     rp.clear_plans()
     assert rp.plans() == [] and rp.plan_bytes() == 0
-    monkeypatch.setenv("TPGUARD_RENORM_PLANS", "0")  # switched off: today's path, nothing cached
+    monkeypatch.setenv("TPGUARD_RENORM_PLANS", "0")  # switched off: the plan-free path, nothing cached
     assert torch.equal(bits(rp.run("top_k", x, 40, None, SMALL)), bits(fresh("top_k", x, 40, None)))
     assert rp.plans() == []
 

@@ -1,5 +1,6 @@
-"""The renorm registry (tpguard/renorm_registry.py): one vocabulary for TPGUARD_RENORM, the harness's
---renorm and the kernels' backend=, its old spellings, and what each word picks on CPU."""
+"""The renorm words (tpguard/renorm_words.py: one vocabulary for TPGUARD_RENORM, the harness's
+--renorm and the kernels' backend=, and its old spellings) and the registry (tpguard/renorm_registry.py:
+what each word picks on CPU)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,17 @@ import pytest
 import torch
 
 from tpguard import renorm_registry as reg
+from tpguard import renorm_words as words
 from tpguard.config import GuardConfig
 
 
 def test_one_vocabulary():
     from tpguard.kernels.renorm_args import BACKENDS
 
-    words = {reg.DEFAULT, reg.DETERMINISTIC, *reg.NAMES}
-    assert set(reg.HARNESS_RENORMS) <= words and set(reg.PLUGIN_RENORMS) <= set(reg.HARNESS_RENORMS)
-    assert set(BACKENDS) <= words  # the kernels' backend= is a subset, same meanings
-    assert set(reg.DETERMINISTIC_ORDER) == {n for n, s in reg.SPECS.items() if s.deterministic}
+    known = {words.DEFAULT, words.DETERMINISTIC, *reg.NAMES}
+    assert set(words.HARNESS_RENORMS) <= known and set(words.PLUGIN_RENORMS) <= set(words.HARNESS_RENORMS)
+    assert set(BACKENDS) <= known  # the kernels' backend= is a subset, same meanings
+    assert set(words.DETERMINISTIC_ORDER) == {n for n, s in reg.SPECS.items() if s.deterministic}
     assert all(not reg.SPECS[n].deterministic for n in ("flashinfer", "emulated-atomic", "sgl_kernel"))
 
 

@@ -1,5 +1,5 @@
 """The `tpguard` command: one typer app declaring every command's options (the harness's are in
-launch/options.py); the work lives in tpguard/commands/, launch/, tpguard/bench/ and audit.py.
+launch/options.py); the work lives in tpguard/commands/, launch/, tpguard/bench/ and tpguard/determinism.py.
 `python -m tpguard.launch` (a rank) and `python -m tpguard.bench.*` parse with the same declarations.
 
 Exit codes (tpguard/errors.py, one table in docs/exit-codes.md): 0 ok/clean, 1 diverged, 2 bad
@@ -96,7 +96,7 @@ def demo(
     timeout: float = typer.Option(4.0, "--timeout", help="deadline of part 5's waits, seconds"),
 ):
     """The README demo: divergence caught and named, diagnosed, then fixed two ways (CPU, 2 ranks)."""
-    from tpguard.launch.demo import run_demo
+    from tpguard.commands.demo import run_demo
 
     raise typer.Exit(run_demo(steps=steps, out=out, skip_hang=skip_hang, timeout=timeout))
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpguard.quantities import CANONICAL_ORDER, DECISIONS_MODE
-from tpguard.renorm_registry import PLUGIN_RENORMS, RENORM_BACKEND_ALIASES, RENORM_BACKEND_VALUES, plugin_choice
+from tpguard.renorm_words import PLUGIN_RENORMS, RENORM_BACKEND_ALIASES, RENORM_BACKEND_VALUES, plugin_choice
 
 POLICIES = ("record", "heal", "abort", "fix")
 MODES = ("off", "on", "audit")
@@ -71,7 +71,7 @@ class GuardConfig:
     @property
     def renorm_choice(self) -> str:
         """What the plugin routes sglang's renorms to: ``default`` (nothing), ``deterministic`` or an
-        implementation's name (tpguard.renorm_registry.plugin_choice of TPGUARD_RENORM and
+        implementation's name (tpguard.renorm_words.plugin_choice of TPGUARD_RENORM and
         TPGUARD_RENORM_BACKEND)."""
         return plugin_choice(self.renorm, self.renorm_backend)
 

@@ -224,13 +224,7 @@ def main(**kwargs) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    from tpguard.bench.args import BenchParser
+if __name__ == "__main__":  # `python -m tpguard.determinism` is `tpguard determinism`
+    from tpguard.cli import main as cli_main
 
-    ap = BenchParser(prog="tpguard determinism")
-    ap.add_argument("--calls", dest="n_calls", type=int, default=20)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--rows", type=int, default=None)
-    ap.add_argument("--vocab", type=int, default=None)
-    ap.add_argument("--dtype", default="fp32", help="probabilities' dtype: fp32, fp16 or bf16")
-    sys.exit(main(**vars(ap.parse_args())))
+    sys.exit(cli_main(["determinism", *sys.argv[1:]]))

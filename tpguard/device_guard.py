@@ -298,7 +298,7 @@ class DeviceStepGuard(StepGuard):
 
         `zero_copy` (CUDA; the default): the comparison kernel writes the result straight into the
         pinned host buffer, one graph node fewer (no copy after it: ~10 us less per check inside a
-        graph on H200s, docs/benchmarks.md run 9); used only where a one-time check on this device
+        graph on H200s, docs/benchmarks.md); used only where a one-time check on this device
         gave the copy path's bytes (`guard_compare.zero_copy_works`), else the copy stays.
 
         The vector's header and numels are written once here; per replay only the fingerprints

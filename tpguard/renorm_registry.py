@@ -1,30 +1,8 @@
-"""The renorm choice, one front door: every word that names a renorm implementation, what each
-means, where it runs and how its functions load. Used by every place that picks one: the SGLang
-plugin (``TPGUARD_RENORM``, `tpguard serve --renorm`: hooks/sglang_renorm.py), the harness
-(``--renorm``: launch/), `tpguard replay`, `tpguard determinism`, and the words of the kernels'
-``backend=`` (kernels/renorm_args.py, a subset: the kernels import nothing above them).
-
-Words (one meaning each):
-
-* ``default``: SGLang's renorm as it ships, flashinfer's default kernels (float atomicAdd sums:
-  two calls on the same bytes may differ in the last bits). The plugin leaves sglang's binding
-  alone; the harness runs ``flashinfer`` where it can (a GPU with flashinfer), else
-  ``emulated-atomic``.
-* ``deterministic``: the first deterministic implementation that runs here, in the order
-  ``tpguard``, ``flashinfer-det``, ``torch`` (the kernels' ``backend=``: tpguard's Triton kernels
-  on CUDA tensors, the torch reference elsewhere).
-* ``tpguard``: tpguard's deterministic, batch-invariant Triton kernels (tpguard.kernels.renorm);
-  where Triton does not run they fall back to their torch reference (``exact``: not at all).
-* ``flashinfer-det``: flashinfer's ``is_deterministic=True`` kernels (GPU).
-* ``torch``: the torch reference (tpguard.kernels.reference), deterministic, any device.
-* ``flashinfer``: flashinfer's default kernels by name (GPU).
-* ``emulated-atomic``: flashinfer's multi-CTA float atomicAdd sums emulated on any device
-  (tpguard.kernels.emulated_atomic).
-* ``sgl_kernel``: sgl_kernel's renorms (GPU; the determinism table only).
-
-Old spellings, still accepted: ``--renorm auto`` = ``default``; ``TPGUARD_RENORM_BACKEND=NAME``
-with ``TPGUARD_RENORM=deterministic`` = ``TPGUARD_RENORM=NAME``, its value ``flashinfer`` meaning
-``flashinfer-det``.
+"""The renorm choice, one front door: for each word that names a renorm implementation (the
+words and what each means: tpguard/renorm_words.py), where it runs and how its functions load. Used
+by every place that picks one: the SGLang plugin (``TPGUARD_RENORM``, `tpguard serve --renorm`:
+hooks/sglang_renorm.py), the harness (``--renorm``: launch/), `tpguard replay` and `tpguard
+determinism`.
 
 Nothing here imports torch, triton or flashinfer until a backend is loaded: option checks stay
 instant.
@@ -36,17 +14,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-DEFAULT = "default"
-DETERMINISTIC = "deterministic"
-# deterministic implementations, in the order `deterministic` tries them
-DETERMINISTIC_ORDER = ("tpguard", "flashinfer-det", "torch")
-
-# The words each surface takes (canonical spellings), and its old spellings.
-HARNESS_RENORMS = (DEFAULT, DETERMINISTIC, "tpguard", "flashinfer-det", "torch", "flashinfer", "emulated-atomic")
-HARNESS_ALIASES = {"auto": DEFAULT}
-PLUGIN_RENORMS = (DEFAULT, DETERMINISTIC, "tpguard", "flashinfer-det", "torch")  # TPGUARD_RENORM
-RENORM_BACKEND_VALUES = ("", "tpguard", "flashinfer-det", "torch")  # TPGUARD_RENORM_BACKEND ("": the first)
-RENORM_BACKEND_ALIASES = {"flashinfer": "flashinfer-det"}
+from tpguard.renorm_words import DEFAULT, DETERMINISTIC, DETERMINISTIC_ORDER, HARNESS_RENORMS
 
 
 class BackendUnavailable(RuntimeError):
@@ -253,7 +221,7 @@ def pick_deterministic(device: str, preferred: str | None = None) -> str:
 
 
 def routed_to(choice: str, device: str) -> str | None:
-    """The implementation the plugin routes sglang's renorms to for `choice` (`plugin_choice`) on
+    """The implementation the plugin routes sglang's renorms to for `choice` (`renorm_words.plugin_choice`) on
     `device`: None for ``default`` (sglang's own), else `pick_deterministic`."""
     if choice == DEFAULT:
         return None
@@ -280,24 +248,5 @@ def get_backend(word: str, device: str, exact: bool = False) -> RenormBackend:
     return spec.load(device, exact)
 
 
-def harness_renorm(text: str) -> str:
-    """A `--renorm` value in its canonical spelling (``auto`` -> ``default``); unknown words stay as
-    typed, for the option check to refuse."""
-    word = text.strip().lower()
-    return HARNESS_ALIASES.get(word, word)
-
-
-def plugin_choice(renorm: str, renorm_backend: str = "") -> str:
-    """What the plugin routes sglang's renorms to, from TPGUARD_RENORM and the older
-    TPGUARD_RENORM_BACKEND (both checked by tpguard.config): ``default`` (nothing routed),
-    ``deterministic`` (the first that runs) or an implementation's name (preferred: the first that
-    runs where it does not)."""
-    if renorm == DETERMINISTIC and renorm_backend:
-        return RENORM_BACKEND_ALIASES.get(renorm_backend, renorm_backend)
-    return renorm
-
-
-__all__ = ["BackendSpec", "BackendUnavailable", "DEFAULT", "DETERMINISTIC", "DETERMINISTIC_ORDER", "HARNESS_ALIASES",
-           "HARNESS_RENORMS", "NAMES", "PLUGIN_RENORMS", "RENORM_BACKEND_ALIASES", "RENORM_BACKEND_VALUES",
-           "RenormBackend", "SPECS", "available", "deterministic_names", "get_backend", "harness_renorm", "here",
-           "importable", "pick_deterministic", "plugin_choice", "resolve", "routed_to"]
+__all__ = ["BackendSpec", "BackendUnavailable", "NAMES", "RenormBackend", "SPECS", "available", "deterministic_names",
+           "get_backend", "here", "importable", "pick_deterministic", "resolve", "routed_to"]

@@ -177,8 +177,9 @@ def bench_many(iters: int, do_check: bool) -> list[str]:
 
 
 # KernelConfig overrides ("name=value,..." on KernelConfig(), tpguard.config.replace_from_text);
-# first: KernelConfig() (fingerprint_many's default; the one-tensor default is the next line). Under fp/1
-# (docs/benchmarks.md) the shift masks and the load-pipelining knobs (since removed) were no faster than these.
+# first: KernelConfig() (fingerprint_many's default; the one-tensor default is the next line). On
+# fp/1 (docs/benchmarks.md) the shift masks and the load-pipelining knobs (since removed) were no
+# faster than these.
 SWEEP_CONFIGS = [
     "",  # 128 regs, 4 CTAs/SM (fp/1: 55.2 us; fp/2: 54.8)
     # fp/2: the single tensor at 54.8 us vs 45.9 per tensor in the full set: 640 programs of
@@ -188,7 +189,7 @@ SWEEP_CONFIGS = [
     "chunk_words=4096", "chunk_words=2048", "rows_per_tile=4,chunk_words=4096",
     "block_words=2048,maxnreg=none,rows_per_tile=4", "shifts=2", "maxnreg=none",
     "block_words=8192,num_warps=8", "block_words=2048,rows_per_tile=1,chunk_words=16384,num_warps=8",
-    # around the one-wave tile's best (offline registers: 38 -> 12 CTAs/SM; 64 -> 8; 64 -> 8; 80 -> 3)
+    # around the best of that sweep (offline registers: 38 -> 12 CTAs/SM; 64 -> 8; 64 -> 8; 80 -> 3)
     "block_words=1024,maxnreg=none", "block_words=2048,maxnreg=none,rows_per_tile=16",
     "block_words=2048,maxnreg=none,chunk_words=16384", "block_words=4096,maxnreg=none,num_warps=8",
     # chunks sized so the programs fill the SMs once, evenly (1024 at 8 CTAs/SM): 53.9 us at 8,
@@ -199,8 +200,8 @@ SWEEP_CONFIGS = [
 # fingerprint_many's long rows (the guard's full set: 2 x 168 MB): on top of each base config
 MANY_VARIANTS = [dict(many_long="table"), dict(many_long="table", maxnreg=128),
                  dict(many_long="rows"), dict(many_long="rows", maxnreg=128)]
-# and these whole configs on the full set (twice the programs of one tensor: the one-wave tile
-# needs half as many chunks there)
+# and these whole configs on the full set (twice the programs of one tensor: the sweep's one-wave
+# tile needs half as many chunks there)
 FULL_SET_CONFIGS = ["", "block_words=2048,maxnreg=none,chunk_words=16384",
                     "block_words=1024,maxnreg=none,chunk_words=16384", "chunk_words=16384"]
 
