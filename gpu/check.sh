@@ -101,7 +101,7 @@ NGPU=$(python3 -c "import json; print(json.load(open('$RES/env.json')).get('gpus
 XDIST=; python3 -c "import xdist" 2> /dev/null && XDIST="-n 8"
 
 # --- phases ---------------------------------------------------------------------------------------
-# The GPU test files (the others are CPU-only: interpreter tests set TRITON_INTERPRET=1 at import).
+# The GPU test files (the others are CPU-only: the interpreter-only tests skip under TRITON_INTERPRET=0).
 GPU_TESTS=${GPU_TESTS:-"tests/test_renorm_kernels.py tests/test_renorm_reference.py tests/test_renorm_write_fp.py
   tests/test_renorm_plan.py tests/test_renorm_top_k_fused.py tests/test_row_split.py tests/test_pdl.py
   tests/test_fingerprint.py tests/test_gpu_guard_graphs.py tests/test_heal_copy.py tests/test_determinism.py"}

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from tpguard.fingerprint import fingerprint
+from tpguard.fingerprint import fingerprint_tensor
 from tpguard.kernels import renorm
 
 OPS = {
@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
                 for d in devices:
                     with torch.cuda.device(d):
                         y = fn(x.to(d))
-                        fps.append(fingerprint(y))
+                        fps.append(fingerprint_tensor(y))
                         outs.append(y.cpu())
                 same = torch.equal(outs[0].view(torch.int32), outs[1].view(torch.int32))
                 rows_diff = int((outs[0].view(torch.int32) != outs[1].view(torch.int32)).any(1).sum())

@@ -60,9 +60,7 @@ def record_launches(op: str, mode: int, vocab: int = 163840, tensor_params: bool
     calls = []
     real_run, real_supported = JITFunction.run, pdl.supported
     JITFunction.run = lambda self, *args, grid, warmup, **kwargs: calls.append((self, args, kwargs))
-    pdl.supported = lambda device: True  # as on an H200
-    saved = pdl._INTERPRET
-    pdl._INTERPRET = False
+    pdl.supported = lambda device: True  # as on an H200 (this process runs without TRITON_INTERPRET)
     try:
         cfg = default_config().replace(pdl=mode, pdl_min_rows=1)
         x = torch.rand(rows, vocab)
@@ -73,7 +71,7 @@ def record_launches(op: str, mode: int, vocab: int = 163840, tensor_params: bool
         pp = (p if op != "min_p" else (torch.full((rows,), 0.1) if tensor_params else 0.1)) if op != "top_k" else None
         renorm_plan._run_op(op, x, kk, pp, cfg, slot, None)
     finally:
-        JITFunction.run, pdl.supported, pdl._INTERPRET = real_run, real_supported, saved
+        JITFunction.run, pdl.supported = real_run, real_supported
     return calls
 
 

@@ -10,7 +10,7 @@ launches. Plans on, under the interpreter, means the cached workspace only (no d
 
 GPU (``--gpu``, no TRITON_INTERPRET): host time per eager call (no sync in the loop) of each op
 at each batch size, plans off (Triton's launches into a fresh workspace), on with the launch
-templates as Triton hands them (``direct_launch.TRIM = False``) and on (cached workspace + trimmed
+templates as Triton hands them (``TPGUARD_LAUNCH_TRIM=0``) and on (cached workspace + trimmed
 direct launches: addresses, no hook chains, Triton 3.6's C launch) and replaying the plan's own CUDA
 graph (kernels/renorm_graph.py, at every batch size and launch count here whatever the defaults say),
 the plans' state and memory, a check that both give the same
@@ -108,7 +108,7 @@ def gpu(args) -> int:
                 for mode, plans, trim, graph_rows in (("off", 0, True, 0), ("as-is", on, False, 0),
                                                       ("on", on, True, 0), ("graph", on, True, rows)):
                     _set_env("TPGUARD_RENORM_PLANS", plans)
-                    direct_launch.TRIM = trim
+                    _set_env("TPGUARD_LAUNCH_TRIM", int(trim))  # read at record time
                     _set_env("TPGUARD_RENORM_GRAPH_ROWS", graph_rows)
                     renorm_graph.GRAPH_MIN_LAUNCHES = 0 if graph_rows else min_launches0
                     renorm.clear_plans()
@@ -121,7 +121,7 @@ def gpu(args) -> int:
                     if graph_rows:
                         pg = [p.graphs for _, p in renorm_plan.plans() if p.graphs is not None]
                         g_state = f"{pg[-1].state} {pg[-1].refusal}".strip() if pg else "no graph"
-                direct_launch.TRIM = True
+                _set_env("TPGUARD_LAUNCH_TRIM", 1)
                 _set_env("TPGUARD_RENORM_GRAPH_ROWS", graph_rows0)
                 renorm_graph.GRAPH_MIN_LAUNCHES = min_launches0
                 o0, f0, t0 = res["off"]

@@ -204,11 +204,11 @@ def run_rank(rank: int, world: int, port: int, a: dict) -> dict:
     if not cpu:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    from tpguard.fingerprint import fingerprint
+    from tpguard.fingerprint import fingerprint_tensor
     from tpguard.hooks.sglang_compat import describe_binding
 
     decisions = run.pop("decisions")
-    outputs_fp = f"{fingerprint(torch.cat(decisions)) if decisions else 0:016x}"
+    outputs_fp = f"{fingerprint_tensor(torch.cat(decisions)) if decisions else 0:016x}"
     fn = run.pop("renorm", None)
     differs, repeats = None, a["repeats"]
     if fn is not None:  # kernel-level evidence: the bound top-p renorm, called repeatedly on one input

@@ -61,12 +61,12 @@ def make_renorm(kind: str, backend: str, want_fingerprint: Callable[[], bool] | 
     """A function with sglang's calling convention: (probs, top_ks | top_ps) -> probs.
 
     `want_fingerprint`: asked per call (tpguard backend); when it says yes, the write pass also
-    emits the result's fingerprint, attached to it (`tpguard.guard.attach_fingerprint`): the guard records
+    emits the result's fingerprint, attached to it (`tpguard.fingerprint.attach_fingerprint`): the guard records
     target_probs without reading it again."""
     if kind not in ("top_k", "top_p"):
         raise ValueError(f"kind must be top_k or top_p, got {kind!r}")
     if backend in ("tpguard", "torch"):
-        from tpguard.guard import call_with_fingerprint
+        from tpguard.fingerprint import call_with_fingerprint
         from tpguard.kernels import flashinfer_api
 
         # None: the drop-in's pick (flashinfer_api.backend_for: Triton on CUDA and under the interpreter)
@@ -131,7 +131,7 @@ def make_verify_target_probs(on_output: Callable[[torch.Tensor], None] | None = 
     def verify_target_probs(*, next_token_logits: torch.Tensor, sampling_info, draft_token_num: int, bs: int,
                             max_top_k: int | None = None, uniform_top_k_value: int | None = None,
                             use_sparse_topk: bool = True) -> torch.Tensor:
-        from tpguard.guard import call_with_fingerprint
+        from tpguard.fingerprint import call_with_fingerprint
         from tpguard.kernels.target_probs import target_probs
 
         n = int(draft_token_num)

@@ -423,7 +423,7 @@ class Runtime:
             return
 
         def note():
-            from tpguard.guard import attached_fingerprint
+            from tpguard.fingerprint import attached_fingerprint
 
             scope.record("target_probs", probs, overwrite=True)
             has_fp = isinstance(probs, torch.Tensor) and attached_fingerprint(probs) is not None

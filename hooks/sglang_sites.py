@@ -283,7 +283,7 @@ def _same_bytes(src, out) -> bool:
     """`out` is a reshaped view of `src` (same memory, same elements: DFlash returns
     ``target_probs.view(bs, n, -1).contiguous()`` of the renorm's output), and `src`'s attached
     fingerprint is still valid (not changed in place since)."""
-    from tpguard.guard import attached_fingerprint
+    from tpguard.fingerprint import attached_fingerprint
 
     return (isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor)
             and src.is_contiguous() and out.is_contiguous() and src.dtype == out.dtype

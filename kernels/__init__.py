@@ -17,10 +17,10 @@ _EXPORTS = {
     "min_p_renorm": "renorm",
     "clear_plans": "renorm",
     "TIE_RULE": "renorm",
-    # fingerprints on the GPU (kernels/fingerprint.py; reference and host API: tpguard.fingerprint)
+    # fingerprints on the GPU (kernels/fingerprint.py; reference: kernels/fingerprint_reference.py;
+    # the public API, any device: tpguard.fingerprint)
     "fingerprint_triton": "fingerprint",
     "fingerprint_rows_triton": "fingerprint",
-    "fingerprint_many": "fingerprint",
     "fingerprint_many_triton": "fingerprint",
 }
 

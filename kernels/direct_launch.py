@@ -1,8 +1,9 @@
 """Direct kernel launches: call a compiled Triton kernel's launcher with recorded arguments, only
-some of them substituted per call (host time; used by the renorm call plans, kernels/renorm_plan.py).
+some of them substituted per call (host time; used by the renorm call plans, kernels/renorm_plan.py,
+and through `OutLaunch` by the fingerprint plans, the guard's comparison and the heal copies).
 
-A set of launches recorded from one normal run of a whole op (fingerprint.py's `_Launch`, a
-subclass, substitutes a single `out` tensor), with several *roles* substituted per call:
+A set of launches recorded from one normal run of a whole op (`OutLaunch`, a subclass,
+substitutes a single `out` tensor), with several *roles* substituted per call:
 tensors found in the recorded arguments by identity, scalars found by kernel parameter name.
 
 Triton's ``kernel[grid](*args)`` binds and specialises the arguments and looks the compiled
@@ -28,12 +29,11 @@ kernel up on every call (tens of us per launch). Here:
    its 16-byte alignment and an int on ``== 1`` and ``% 16 == 0``: `LaunchSet.accepts` says no
    (the caller then takes Triton's path) when a role differs from the recorded one in those.
 4. `validate_once` runs a set directly once per compiled variant per process and compares with
-   Triton's result bit for bit (the caller's `rerun`).
+   Triton's result bit for bit (the caller's `rerun`): the one check of every direct launch
+   (`prepare_out_launches` uses it for `OutLaunch` lists).
 
-Off under the interpreter and with ``TPGUARD_FAST_LAUNCH=0`` (the switch fingerprint.py reads).
-
-fingerprint.py's `_Launch` (the fingerprint plans, the guard's comparison, the heal copies) is a
-`DirectLaunch` with one substituted tensor, `out`.
+Off under the interpreter and with ``TPGUARD_FAST_LAUNCH=0`` (`enabled`, read when asked);
+``TPGUARD_LAUNCH_TRIM=0`` records templates untrimmed (read at record time).
 """
 
 from __future__ import annotations
@@ -42,14 +42,13 @@ import contextlib
 import functools
 import hashlib
 import inspect
-import os
 import textwrap
 import threading
 from dataclasses import dataclass, field
 
 import torch
 
-from tpguard.config import interpreting
+from tpguard.config import fast_launch, interpreting, launch_trim
 
 try:
     import triton
@@ -57,8 +56,6 @@ except Exception:  # noqa: BLE001 - no triton: direct launches are off
     triton = None
 
 HEAD = 9  # grid x3, stream, function, packed metadata, launch metadata, enter hook, exit hook
-INTERPRET = interpreting()
-FAST_LAUNCH = os.environ.get("TPGUARD_FAST_LAUNCH", "1") != "0"  # 0: always Triton's launch
 FAILURES: dict[str, str] = {}  # kernel names -> why a direct set was refused (benchmarks print it)
 # sha256 of the dedented source of Triton 3.6.0's CudaLauncher.__call__ (triton/backends/nvidia/driver.py):
 # scratch allocation (none when sizes are 0), then self.launch(gridX, gridY, gridZ, stream, function,
@@ -66,9 +63,6 @@ FAILURES: dict[str, str] = {}  # kernel names -> why a direct set was refused (b
 C_LAUNCHER_CALL_SHA256 = "ead77febd3d441d474bb8bc0126006c821d25c5ba32235acd60673c9cb83cc78"
 _C_LAUNCH_OK: dict[type, bool] = {}  # launcher class -> its __call__ is the one above
 LAUNCHERS = {"c": 0, "triton": 0}  # recorded launches by how they are called (benchmarks print it)
-# 0: record templates as Triton hands them (tensors, hook chains, CudaLauncher.__call__): the
-# benchmark's baseline for the trims (gpu/renorm_host.py --gpu times both); read at record time
-TRIM = os.environ.get("TPGUARD_LAUNCH_TRIM", "1") != "0"
 _VALIDATED: dict[str, bool] = {}  # compiled variant -> a direct run equal to Triton's (this process)
 # aten ops that do no GPU work (allocations, views): anything else in a captured run is refused
 _NO_WORK = frozenset({
@@ -84,7 +78,8 @@ def _device_tensor(t) -> bool:
 
 
 def enabled() -> bool:
-    return FAST_LAUNCH and not INTERPRET and triton is not None
+    """Direct launches on: compiled Triton (not the interpreter) and TPGUARD_FAST_LAUNCH not 0."""
+    return triton is not None and fast_launch() and not interpreting()
 
 
 def current_stream() -> int:
@@ -257,7 +252,7 @@ class DirectLaunch:
         kernel parameter name -> (role, the value passed). True if the layout is recognised.
         `args`: the Python arguments to record with (default: the ones given at construction).
         `views_ok`: other arguments may be views of a substituted tensor (callers that key their
-        cached launches on those arguments' addresses, as fingerprint._Launch's do).
+        cached launches on those arguments' addresses, as `OutLaunch`'s do).
         Without `keep_args` the Python arguments are dropped (no caller tensor kept alive)."""
         compiled = self.compiled
         if compiled is None:
@@ -311,9 +306,11 @@ class DirectLaunch:
         if not keep_args:
             self.args = None
         self.hooks = (tmpl[7], tmpl[8])
-        self.trimmed = TRIM
+        # TPGUARD_LAUNCH_TRIM=0: the template as Triton hands it (tensors, hook chains,
+        # CudaLauncher.__call__): the benchmark's baseline for the trims (gpu/renorm_host.py --gpu)
+        trim = self.trimmed = launch_trim()
         keep, ptr, direct = [], set(), None
-        if TRIM:
+        if trim:
             tmpl[7] = tmpl[8] = None  # idle (checked above; callers check hooks_idle(*hooks) per call)
             for i in range(HEAD, len(tmpl)):
                 if i not in taken and isinstance(tmpl[i], torch.Tensor) and _device_tensor(tmpl[i]):
@@ -419,6 +416,88 @@ def validate_once(launches: LaunchSet, rerun) -> bool:
     return ok
 
 
-__all__ = ["C_LAUNCHER_CALL_SHA256", "Captured", "DirectLaunch", "FAILURES", "LAUNCHERS", "LaunchSet", "TRIM", "c_launch",
-           "capture_launches", "current_stream", "device_guard", "enabled", "hooks_idle", "int_class", "interpreting",
-           "validate_once"]
+class OutLaunch(DirectLaunch):
+    """One fixed kernel launch (grid, arguments, meta) repeated by a plan, optionally with a
+    different `out` tensor at argument `out_pos` each time.
+
+    Direct path (host time): Triton's ``kernel[grid](...)`` binds and specializes the arguments and
+    looks up the compiled kernel on every call (30-80 us of Python per launch on the GPU machine's
+    Triton 3.6). `record()` keeps the positional arguments Triton hands the compiled kernel's
+    launcher; later launches call the launcher directly with those, only the stream and `out`
+    substituted, and only after `ManyPlan` (kernels/fingerprint_plan.py) / `guard_compare` /
+    `heal_copy` compared a direct launch with Triton's own bit for bit (`prepare_out_launches`:
+    `validate_once`); anything else (interpreter, other layouts, launch hooks, failures): Triton's
+    launch. `fast` asks for the direct path at a call."""
+
+    __slots__ = ("out_pos", "_out_align")
+
+    def __init__(self, kernel, grid: tuple, args: tuple, meta: dict, out_pos: int | None = None):
+        super().__init__(kernel, grid, args, meta)
+        self.out_pos, self._out_align = out_pos, 0
+
+    @property
+    def ready(self) -> bool:
+        return self.run is not None
+
+    def _bound(self, out):
+        if self.out_pos is None:
+            return self.args
+        args = list(self.args)
+        args[self.out_pos] = out
+        return args
+
+    def normal(self, out=None):
+        self.compiled = self.kernel[self.grid](*self._bound(out), **self.meta)
+
+    def __call__(self, out=None, fast: bool = False):
+        # direct only with `out` at the recorded alignment and no launch hook added since (profilers)
+        if fast and self.run is not None and (out is None or (out.data_ptr() % 16 == self._out_align
+                                                              and out.is_cuda)) \
+                and hooks_idle(*self.hooks):
+            return self.launch(current_stream(), [out])
+        return self.normal(out)
+
+    def record(self, out=None) -> bool:
+        """Record the launcher's arguments (no GPU work); True if the layout is recognised and
+        `out` was found among them. Needs a normal launch before (the compiled kernel)."""
+        # views_ok: the guard's comparison writes `out` next to `gathered` in one buffer; the callers
+        # key their cached launches on the other arguments' addresses
+        role = {} if out is None or self.out_pos is None else {0: out}  # lane launches never read `out`
+        if not super().record(role, {}, keep_args=True, args=self._bound(out), views_ok=True):
+            return False
+        if self.out_pos is not None and not self.slots:
+            self.refusal = "output argument not found among the launcher's arguments"
+            self.forget()
+            return False
+        self._out_align = out.data_ptr() % 16 if role else 0
+        return True
+
+    def forget(self) -> None:
+        self.run, self.template, self.slots, self.keep = None, None, (), []
+
+
+def prepare_out_launches(launches: list[OutLaunch], out, rerun) -> bool:
+    """After a normal run of `launches` into `out`: record their launchers, then `validate_once`:
+    if one of these kernels was never checked in this process, `rerun()` repeats the run with
+    direct launches (from the same starting state, into a scratch tensor) and says whether it
+    equals `out` (one host sync, once per kernel). False (refusals in FAILURES): Triton's launch
+    stays."""
+    group = LaunchSet(list(launches))
+    try:
+        for launch in launches:
+            if not launch.record(out):
+                raise RuntimeError(f"launcher layout not recognised ({launch.refusal})")
+    except Exception as e:  # noqa: BLE001 - any failure: Triton's own launch, as before
+        FAILURES[group.names] = f"{type(e).__name__}: {e}"[:300]
+        ok = False
+    else:
+        ok = validate_once(group, rerun)
+    if not ok:
+        for launch in launches:
+            launch.forget()
+    return ok
+
+
+__all__ = ["C_LAUNCHER_CALL_SHA256", "Captured", "DirectLaunch", "FAILURES", "LAUNCHERS", "LaunchSet", "OutLaunch",
+           "c_launch", "capture_launches", "current_stream", "device_guard", "enabled", "hooks_idle", "int_class",
+           "prepare_out_launches", "validate_once"]

@@ -1,18 +1,19 @@
 """The one-tensor fingerprint's lane launch read through Hopper TMA (sm_90+).
 
-Reference: `tpguard.fingerprint` (numpy: `fingerprint_rows_reference`, `combine_rows_reference`); the
-same bits as `kernels/fingerprint.py`'s `_rows_kernel` MODE 0, which this replaces where it can
-(`usable`): the same partial lane sums ``[chunks, rows, 2]`` for the same `_finalize_kernel`.
+Reference: `tpguard.kernels.fingerprint_reference` (numpy: `fingerprint_rows_reference`,
+`combine_rows_reference`); the same bits as kernels/fingerprint_lanes.py's `_rows_kernel` MODE 0, which
+this replaces where it can (`usable`): the same partial lane sums ``[chunks, rows, 2]`` for the same
+`_finalize_kernel`.
 
 Why: the ldg kernel keeps loads in flight by a manual register double buffer; here TMA copies each
 ``[8, 256]`` tile of 4-byte words into a 3-deep shared-memory ring (`tl.range(num_stages=3)`), so
-4 warps hash while the next tiles land. Run 38 (docs/design-fingerprint.md, one H200, 256 x 163840 fp32, CUDA
-graph replays): lane launch 42.8 us vs 44.1, the whole `fingerprint_triton` call 45.7 vs 47.1 us
-(3.67 vs 3.57 TB/s); a plain TMA read of the tensor 39.8 us, the best plain ldg read 39.0. Runs 39-40,
-in the product: the call 45.8-47.2 us vs 48.4-48.9 with ldg loads.
+4 warps hash while the next tiles land. Measured (docs/design-fingerprint.md, one H200, 256 x 163840
+fp32, CUDA graph replays): lane launch 42.8 us vs 44.1, the whole `fingerprint_triton` call 45.7 vs
+47.1 us (3.67 vs 3.57 TB/s); a plain TMA read of the tensor 39.8 us, the best plain ldg read 39.0. In
+the product: the call 45.8-47.2 us vs 48.4-48.9 with ldg loads.
 
-Used by `fingerprint_triton` / `fingerprint_rows_triton` (not by `fingerprint_many`: kernels/fingerprint.py,
-`KernelConfig.lane_tma`).
+Used by `fingerprint_triton` / `fingerprint_rows_triton` through `_hash_words` (kernels/fingerprint_lanes.py);
+not by `fingerprint_many_triton` (`KernelConfig.lane_tma`).
 
 When (`usable`): `KernelConfig.lane_tma` "auto" (the one-tensor default) or "on" on a CUDA GPU of
 compute capability >= 9, and "on" under the Triton interpreter (tests); 4-byte words (fp32,
@@ -32,8 +33,14 @@ import functools
 
 import torch
 
-from tpguard.kernels.fingerprint import INTERPRET, KernelConfig, _Words, triton
+from tpguard.config import interpreting
+from tpguard.kernels.fingerprint_config import KernelConfig
+from tpguard.kernels.fingerprint_words import _Words
 
+try:
+    import triton
+except ImportError:  # CPU-only install: `usable` is False
+    triton = None
 try:  # Triton >= 3.4 (host tensor descriptors); older: `usable` is False
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:
@@ -61,8 +68,8 @@ def usable(w: _Words, br: int, bn: int, cfg: KernelConfig) -> bool:
         return False
     device = w.data.device
     if device.type == "cuda":  # "auto" and "on" alike: TMA needs sm_90+
-        return not INTERPRET and _hopper_or_newer(str(device))
-    return INTERPRET and cfg.lane_tma == "on"  # CPU tensors under the interpreter: tests ask for it
+        return not interpreting() and _hopper_or_newer(str(device))
+    return cfg.lane_tma == "on" and interpreting()  # CPU tensors under the interpreter: tests ask for it
 
 
 def launch_lanes(w: _Words, partial: torch.Tensor, s_lo: int, br: int, bn: int, chunk_tiles: int, chunks: int,
@@ -79,8 +86,8 @@ def launch_lanes(w: _Words, partial: torch.Tensor, s_lo: int, br: int, bn: int, 
 if triton is not None:
     import triton.language as tl
 
-    from tpguard.kernels.fingerprint import (_C2, _M32, _as_words, _group_sum, _pos_mix, _store_partials,
-                                             _word_hashes)
+    from tpguard.kernels.fingerprint_hash import (_C2, _M32, _as_words, _group_sum, _pos_mix, _store_partials,
+                                                  _word_hashes)
 
     @triton.jit
     def _tma_chunk_lanes(desc, partial_ptr, rb, c, n_rows, n_words, s_lo, BR: tl.constexpr, BN: tl.constexpr,

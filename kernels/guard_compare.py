@@ -17,8 +17,9 @@ try:
 except ImportError:  # CPU-only install
     triton = None
 
-# The vector's header words (step, site id, present mask): defined with the layout in tpguard/guard.py.
-from tpguard.guard import _HDR as HDR  # noqa: E402
+# The vector's header words (step, site id, present mask): tpguard/guard.py's `_HDR`, with the
+# layout (a kernel imports nothing above kernels/; tests/test_device_guard.py checks they agree).
+HDR = 3
 
 
 def compare_gathered_torch(gathered: torch.Tensor, q: int, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -144,12 +145,13 @@ _LAUNCHES_MAX = 64
 
 
 def _launch(gathered: torch.Tensor, out: torch.Tensor, w: int, length: int, q: int) -> None:
-    """The compare launch; through a recorded direct launcher (`tpguard.kernels.fingerprint.
-    _Launch`, host time) once it was checked against Triton's launch, else Triton's launch."""
-    from tpguard.kernels.fingerprint import _Launch, fast_launch_enabled, prepare_fast
+    """The compare launch; through a recorded direct launcher (`OutLaunch`, kernels/direct_launch.py:
+    host time) once it was checked against Triton's launch, else Triton's launch."""
+    from tpguard.kernels import direct_launch
+    from tpguard.kernels.direct_launch import OutLaunch, prepare_out_launches
 
     meta = dict(BW=max(2, triton.next_power_of_2(w)), BQ=max(2, triton.next_power_of_2(q)), H=HDR)
-    if not fast_launch_enabled():
+    if not direct_launch.enabled():
         _compare_kernel[(1,)](gathered, out, w, length, q, **meta)
         return
     key = (gathered.data_ptr(), w, length, q, gathered.device)
@@ -157,7 +159,7 @@ def _launch(gathered: torch.Tensor, out: torch.Tensor, w: int, length: int, q: i
     if launch is not None:
         launch(out, fast=True)
         return
-    launch = _Launch(_compare_kernel, (1,), (gathered, None, w, length, q), meta, out_pos=1)
+    launch = OutLaunch(_compare_kernel, (1,), (gathered, None, w, length, q), meta, out_pos=1)
     launch.normal(out)
     if torch.cuda.is_current_stream_capturing():
         return  # set up outside capture only
@@ -167,7 +169,7 @@ def _launch(gathered: torch.Tensor, out: torch.Tensor, w: int, length: int, q: i
         launch(direct, fast=True)
         return torch.equal(direct, out)
 
-    prepare_fast([launch], out, rerun)
+    prepare_out_launches([launch], out, rerun)
     if len(_LAUNCHES) >= _LAUNCHES_MAX:
         _LAUNCHES.clear()
     _LAUNCHES[key] = launch

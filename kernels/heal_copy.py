@@ -9,7 +9,7 @@ Reference: `heal_pack_torch` / `heal_unpack_torch` below (also the fallback).
 
 One program per tensor (at most `MAX_TENSORS`, the decision quantities). The tensors' addresses
 travel as plain integers with a constexpr dtype code per slot, not as tensor arguments: a cached
-direct launch (`_Launch`, kernels/fingerprint.py) then keeps no decision tensor alive, so the
+direct launch (`OutLaunch`, kernels/direct_launch.py) then keeps no decision tensor alive, so the
 allocator can hand a later step the same addresses and the cache hits; the guard's vector (the
 substituted `out`) is not kept either.
 """
@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import torch
 
-from tpguard.kernels.fingerprint import INTERPRET  # the CPU interpreter: CPU tensors only
+from tpguard.config import interpreting  # the CPU interpreter: CPU tensors only
+from tpguard.kernels import interpreter_fix
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # CPU-only install: the torch copies
     triton = None
+
+interpreter_fix.install()  # `_copy_one`'s loop bound is a runtime value
 
 MAX_TENSORS = 5  # = len(tpguard.quantities.DECISION_QUANTITIES)
 BLOCK = 1024
@@ -121,7 +124,7 @@ def kernel_applies(base: torch.Tensor, present: list[tuple[torch.Tensor, int]]) 
         return False
     if base.dtype != torch.int64 or not base.is_contiguous():
         return False
-    if base.device.type != ("cpu" if INTERPRET else "cuda"):
+    if base.device.type != ("cpu" if interpreting() else "cuda"):
         return False
     return all(t.device == base.device and t.dtype in CODES and t.is_contiguous() for t, _ in present)
 
@@ -149,7 +152,7 @@ def _args(present: list[tuple[torch.Tensor, int]]) -> tuple[list, dict]:
 
 
 _kernel_failed = False
-_LAUNCHES: dict = {}  # (direction, addresses, numels, offsets, dtype codes, device) -> _Launch
+_LAUNCHES: dict = {}  # (direction, addresses, numels, offsets, dtype codes, device) -> OutLaunch
 _LAUNCHES_MAX = 64
 _SEEN_ONCE: dict = {}  # keys met once outside capture (the direct launch is set up at the second)
 
@@ -163,12 +166,13 @@ def _launch(base: torch.Tensor, present: list[tuple[torch.Tensor, int]], unpack:
     direct launcher cost more host time, which tensors reallocated at new addresses every step
     would pay every step (as a `ManyPlan` used once); from the second meeting on (the caching
     allocator's usual reuse) the launch is set up and then direct."""
-    from tpguard.kernels.fingerprint import _Launch, fast_launch_enabled, prepare_fast
+    from tpguard.kernels import direct_launch
+    from tpguard.kernels.direct_launch import OutLaunch, prepare_out_launches
 
     args, meta = _args(present)
     meta.update(UNPACK=unpack, BLOCK=BLOCK, num_warps=4)
     grid = (len(present),)
-    if not fast_launch_enabled():
+    if not direct_launch.enabled():
         args[0] = base
         _heal_copy_kernel[grid](*args, **meta)
         return
@@ -185,7 +189,7 @@ def _launch(base: torch.Tensor, present: list[tuple[torch.Tensor, int]], unpack:
         args[0] = base
         _heal_copy_kernel[grid](*args, **meta)
         return
-    launch = _Launch(_heal_copy_kernel, grid, tuple(args), meta, out_pos=0)
+    launch = OutLaunch(_heal_copy_kernel, grid, tuple(args), meta, out_pos=0)
     launch.normal(base)
     if capturing:
         return  # set up outside capture only
@@ -213,7 +217,7 @@ def _launch(base: torch.Tensor, present: list[tuple[torch.Tensor, int]], unpack:
                 want[offset:offset + t.numel()] = base[offset:offset + t.numel()]
             return torch.equal(direct, want)
 
-    prepare_fast([launch], base, rerun)
+    prepare_out_launches([launch], base, rerun)
     _SEEN_ONCE.pop(key, None)
     if len(_LAUNCHES) >= _LAUNCHES_MAX:
         _LAUNCHES.clear()

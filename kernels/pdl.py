@@ -29,8 +29,6 @@ import triton.language as tl
 
 from tpguard.config import interpreting
 
-_INTERPRET = interpreting()
-
 
 # the kernels' PDL constexpr: OFF; DEPENDENT (signal at the start, wait); FIRST (signal at the start, no
 # wait: a call's first, plain launch); DEPENDENT_LATE (wait at the start, signal at the end: kernels whose
@@ -40,7 +38,7 @@ OFF, DEPENDENT, FIRST, DEPENDENT_LATE = 0, 1, 2, 3
 
 def enabled(flag) -> bool:
     """PDL for a config flag (never under the interpreter)."""
-    return bool(flag) and not _INTERPRET
+    return bool(flag) and not interpreting()
 
 
 # Triton's grid dependency control (tl.extra.cuda.gdc_wait and the launch_pdl option): Triton 3.4 and later
@@ -58,7 +56,7 @@ def _supported(index: int) -> bool:
 def supported(device: torch.device) -> bool:
     """The device has grid dependency control: NVIDIA sm_90+ with Triton >= 3.4 (not under the
     interpreter, not on ROCm)."""
-    if device.type != "cuda" or _INTERPRET or torch.version.hip or not _TRITON_GDC:
+    if device.type != "cuda" or interpreting() or torch.version.hip or not _TRITON_GDC:
         return False
     try:
         index = device.index if device.index is not None else torch.cuda.current_device()

@@ -54,7 +54,7 @@ TIE_RULE = ("ties at the cutoff are kept: every entry equal to the cutoff value 
 
 
 # `fingerprint_out` (all four): a 1-element int64 tensor on probs' device that receives
-# tpguard.fingerprint(out): on the Triton path from the write pass itself (renorm_write_fp.py),
+# fingerprint_tensor(out): on the Triton path from the write pass itself (renorm_write_fp.py),
 # so the guard gets target_probs' fingerprint without reading the output again.
 
 _REFERENCES = {

@@ -139,10 +139,10 @@ def fill_fingerprint(out: torch.Tensor, fp_out: torch.Tensor) -> torch.Tensor:
     """``fingerprint(out)`` into `fp_out` the usual way (one read of `out`): for the renorm
     API's paths without a write pass (no rows; the torch reference), so that every path honours
     ``fingerprint_out=``."""
-    from tpguard.kernels import fingerprint as fpk  # its reference `fpk.ref`: tpguard.fingerprint
+    from tpguard.kernels.fingerprint import fingerprint_on_device  # Triton's import: only when owed
 
     fp_out = check_fingerprint_slot(fp_out, out.device)
-    fp_out.view(1).copy_(fpk.ref.fingerprint_device(out).view(1))
+    fp_out.view(1).copy_(fingerprint_on_device(out).view(1))
     return fp_out
 
 

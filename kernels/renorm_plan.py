@@ -146,9 +146,9 @@ class RenormPlan:
         # a fingerprint slot with more rows than one finalize program hashes takes a torch copy
         # after the launches (renorm_write_fp.launch_write_fp): Triton's launches there
         if fp_present and self.state == "untested":
-            from tpguard.kernels import fingerprint as fpk
+            from tpguard.kernels import fingerprint_config
 
-            if rows > fpk.DEFAULT_CONFIG.finalize_rows:
+            if rows > fingerprint_config.default_config().finalize_rows:
                 self.state, self.refusal = "off", "fingerprint slot with rows > finalize_rows"
 
     def __call__(self, probs, k, p, fp):

@@ -70,7 +70,7 @@ class VerifyPipeline:
     def target_probs(self, logits: torch.Tensor, inp: StepInputs, fingerprint: bool = False) -> torch.Tensor:
         """Temperature, softmax, then the renorms the batch needs (SGLang's dense verify path; the
         backend's fused kernel where it has one). `fingerprint`: the result comes back with its
-        fingerprint attached (`tpguard.guard.attach_fingerprint`), where the backend can."""
+        fingerprint attached (`tpguard.fingerprint.attach_fingerprint`), where the backend can."""
         n = self.tree.nodes
         dev = self.device
 

@@ -5,7 +5,7 @@ flashinfer's place is taken by the drop-in (kernels/flashinfer_api.py), which ha
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+from renorm_setup import DEVICE  # noqa: I001 - the shared set-up first
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

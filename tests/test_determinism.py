@@ -4,14 +4,11 @@ tpguard's kernels (Triton interpreter) show none, over repeated calls and batch 
 from __future__ import annotations
 
 import io
-import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
 
-import pytest  # noqa: E402
-
-from tpguard.determinism import DeterminismRow, main, measure, print_table  # noqa: E402
-from tpguard.config import interpreting  # noqa: E402
+from tpguard.config import interpreting
+from tpguard.determinism import DeterminismRow, main, measure, print_table
 
 # tpguard's kernels on CPU tensors need the interpreter; gpu/check.sh exports TRITON_INTERPRET=0 for its GPU
 # test runs (there the table runs on CUDA: `python -m tpguard.determinism --device cuda`, docs/benchmarks.md)

@@ -3,10 +3,6 @@ metrics, bounded traces; and the on-device comparison kernel against its referen
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest
 import torch
 
@@ -116,6 +112,14 @@ needs_interpreter = pytest.mark.skipif(not interpreting(),
                                        reason="TRITON_INTERPRET=0 in the environment: Triton kernels on CPU tensors")
 
 
+def test_compare_reads_the_guard_vector_layout():
+    """The comparison kernels (which import nothing above kernels/) read the guard's vector header."""
+    from tpguard.guard import _HDR
+    from tpguard.kernels.guard_compare import HDR
+
+    assert HDR == _HDR
+
+
 @needs_interpreter
 @pytest.mark.parametrize("world,q", [(2, 11), (4, 11), (3, 5)])
 def test_compare_kernel_matches_reference(world, q):
@@ -179,7 +183,7 @@ def test_capturable_half_writes_fingerprints_and_step_in_place():
     """device_check() (the half a CUDA graph captures), one process: fingerprints land in the
     vector's slots, the step counter lives in the vector and advances once per call."""
     from tpguard.device_guard import DeviceStepGuard
-    from tpguard.fingerprint import fingerprint, to_signed
+    from tpguard.fingerprint import fingerprint_tensor, to_signed
     from tpguard.guard import _HDR
 
     guard = DeviceStepGuard(site="graph.cpu", run_id="g", watchdog=False, device="cpu")
@@ -191,7 +195,7 @@ def test_capturable_half_writes_fingerprints_and_step_in_place():
         assert guard.collect() is None
         host = guard._graph["host"]
         assert int(host[0]) == step + 1  # prepare_graph's warm-up call was step 0
-        assert int(host[_HDR + i]) == to_signed(fingerprint(tensors["target_probs"]))
+        assert int(host[_HDR + i]) == to_signed(fingerprint_tensor(tensors["target_probs"]))
         assert int(host[_HDR + len(guard.quantities) + i]) == tensors["target_probs"].numel()
         tensors["target_probs"].view(-1)[5] += 1.0  # in place: the next call must see it
     guard.close()
@@ -202,7 +206,7 @@ def test_graph_path_takes_a_producer_written_fingerprint():
     fingerprint_out=) writes target_probs' fingerprint into the vector's slot; device_check
     hashes the rest and compares as usual, without reading the probabilities."""
     from tpguard.device_guard import DeviceStepGuard
-    from tpguard.fingerprint import fingerprint, to_signed
+    from tpguard.fingerprint import fingerprint_tensor, to_signed
     from tpguard.guard import _HDR
     from tpguard.kernels.renorm import top_p_renorm
 
@@ -218,7 +222,7 @@ def test_graph_path_takes_a_producer_written_fingerprint():
         guard.device_check()
         assert guard.collect() is None
         host = guard._graph["host"]
-        assert int(host[_HDR + i]) == to_signed(fingerprint(out))
+        assert int(host[_HDR + i]) == to_signed(fingerprint_tensor(out))
         assert int(host[2]) >> i & 1  # present in the mask
         probs_in.view(-1)[7] += 0.25  # the next step's output differs: so must the slot
     with pytest.raises(ValueError, match="not given as precomputed"):

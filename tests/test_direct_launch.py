@@ -3,7 +3,7 @@ compiled kernel and its launcher: Triton's CUDA launcher cannot be loaded withou
 real one runs only in the GPU tests (tests/test_renorm_plan.py::test_direct_launches_on_gpu, the
 fingerprint GPU check). Checked here: what each template slot holds after recording, the trims
 (addresses for tensors, no hook chains, the C launch's 4 extra leading values), the substitution of
-the roles per call, ``TRIM = False``, `c_launch`'s refusals and `LaunchSet.accepts`."""
+the roles per call, ``TPGUARD_LAUNCH_TRIM=0``, `c_launch`'s refusals and `LaunchSet.accepts`."""
 
 import inspect
 from types import SimpleNamespace
@@ -73,7 +73,7 @@ def recorded(monkeypatch):
     monkeypatch.setattr(dl, "_device_tensor", lambda t: True)
 
     def record(trim: bool, c_launch_ok: bool):
-        monkeypatch.setattr(dl, "TRIM", trim)
+        monkeypatch.setenv("TPGUARD_LAUNCH_TRIM", "1" if trim else "0")  # read at record time
         monkeypatch.setitem(dl._C_LAUNCH_OK, StandInLauncher, c_launch_ok)
         kernel = StandInKernel()
         probs, ws, out = torch.zeros(8), torch.zeros(4), torch.zeros(8)

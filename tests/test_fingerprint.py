@@ -1,10 +1,10 @@
-"""The fingerprint definition (tpguard.fingerprint, numpy reference): stability, properties, and
+"""The fingerprint definition (tpguard.kernels.fingerprint_reference, numpy) and its public API
+(tpguard.fingerprint): stability, properties, and
 CPU/GPU equality where CUDA exists (the compiled Triton kernels run in a subprocess, outside any
-TRITON_INTERPRET=1 that other test files set)."""
+TRITON_INTERPRET=1 that tests/conftest.py sets)."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -13,7 +13,9 @@ import textwrap
 import pytest
 import torch
 
-ref = importlib.import_module("tpguard.fingerprint")
+from tpguard import fingerprint as fp
+from tpguard.kernels import fingerprint_reference as ref
+
 M32, M64 = ref.M32, ref.M64
 
 # Computed once from the definition (tpguard.fp/2) and frozen: a change here changes every
@@ -40,8 +42,8 @@ GOLDEN = {
 def test_golden_values(name):
     make, top, rows = GOLDEN[name]
     t = make()
-    assert ref.format_fp(ref.fingerprint(t)) == top
-    got_rows = [ref.format_fp(int(v)) for v in ref.fingerprint_rows(t).view(torch.int64)]
+    assert fp.format_fp(fp.fingerprint_tensor(t)) == top
+    got_rows = [fp.format_fp(int(v)) for v in fp.fingerprint_rows(t).view(torch.int64)]
     assert got_rows[:3] == rows
 
 
@@ -96,34 +98,34 @@ def test_reference_follows_the_docstring(make):
     want_rows = [_row_hash(_words(flat[r]), seed) for r in range(rows)]
     top_words = [w for v in want_rows for w in (v & M32, v >> 32)]
     assert [int(v) & M64 for v in ref.fingerprint_rows_reference(t)] == want_rows
-    assert ref.fingerprint(t) == _row_hash(top_words, ref.top_seed(t.dtype, tuple(t.shape)))
+    assert fp.fingerprint_tensor(t) == _row_hash(top_words, ref.top_seed(t.dtype, tuple(t.shape)))
 
 
 # --- properties --------------------------------------------------------------------------------
 
 def test_deterministic_and_typed():
     t = torch.randn(5, 7, generator=torch.Generator().manual_seed(0))
-    assert ref.fingerprint(t) == ref.fingerprint(t.clone())
-    rows = ref.fingerprint_rows(t)
+    assert fp.fingerprint_tensor(t) == fp.fingerprint_tensor(t.clone())
+    rows = fp.fingerprint_rows(t)
     assert rows.dtype == torch.uint64 and rows.shape == (5,)
-    dev = ref.fingerprint_device(t)
+    dev = fp.fingerprint_device(t)
     assert dev.dtype == torch.int64 and dev.dim() == 0
-    assert ref.to_unsigned(int(dev)) == ref.fingerprint(t)
-    assert 0 <= ref.fingerprint(t) < 1 << 64
+    assert ref.to_unsigned(int(dev)) == fp.fingerprint_tensor(t)
+    assert 0 <= fp.fingerprint_tensor(t) < 1 << 64
 
 
 def test_single_bit_and_permutation_change_the_value():
     t = torch.randn(4, 50, generator=torch.Generator().manual_seed(1))
-    base = ref.fingerprint(t)
+    base = fp.fingerprint_tensor(t)
     flipped = t.clone()
     flipped.view(torch.int32)[2, 17] ^= 1  # one ulp
-    assert ref.fingerprint(flipped) != base
-    changed = (ref.fingerprint_rows(flipped).view(torch.int64) != ref.fingerprint_rows(t).view(torch.int64))
+    assert fp.fingerprint_tensor(flipped) != base
+    changed = (fp.fingerprint_rows(flipped).view(torch.int64) != fp.fingerprint_rows(t).view(torch.int64))
     assert changed.tolist() == [False, False, True, False]
     swapped = t.clone()
     swapped[1, [3, 9]] = swapped[1, [9, 3]]
-    assert ref.fingerprint(swapped) != base
-    assert ref.fingerprint(t.flip(0)) != base
+    assert fp.fingerprint_tensor(swapped) != base
+    assert fp.fingerprint_tensor(t.flip(0)) != base
 
 
 def test_dtype_and_shape_are_covered():
@@ -131,44 +133,46 @@ def test_dtype_and_shape_are_covered():
     variants = [t, t.view(torch.int32), t.view(4, 6), t.view(6, 4), t.view(2, 12), t.view(4, 6, 1),
                 t.view(1, 24), torch.zeros(24, dtype=torch.float32), torch.zeros(24, dtype=torch.int32),
                 torch.zeros(0, 4), torch.zeros(4, 0), torch.zeros(0)]
-    values = [ref.fingerprint(v) for v in variants]
+    values = [fp.fingerprint_tensor(v) for v in variants]
     assert len(set(values)) == len(values)
 
 
 def test_views_hash_their_logical_content():
     t = torch.randn(6, 10, generator=torch.Generator().manual_seed(2))
     for view in (t.t(), t[:, 1:], t[::2], t[:, ::3], t.unsqueeze(1).expand(6, 3, 10)):
-        assert ref.fingerprint(view) == ref.fingerprint(view.contiguous())
+        assert fp.fingerprint_tensor(view) == fp.fingerprint_tensor(view.contiguous())
 
 
 def test_format_and_parse():
-    assert ref.format_fp(0) == "0" * 16
-    assert ref.format_fp(-1) == "f" * 16
-    assert ref.parse_fp(ref.format_fp(0x0123456789ABCDEF)) == 0x0123456789ABCDEF
+    assert fp.format_fp(0) == "0" * 16
+    assert fp.format_fp(-1) == "f" * 16
+    assert fp.parse_fp(fp.format_fp(0x0123456789ABCDEF)) == 0x0123456789ABCDEF
     assert ref.to_unsigned(ref.to_signed(M64)) == M64
     with pytest.raises(ValueError):
-        ref.parse_fp("abc")
+        fp.parse_fp("abc")
 
 
 def test_fingerprint_many_reference_path():
-    kfp = importlib.import_module("tpguard.kernels.fingerprint")
     tensors = [torch.arange(256, dtype=torch.int32), torch.arange(16, dtype=torch.uint8),
                torch.randn(3, 5), torch.tensor(2.5), torch.empty(0, 3)]
-    got = kfp.fingerprint_many(tensors)
+    got = fp.fingerprint_many(tensors)
     assert got.dtype == torch.int64 and got.shape == (5,)
-    assert [ref.to_unsigned(int(v)) for v in got] == [ref.fingerprint(t) for t in tensors]
-    assert kfp.fingerprint_many([]).shape == (0,)
+    assert [ref.to_unsigned(int(v)) for v in got] == [fp.fingerprint_tensor(t) for t in tensors]
+    assert fp.fingerprint_many([]).shape == (0,)
     with pytest.raises(TypeError, match="torch.Tensor"):
-        kfp.fingerprint_many([torch.zeros(2), "x"])
+        fp.fingerprint_many([torch.zeros(2), "x"])
 
 
 # --- GPU: the compiled Triton kernels equal the reference ----------------------------------
 
 GPU_CHECK = textwrap.dedent("""
-    import importlib, torch
-    ref = importlib.import_module("tpguard.fingerprint")
+    import torch
+    from tpguard import fingerprint as fp
+    from tpguard.config import interpreting
+    from tpguard.kernels import direct_launch as dl
     from tpguard.kernels import fingerprint as k
-    assert k.available() and not k.INTERPRET
+    from tpguard.kernels import fingerprint_reference as ref
+    assert k.available() and not interpreting()
     g = torch.Generator().manual_seed(0)
 
     def make(shape, dtype):
@@ -184,7 +188,7 @@ GPU_CHECK = textwrap.dedent("""
         want = ref.fingerprint_rows_reference(t_cpu)
         assert torch.equal(rows, want), (t.shape, t.dtype, "rows")
         top = ref.to_unsigned(int(k.fingerprint_triton(t, config=config).item()))
-        assert top == ref.fingerprint(t_cpu) == ref.fingerprint(t), (t.shape, t.dtype, "top")
+        assert top == fp.fingerprint_tensor(t_cpu) == fp.fingerprint_tensor(t), (t.shape, t.dtype, "top")
 
     small = k.KernelConfig(block_words=256, chunk_words=1024, finalize_rows=16)
     dtypes = [torch.bool, torch.int8, torch.uint8, torch.bfloat16, torch.float16, torch.float32,
@@ -251,15 +255,15 @@ GPU_CHECK = textwrap.dedent("""
                make((3, 5000), torch.float32)[:, 1:], make((4, 6), torch.float32).t(),
                torch.tensor(1.5), torch.empty(0, 3), make((5, 77), torch.bfloat16)]
     cuda = [t.cuda() for t in tensors]
-    assert torch.equal(k.fingerprint_many_triton(cuda).cpu(), k.fingerprint_many_reference(tensors))
-    assert torch.equal(k.fingerprint_many(cuda).cpu(), k.fingerprint_many_reference(tensors))
+    assert torch.equal(k.fingerprint_many_triton(cuda).cpu(), ref.fingerprint_many_reference(tensors))
+    assert torch.equal(fp.fingerprint_many(cuda).cpu(), ref.fingerprint_many_reference(tensors))
     assert k.ManyPlan(cuda).launches <= 3 + 1 + 1  # 3 long classes, finish, 1 copy
     # the guard's "decisions" set (tpguard.bench.guard.make_tensors): short rows of 4 word sizes
     decisions = [torch.randint(0, 255, (16,), dtype=torch.uint8), make((64,), torch.int64),
                  make((64, 4), torch.int64), make((64, 4), torch.float32),
                  make((64, 4), torch.int32), make((64,), torch.int32), make((3, 5), torch.bool)]
     assert torch.equal(k.fingerprint_many_triton([t.cuda() for t in decisions]).cpu(),
-                       k.fingerprint_many_reference(decisions))
+                       ref.fingerprint_many_reference(decisions))
 
     # long-row variants, in-place outputs with a bumped counter, direct (recorded) launches
     # (+ many one-word rows, and a bf16 view 2 bytes off alignment: long rows, unaligned path)
@@ -270,17 +274,17 @@ GPU_CHECK = textwrap.dedent("""
                 k.KernelConfig(chunk_words=2048, rows_per_tile=4), k.KernelConfig(shifts=3, many_long="rows"),
                 k.KernelConfig(block_words=2048, maxnreg=None, chunk_words=16384)):
         assert torch.equal(k.fingerprint_many_triton(cuda, config=cfg).cpu(),
-                           k.fingerprint_many_reference(tensors)), cfg
+                           ref.fingerprint_many_reference(tensors)), cfg
         assert torch.equal(k.fingerprint_many_triton(extra_cuda, config=cfg).cpu(),
-                           k.fingerprint_many_reference(extra)), cfg
+                           ref.fingerprint_many_reference(extra)), cfg
     plan = k.ManyPlan(cuda, out_index=[2 * i + 1 for i in range(len(cuda))], bump_index=0)
     vec = torch.zeros(2 * len(cuda) + 1, dtype=torch.int64, device="cuda")
-    for step in range(4):  # run 2 sets up direct launches; 3 and 4 use them
+    for step in range(4):  # the second run() sets up direct launches, the later ones use them
         cuda[0].add_(1)
         plan.run(out=vec)
-        want = k.fingerprint_many_reference([t.cpu() for t in cuda])
+        want = ref.fingerprint_many_reference([t.cpu() for t in cuda])
         assert torch.equal(vec[1::2].cpu(), want) and int(vec[0]) == step + 1, (step, plan.fast_launch)
-    print("direct launches:", plan.fast_launch, k.FAST_LAUNCH_FAILURES or "")
+    print("direct launches:", plan.fast_launch, dl.FAILURES or "")
 
     # CUDA graphs: capture single (through TMA on sm_90+) and many launchers, change data in place, replay
     x = make((64, 20000), torch.float32).cuda()
@@ -297,8 +301,8 @@ GPU_CHECK = textwrap.dedent("""
         small_set[0].add_(1)
         graph.replay()
         torch.cuda.synchronize()
-        assert ref.to_unsigned(int(one.item())) == ref.fingerprint(x.cpu()), step
-        assert torch.equal(many.cpu(), k.fingerprint_many_reference([t.cpu() for t in small_set])), step
+        assert ref.to_unsigned(int(one.item())) == fp.fingerprint_tensor(x.cpu()), step
+        assert torch.equal(many.cpu(), ref.fingerprint_many_reference([t.cpu() for t in small_set])), step
     print("GPU OK")
 """)
 

@@ -3,11 +3,6 @@ on CPU tensors under the Triton interpreter: dtypes, shapes, row lengths around 
 chunked rows, strided views, fingerprint_many, and the hash's properties."""
 
 import dataclasses
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit runs: kernels pick it at decoration
-
-import importlib
 
 import numpy as np
 import pytest
@@ -15,10 +10,15 @@ import torch
 
 pytest.importorskip("triton")
 
-ref = importlib.import_module("tpguard.fingerprint")
-kfp = importlib.import_module("tpguard.kernels.fingerprint")
-if not kfp.INTERPRET:  # imported earlier in this process without the interpreter
-    kfp = importlib.reload(kfp)
+from tpguard import fingerprint as fp  # noqa: E402
+from tpguard.config import interpreting  # noqa: E402
+from tpguard.kernels import direct_launch as dl  # noqa: E402
+from tpguard.kernels import fingerprint as kfp  # noqa: E402
+from tpguard.kernels import fingerprint_reference as ref  # noqa: E402
+from tpguard.kernels.fingerprint_words import _tile  # noqa: E402
+
+# CPU tensors need the interpreter (tests/conftest.py); gpu/check.sh's TRITON_INTERPRET=0 runs skip here
+pytestmark = pytest.mark.skipif(not interpreting(), reason="TRITON_INTERPRET=0: Triton kernels on CPU tensors")
 
 # Small tiles so that rows of a few thousand words span several chunks (cheap under the interpreter).
 CHUNKY = kfp.KernelConfig(block_words=256, chunk_words=1024, num_warps=4, finalize_rows=16)
@@ -109,9 +109,9 @@ def test_chunks_sized_to_fill_the_gpu():
     about once (the H200's 132 SMs x 8 CTAs at 256 x 163840: 32 chunks of 20 tiles, 1024 programs);
     the bits never change (the interpreter's stand-in GPU has 4 SMs)."""
     cfg = kfp.KernelConfig(block_words=2048, maxnreg=None, fill_ctas_per_sm=8)
-    assert kfp._tile(256, 163840, cfg, 132 * 8) == (8, 256, 20, 32)
-    assert kfp._tile(256, 128256, cfg, 132 * 8) == (8, 256, 16, 32)
-    assert kfp._tile(1, 163840, cfg, 132 * 8) == (1, 2048, 1, 80)  # one row: every tile a chunk
+    assert _tile(256, 163840, cfg, 132 * 8) == (8, 256, 20, 32)
+    assert _tile(256, 128256, cfg, 132 * 8) == (8, 256, 16, 32)
+    assert _tile(1, 163840, cfg, 132 * 8) == (1, 2048, 1, 80)  # one row: every tile a chunk
     for shape, dtype in [((20, 3000), torch.float32), ((3, 5000), torch.bfloat16), ((1, 7000), torch.int32)]:
         t = make(shape, dtype)
         assert_matches(t, dataclasses.replace(CHUNKY, fill_ctas_per_sm=3))
@@ -160,7 +160,7 @@ def guard_like_set():
 
 def test_fingerprint_many():
     tensors = guard_like_set()
-    want = kfp.fingerprint_many_reference(tensors)
+    want = ref.fingerprint_many_reference(tensors)
     got = kfp.fingerprint_many_triton(tensors)
     assert got.dtype == torch.int64 and torch.equal(got, want)
     assert [top_value(t) for t in tensors] == [ref.to_unsigned(int(v)) for v in want]
@@ -171,7 +171,7 @@ def test_fingerprint_many():
     # A plan (and the cached one) is reused for new data at the same addresses.
     tensors[0].add_(1)
     tensors[6].mul_(2)  # the copied one
-    want = kfp.fingerprint_many_reference(tensors)
+    want = ref.fingerprint_many_reference(tensors)
     assert torch.equal(plan.run(), want)
     assert torch.equal(kfp.fingerprint_many_triton(tensors), want)
 
@@ -180,7 +180,7 @@ def test_fingerprint_many_chunked():
     tensors = [make((2, 2500), torch.float32), make((2, 2501), torch.float32)[:, 1:],
                make((3, 700), torch.bfloat16), make((40,), torch.int64), make((20, 3), torch.int32)]
     assert torch.equal(kfp.fingerprint_many_triton(tensors, config=CHUNKY),
-                       kfp.fingerprint_many_reference(tensors))
+                       ref.fingerprint_many_reference(tensors))
 
 
 def test_fingerprint_many_chunks_sized_to_fill_the_gpu():
@@ -189,7 +189,7 @@ def test_fingerprint_many_chunks_sized_to_fill_the_gpu():
     as for one tensor; same values (the interpreter's stand-in GPU has 4 SMs)."""
     tensors = [make((20, 3000), torch.float32, 1), make((9, 4001), torch.float32, 2)[:, 1:],
                make((3, 700), torch.bfloat16, 3), make((40,), torch.int64, 4), make((20, 3), torch.int32, 5)]
-    want = kfp.fingerprint_many_reference(tensors)
+    want = ref.fingerprint_many_reference(tensors)
 
     def chunk_counts(cfg):  # the long-row segments' chunks, from the plan's segment records
         plan = kfp.ManyPlan(tensors, config=cfg)
@@ -209,27 +209,27 @@ def test_fingerprint_many_small_set_is_one_launch():
     assert plan.launches == 1  # each small tensor finished by one program: no finalize launch
     out = torch.empty(6, dtype=torch.int64)
     assert plan.run(out=out) is out
-    assert torch.equal(out, kfp.fingerprint_many_reference(tensors))
+    assert torch.equal(out, ref.fingerprint_many_reference(tensors))
 
 
 def test_fingerprint_many_writes_in_place_and_bumps():
     """The guard's use: values straight into its vector at given slots, plus its step counter."""
     tensors = guard_like_set()[:3] + [make((2, 300), torch.float32, 11)]
-    want = kfp.fingerprint_many_reference(tensors)
+    want = ref.fingerprint_many_reference(tensors)
     vec = torch.full((12,), 5, dtype=torch.int64)
     for bump in (0, None):
         for k in range(2):
-            kfp.fingerprint_many(tensors, out=vec, out_index=[3, 9, 4, 7], bump_index=bump)
+            fp.fingerprint_many(tensors, out=vec, out_index=[3, 9, 4, 7], bump_index=bump)
         assert vec[[3, 9, 4, 7]].tolist() == want.tolist() and vec[0] == 7 and vec[1] == 5
     only_long = torch.zeros(3, dtype=torch.int64)  # no small tensor: the bump still happens
-    kfp.fingerprint_many([tensors[3]], out=only_long, out_index=[2], bump_index=0)
+    fp.fingerprint_many([tensors[3]], out=only_long, out_index=[2], bump_index=0)
     assert only_long.tolist() == [1, 0, want[3]]
     # many one-word rows (too many for one program) and long rows one launch per tensor
     tensors += [make((5000, 4), torch.int32, 12), make((3, 1500), torch.bfloat16, 13)[:, 1:]]
     cfg = kfp.KernelConfig(block_words=256, chunk_words=1024, many_long="rows", maxnreg=128)
     plan = kfp.ManyPlan(tensors, cfg)
     assert plan.launches == 1 + 2 + 1  # short lanes, 2 long tensors, finish
-    assert torch.equal(plan.run(), kfp.fingerprint_many_reference(tensors))
+    assert torch.equal(plan.run(), ref.fingerprint_many_reference(tensors))
     assert plan.fast_launch == "off"  # interpreter: Triton's own launch
 
 
@@ -293,10 +293,10 @@ def test_kernels_take_no_liberties(compiler_freedoms):
             assert_matches(make(shape, dtype), CHUNKY)
     assert_matches(make((5, 3000), torch.float32))
     tensors = guard_like_set()
-    assert torch.equal(kfp.fingerprint_many_triton(tensors), kfp.fingerprint_many_reference(tensors))
+    assert torch.equal(kfp.fingerprint_many_triton(tensors), ref.fingerprint_many_reference(tensors))
     decisions = [make((256,), torch.int32, 1), make((256,), torch.int64, 2),
                  make((32, 8), torch.int32, 3), torch.randint(0, 256, (16,), dtype=torch.uint8)]
-    assert torch.equal(kfp.fingerprint_many_triton(decisions), kfp.fingerprint_many_reference(decisions))
+    assert torch.equal(kfp.fingerprint_many_triton(decisions), ref.fingerprint_many_reference(decisions))
 
 
 def test_direct_launch_falls_back_to_triton_launch():
@@ -307,9 +307,9 @@ def test_direct_launch_falls_back_to_triton_launch():
     out = torch.zeros(1, dtype=torch.int64)
     launch = plan._kernel_launches[0]
     launch.normal(out)
-    assert not kfp.prepare_fast([launch], out, lambda: True) and not launch.ready
+    assert not dl.prepare_out_launches([launch], out, lambda: True) and not launch.ready
     launch(out, fast=True)
-    assert torch.equal(out, kfp.fingerprint_many_reference(tensors))
+    assert torch.equal(out, ref.fingerprint_many_reference(tensors))
 
 
 def test_plan_made_under_inference_mode_runs_outside_it():
@@ -318,5 +318,5 @@ def test_plan_made_under_inference_mode_runs_outside_it():
     tensors = [make((6, 4), torch.float32, 6).t(), make((3, 5000), torch.float32, 4)]
     with torch.inference_mode():
         plan = kfp.ManyPlan(tensors, CHUNKY)
-        assert torch.equal(plan.run(), kfp.fingerprint_many_reference(tensors))
-    assert torch.equal(plan.run(), kfp.fingerprint_many_reference(tensors))
+        assert torch.equal(plan.run(), ref.fingerprint_many_reference(tensors))
+    assert torch.equal(plan.run(), ref.fingerprint_many_reference(tensors))

@@ -4,25 +4,20 @@ padded row strides; and which tensors take it (`usable`): the rest fall back to 
 the same result. On a GPU: tests/test_fingerprint.py::test_gpu_kernels_equal_reference."""
 
 import dataclasses
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit runs: kernels pick it at decoration
-
-import importlib
 
 import pytest
 import torch
 
-pytest.importorskip("triton")
 pytest.importorskip("triton.tools.tensor_descriptor")
 
-ref = importlib.import_module("tpguard.fingerprint")
-kfp = importlib.import_module("tpguard.kernels.fingerprint")
-if not kfp.INTERPRET:  # imported earlier in this process without the interpreter
-    kfp = importlib.reload(kfp)
-ftma = importlib.import_module("tpguard.kernels.fingerprint_tma")
-if ftma.KernelConfig is not kfp.KernelConfig:
-    ftma = importlib.reload(ftma)
+from tpguard.config import interpreting  # noqa: E402
+from tpguard.kernels import fingerprint as kfp  # noqa: E402
+from tpguard.kernels import fingerprint_reference as ref  # noqa: E402
+from tpguard.kernels import fingerprint_tma as ftma  # noqa: E402
+from tpguard.kernels.fingerprint_words import _tile, _words  # noqa: E402
+
+# CPU tensors need the interpreter (tests/conftest.py); gpu/check.sh's TRITON_INTERPRET=0 runs skip here
+pytestmark = pytest.mark.skipif(not interpreting(), reason="TRITON_INTERPRET=0: Triton kernels on CPU tensors")
 
 # [8, 64] tiles, 1024-word chunks: several chunks and a column tail at a few thousand words (cheap here)
 SMALL_TMA = kfp.KernelConfig(block_words=512, chunk_words=1024, lane_tma="on")
@@ -37,8 +32,8 @@ def make(shape, dtype=torch.float32, seed=0):
 
 
 def takes_tma(t, cfg) -> bool:
-    w = kfp._words(t)
-    br, bn = kfp._tile(w.rows, w.n_words, cfg)[:2]
+    w = _words(t)
+    br, bn = _tile(w.rows, w.n_words, cfg)[:2]
     return ftma.usable(w, br, bn, cfg)
 
 
@@ -47,8 +42,8 @@ def tma_launches(monkeypatch):
     """Counts the TMA lane launches `_hash_words` makes (both kernels give the same bits: only this
     tells the paths apart)."""
     calls = []
-    real = kfp.fingerprint_tma.launch_lanes
-    monkeypatch.setattr(kfp.fingerprint_tma, "launch_lanes", lambda *a: (calls.append(a[0].rows), real(*a)))
+    real = ftma.launch_lanes
+    monkeypatch.setattr(ftma, "launch_lanes", lambda *a: (calls.append(a[0].rows), real(*a)))
     return calls
 
 
@@ -103,7 +98,7 @@ def test_what_falls_back_to_the_ldg_kernel(tma_launches):
     # "auto" reads through TMA on sm_90+ GPUs only, never under the interpreter; "off" never
     assert_matches(t, dataclasses.replace(SMALL_TMA, lane_tma="auto"), tma_launches, tma=False)
     assert_matches(t, dataclasses.replace(SMALL_TMA, lane_tma="off"), tma_launches, tma=False)
-    assert kfp.SINGLE_TENSOR_CONFIG.lane_tma == "auto" and kfp.DEFAULT_CONFIG.lane_tma == "off"
+    assert kfp.SINGLE_TENSOR_CONFIG.lane_tma == "auto" and kfp.default_config().lane_tma == "off"
 
 
 def test_config_rejects_bad_tma_fields():

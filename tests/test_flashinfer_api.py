@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 
-from renorm_setup import DEVICE  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+from renorm_setup import DEVICE  # noqa: I001 - the shared set-up first
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -103,7 +103,7 @@ def test_fingerprint_out_extension(dtype):
     for fn, param in ((fi.top_k_renorm_probs, 20), (fi.top_p_renorm_probs, 0.9)):
         slot = torch.zeros((), dtype=torch.int64, device=DEVICE)
         out = fn(x, param, fingerprint_out=slot)
-        assert fp_host.to_unsigned(int(slot)) == fp_host.fingerprint(out.cpu())
+        assert fp_host.to_unsigned(int(slot)) == fp_host.fingerprint_tensor(out.cpu())
 
 
 def test_tie_rule_keeps_ties():

@@ -23,7 +23,7 @@ import sys
 import types
 from pathlib import Path
 
-from renorm_setup import DEVICE  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+from renorm_setup import DEVICE  # noqa: I001 - the shared set-up first
 
 import pytest  # noqa: E402
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def test_graph_replay_fingerprints_follow_the_data_and_match_eager(zero_copy):
     from tpguard.bench.guard import make_tensors
     from tpguard.device_guard import DeviceStepGuard
-    from tpguard.fingerprint import fingerprint, to_signed
+    from tpguard.fingerprint import fingerprint_tensor, to_signed
     from tpguard.quantities import CANONICAL_ORDER
 
     dev = torch.device("cuda")
@@ -37,11 +37,11 @@ def test_graph_replay_fingerprints_follow_the_data_and_match_eager(zero_copy):
         return int(guard._graph["host"][3 + i])
 
     before = replay_fp()
-    assert before == to_signed(fingerprint(t["target_probs"]))
+    assert before == to_signed(fingerprint_tensor(t["target_probs"]))
     x = t["target_probs"].view(-1)
     x[12345] = torch.nextafter(x[12345], torch.tensor(2.0, device=dev))  # plant one ulp in place
     after = replay_fp()
-    assert after != before and after == to_signed(fingerprint(t["target_probs"]))
+    assert after != before and after == to_signed(fingerprint_tensor(t["target_probs"]))
     steps = [int(guard._graph["host"][0]) for _ in range(1)]
     assert steps[0] >= 2  # the device step counter advanced on every replay
     guard.close()
@@ -53,19 +53,18 @@ def test_eager_checks_use_direct_launches():
     refusal recorded (host time; results are Triton's either way)."""
     from tpguard.bench.guard import make_tensors
     from tpguard.device_guard import DeviceStepGuard
-    from tpguard.kernels import fingerprint as kfp
-    from tpguard.kernels import guard_compare
+    from tpguard.kernels import direct_launch, guard_compare
 
-    if not kfp.fast_launch_enabled():
+    if not direct_launch.enabled():
         pytest.skip("direct launches switched off (TPGUARD_FAST_LAUNCH=0)")
     t = make_tensors(4, 4, 50000, torch.device("cuda"))
     guard = DeviceStepGuard(site="direct.test", run_id="d", watchdog=False)
-    kfp.FAST_LAUNCH_FAILURES.clear()
+    direct_launch.FAILURES.clear()
     for _ in range(4):
         for name, tensor in t.items():
             guard.record(name, tensor)
         assert guard.check() is None
     torch.cuda.synchronize()
-    assert not kfp.FAST_LAUNCH_FAILURES, kfp.FAST_LAUNCH_FAILURES
+    assert not direct_launch.FAILURES, direct_launch.FAILURES
     assert any(launch.ready for launch in guard_compare._LAUNCHES.values())
     guard.close()

@@ -3,19 +3,16 @@ copies they replace: same payload words, same values back, same capacity error."
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest
 import torch
 
+from tpguard.config import interpreting
 from tpguard.kernels import heal_copy as hc
 
 SENTINEL = -0x5A5A5A5A5A5A5A5B
 # compiled on a GPU machine (TRITON_INTERPRET=0): the kernel's case is CUDA tensors, and from the
 # second call on the same addresses the cached direct launch runs (checked below)
-DEVICE = "cuda" if torch.cuda.is_available() and not hc.INTERPRET else "cpu"
+DEVICE = "cuda" if torch.cuda.is_available() and not interpreting() else "cpu"
 
 
 def _tensor(dtype: torch.dtype, n: int, g: torch.Generator) -> torch.Tensor:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from renorm_setup import DEVICE, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+from renorm_setup import DEVICE, SMALL  # noqa: I001 - the shared set-up first
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -7,12 +7,13 @@ boundaries so that full chunks, partial tails and one-chunk rows are all written
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, GPU_ALL, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+from renorm_setup import DEVICE, GPU_ALL, SMALL  # noqa: I001 - the shared set-up first
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tpguard import fingerprint as fp_host  # noqa: E402
+from tpguard.kernels.fingerprint_reference import fingerprint_reference  # noqa: E402
 from tpguard.kernels import reference as ref  # noqa: E402
 from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm  # noqa: E402
 from tpguard.kernels.renorm_config import default_config  # noqa: E402
@@ -122,7 +123,7 @@ def test_per_row_parameters_and_ties(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, *DTYPES.values()], ids=["fp32", *DTYPES.keys()])
 @pytest.mark.parametrize("backend", ["tpguard", "torch"])
 def test_fingerprint_out_is_the_returned_tensors(dtype, backend):
-    """`fingerprint_out=` receives tpguard.fingerprint(out) of the tensor returned, in its own dtype
+    """`fingerprint_out=` receives fingerprint_tensor(out) of the tensor returned, in its own dtype
     (a 2-byte entry hashed as one zero-extended word): the write pass hashes the stored bits."""
     x = make_rows(3, 700, "flat", seed=4, dtype=dtype)
     for fn, params in ((top_k_renorm, (40,)), (top_p_renorm, (0.9,)), (top_k_top_p_renorm, (60, 0.8)),
@@ -130,11 +131,10 @@ def test_fingerprint_out_is_the_returned_tensors(dtype, backend):
         slot = torch.zeros((), dtype=torch.int64, device=DEVICE)
         out = fn(x, *params, backend=backend, fingerprint_out=slot)
         assert out.dtype == dtype
-        assert fp_host.to_unsigned(int(slot)) == fp_host.combine_rows_reference(
-            fp_host.fingerprint_rows_reference(out), out.dtype, tuple(out.shape)), fn.__name__
+        assert fp_host.to_unsigned(int(slot)) == fingerprint_reference(out), fn.__name__
         # the same output's fingerprint as float32 differs: the dtype is hashed
         if dtype != torch.float32:
-            assert fp_host.to_unsigned(int(slot)) != fp_host.fingerprint(out.float())
+            assert fp_host.to_unsigned(int(slot)) != fp_host.fingerprint_tensor(out.float())
 
 
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())

@@ -9,12 +9,13 @@ check the workspace reuse and the keys; the direct launches are checked where CU
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, GPU_ALL, INTERPRET, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+from renorm_setup import DEVICE, GPU_ALL, INTERPRET, SMALL  # noqa: I001 - the shared set-up first
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+from tpguard.config import launch_trim  # noqa: E402
 from tpguard.kernels import direct_launch as dl  # noqa: E402
 from tpguard.kernels import renorm_plan as rp  # noqa: E402
 
@@ -212,8 +213,8 @@ def test_direct_launches_on_gpu():
             assert torch.equal(bits(rp.run(op, x, k2, p2, SMALL)), bits(fresh(op, x, k2, p2)))
             # the trimmed templates: addresses, no tensors, no hook chains to call
             for launch in plan.direct.launches:
-                assert not dl.TRIM or not any(isinstance(a, torch.Tensor) for a in launch.template), launch.name
-            if dl.TRIM and triton.__version__ == "3.6.0":  # the GPU machine's: its C launch, called directly
+                assert not launch_trim() or not any(isinstance(a, torch.Tensor) for a in launch.template), launch.name
+            if launch_trim() and triton.__version__ == "3.6.0":  # the GPU machine's: its C launch, called directly
                 assert all(launch.run is not launch.compiled.run for launch in plan.direct.launches), dl.LAUNCHERS
 
 

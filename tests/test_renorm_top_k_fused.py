@@ -9,7 +9,7 @@ launch whose CTAs wait on their row's select (test_one_launch_on_gpu at the benc
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+from renorm_setup import DEVICE, SMALL  # noqa: I001 - the shared set-up first
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

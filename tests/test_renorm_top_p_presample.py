@@ -6,7 +6,7 @@ the fingerprint slot, determinism and batch invariance. CPU under the Triton int
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, GPU_ALL, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+from renorm_setup import DEVICE, GPU_ALL, SMALL  # noqa: I001 - the shared set-up first
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -112,7 +112,7 @@ def test_fingerprint_determinism_and_batch_invariance():
     x = make_rows(3, 900, 1.5, seed=7)
     slot = torch.zeros((), dtype=torch.int64, device=DEVICE)
     out = top_p_renorm_triton(x, 0.8, config=PRE, fingerprint_out=slot)
-    assert fp_host.to_unsigned(int(slot)) == fp_host.fingerprint(out.cpu())
+    assert fp_host.to_unsigned(int(slot)) == fp_host.fingerprint_tensor(out.cpu())
     assert torch.equal(ref.bits(top_p_renorm_triton(x, 0.8, config=PRE)), ref.bits(out))
     assert torch.equal(ref.bits(top_p_renorm_triton(x[1:2], 0.8, config=PRE)), ref.bits(out[1:2]))
     with pytest.raises(ValueError, match="bracket_chunk"):

@@ -1,15 +1,12 @@
 """launch_write_fp (kernels/renorm_write_fp.py): the renorm's write pass with its output's
 fingerprint. Output bit-identical to launch_write; fingerprints equal to the numpy reference."""
 
-import os
+import pytest
+import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (no GPU: the interpreter)
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from tpguard import fingerprint as fp_ref  # noqa: E402
-from tpguard.kernels import renorm as renorm_api  # noqa: E402
+from tpguard import fingerprint as fp_host
+from tpguard.kernels import renorm as renorm_api
+from tpguard.kernels.fingerprint_reference import fingerprint_rows_reference
 
 pytestmark = pytest.mark.skipif(not renorm_api.triton_available(), reason="needs triton (or TRITON_INTERPRET=1)")
 
@@ -71,10 +68,10 @@ def test_write_fp_matches_write_and_reference(rows, vocab, chunk, nan_rows, zero
     rows_out = torch.empty(rows, dtype=torch.int64, device=DEVICE)
     ret = launch_write_fp(probs, got, s, ws, cfg, fp_out=slot[1], rows_out=rows_out)
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))  # bit for bit, NaNs included
-    assert fp_ref.to_unsigned(int(slot[1])) == fp_ref.fingerprint(want)
+    assert fp_host.to_unsigned(int(slot[1])) == fp_host.fingerprint_tensor(want)
     assert int(slot[0]) == 0 and int(slot[2]) == 0
     assert ret.data_ptr() == slot[1].data_ptr()
-    assert torch.equal(rows_out.cpu(), fp_ref.fingerprint_rows_reference(want.cpu()))
+    assert torch.equal(rows_out.cpu(), fingerprint_rows_reference(want.cpu()))
 
 
 def test_many_rows_top_hash_unfused():
@@ -85,7 +82,7 @@ def test_many_rows_top_hash_unfused():
     probs, s, ws, cfg = _case(9, 70, 64, seed=3, nan_rows=(4,))
     out = torch.empty_like(probs)
     fp = launch_write_fp(probs, out, s, ws, cfg, fp_config=fpk.KernelConfig(finalize_rows=4))
-    assert fp.dim() == 0 and fp_ref.to_unsigned(int(fp)) == fp_ref.fingerprint(out)
+    assert fp.dim() == 0 and fp_host.to_unsigned(int(fp)) == fp_host.fingerprint_tensor(out)
 
 
 def test_bad_slot_is_a_clear_error():
@@ -105,29 +102,30 @@ def _fp_producer(probs, p, fingerprint_out=None):
 
     out = top_p_renorm_reference(probs, p)
     if fingerprint_out is not None:
-        fingerprint_out.copy_(fp_ref.fingerprint_device(out))
+        fingerprint_out.copy_(fp_host.fingerprint_device(out))
     return out
 
 
 def test_attached_fingerprint_is_used_until_the_tensor_changes():
-    from tpguard.guard import attached_fingerprint, call_with_fingerprint
+    from tpguard.fingerprint import attached_fingerprint, call_with_fingerprint
 
     probs = torch.softmax(torch.randn(6, 50), -1)
     plain = call_with_fingerprint(lambda x, p: _fp_producer(x, p), probs, 0.9)  # no keyword: plain call
     assert attached_fingerprint(plain) is None
     out = call_with_fingerprint(_fp_producer, probs, 0.9)
     fp = attached_fingerprint(out)
-    assert fp is not None and fp_ref.to_unsigned(int(fp)) == fp_ref.fingerprint(out)
+    assert fp is not None and fp_host.to_unsigned(int(fp)) == fp_host.fingerprint_tensor(out)
     out.view(-1)[0] += 1.0  # changed in place: the attached value is stale, so it is ignored
     assert attached_fingerprint(out) is None
 
 
 def test_guards_record_the_attached_fingerprint_without_rehashing():
     from tpguard.device_guard import DeviceStepGuard
-    from tpguard.guard import StepGuard, attach_fingerprint
+    from tpguard.fingerprint import attach_fingerprint
+    from tpguard.guard import StepGuard
 
     out = torch.softmax(torch.randn(4, 40), -1)
-    true_fp = fp_ref.fingerprint_device(out)
+    true_fp = fp_host.fingerprint_device(out)
     marker = torch.tensor(0x1234, dtype=torch.int64)  # not out's value: shows which one is used
     guard = StepGuard(site="synthetic.verify", run_id="wfp", quantities=("target_probs", "out_tokens"))
     guard.record("target_probs", attach_fingerprint(out.clone(), marker))
@@ -143,7 +141,7 @@ def test_guards_record_the_attached_fingerprint_without_rehashing():
     vec = dguard._device_vector(0, dguard._next_slot())
     q = len(dguard.quantities)
     assert int(vec[3 + dguard.index["target_probs"]]) == 0x1234
-    assert int(vec[3 + dguard.index["out_tokens"]]) == int(fp_ref.fingerprint_device(torch.arange(4)))
+    assert int(vec[3 + dguard.index["out_tokens"]]) == int(fp_host.fingerprint_device(torch.arange(4)))
     assert int(vec[3 + q + dguard.index["target_probs"]]) == out.numel()
     assert dguard.check() is None and dguard.drain() is None
     dguard.close()
@@ -157,7 +155,7 @@ def test_pipeline_emits_target_probs_fingerprint_from_the_last_renorm():
     from tpguard.launch.pipeline import VerifyPipeline
     from tpguard.launch.tree import chain
     from tpguard.launch.workload import SamplingParams, Workload
-    from tpguard.guard import attached_fingerprint
+    from tpguard.fingerprint import attached_fingerprint
     from tpguard.renorm_registry import get_backend
 
     tree = chain(4)
@@ -168,7 +166,7 @@ def test_pipeline_emits_target_probs_fingerprint_from_the_last_renorm():
     got = {}
     pipe.run(0, wl.inputs(), lambda name, t: got.__setitem__(name, t))
     fp = attached_fingerprint(got["target_probs"])
-    assert fp is not None and fp_ref.to_unsigned(int(fp)) == fp_ref.fingerprint(got["target_probs"])
+    assert fp is not None and fp_host.to_unsigned(int(fp)) == fp_host.fingerprint_tensor(got["target_probs"])
     pipe.fingerprint_probs = False
     pipe.run(1, wl.inputs(), lambda name, t: got.__setitem__(name, t))
     assert attached_fingerprint(got["target_probs"]) is None
@@ -180,13 +178,13 @@ def test_fill_fingerprint_for_paths_without_a_write_pass():
     for out in (torch.empty(0, 10), torch.rand(3, 7)):
         slot = torch.zeros(2, dtype=torch.int64)
         fill_fingerprint(out, slot[1])
-        assert fp_ref.to_unsigned(int(slot[1])) == fp_ref.fingerprint(out) and int(slot[0]) == 0
+        assert fp_host.to_unsigned(int(slot[1])) == fp_host.fingerprint_tensor(out) and int(slot[0]) == 0
 
 
 @pytest.mark.parametrize("backend", ["tpguard", "torch"])
 def test_public_api_fingerprint_out(backend):
     """Every public renorm honours `fingerprint_out` on both paths: the slot holds fingerprint(out)."""
-    from tpguard.fingerprint import fingerprint, to_unsigned
+    from tpguard.fingerprint import fingerprint_tensor, to_unsigned
     from tpguard.kernels import renorm
 
     g = torch.Generator().manual_seed(5)
@@ -201,7 +199,7 @@ def test_public_api_fingerprint_out(backend):
         slot = torch.zeros(3, dtype=torch.int64, device=DEVICE)
         out = call(backend=backend, fingerprint_out=slot[1:2])
         assert torch.equal(out, call(backend=backend)), name
-        assert to_unsigned(int(slot[1])) == fingerprint(out), name
+        assert to_unsigned(int(slot[1])) == fingerprint_tensor(out), name
         assert int(slot[0]) == int(slot[2]) == 0, name
     with pytest.raises(ValueError, match="fingerprint_out"):
         renorm.top_p_renorm(probs, 0.9, backend=backend,
@@ -211,8 +209,8 @@ def test_public_api_fingerprint_out(backend):
 def test_inference_tensors_are_fingerprinted_the_usual_way():
     """Under torch.inference_mode (SGLANG_ENABLE_TORCH_INFERENCE_MODE=1) a tensor has no version
     counter: nothing is attached (no crash) and the guard hashes the tensor itself."""
-    from tpguard.fingerprint import fingerprint, to_unsigned
-    from tpguard.guard import attach_fingerprint, attached_fingerprint, call_with_fingerprint
+    from tpguard.fingerprint import (attach_fingerprint, attached_fingerprint, call_with_fingerprint,
+                                     fingerprint_tensor, to_unsigned)
     from tpguard.kernels import renorm
 
     with torch.inference_mode():
@@ -221,4 +219,4 @@ def test_inference_tensors_are_fingerprinted_the_usual_way():
         assert attached_fingerprint(out) is None
         assert attach_fingerprint(out, torch.zeros((), dtype=torch.int64)) is out
         assert attached_fingerprint(out) is None
-        assert to_unsigned(int(fp_ref.fingerprint_device(out))) == fingerprint(out)
+        assert to_unsigned(int(fp_host.fingerprint_device(out))) == fingerprint_tensor(out)

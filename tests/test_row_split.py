@@ -8,7 +8,7 @@ the capture path itself needs CUDA (test_captured_call_splits_on_gpu).
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+from renorm_setup import DEVICE, SMALL  # noqa: I001 - the shared set-up first
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

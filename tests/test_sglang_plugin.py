@@ -61,9 +61,9 @@ def _logits(step: int, rows: int, vocab: int):
 
 
 def _fp(t) -> str:
-    from tpguard.fingerprint import fingerprint, format_fp
+    from tpguard.fingerprint import fingerprint_tensor, format_fp
 
-    return format_fp(fingerprint(t))
+    return format_fp(fingerprint_tensor(t))
 
 
 def _divergence_log(site: str):

@@ -10,7 +10,7 @@ ulp. Under the Triton interpreter on CPU: small vocabularies, a few rows, both b
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, GPU_ALL, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+from renorm_setup import DEVICE, GPU_ALL, SMALL  # noqa: I001 - the shared set-up first
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -151,7 +151,7 @@ def test_repeated_calls_batch_invariance_and_fingerprint():
     assert torch.equal(ref.bits(run(torch.cat([logits[4:], logits[:2]]))[1:]), ref.bits(first[:2]))
     slot = torch.zeros((), dtype=torch.int64, device=DEVICE)
     out = run(logits, fingerprint_out=slot)
-    assert torch.equal(ref.bits(out), ref.bits(first)) and fp_host.to_unsigned(int(slot)) == fp_host.fingerprint(out.cpu())
+    assert torch.equal(ref.bits(out), ref.bits(first)) and fp_host.to_unsigned(int(slot)) == fp_host.fingerprint_tensor(out.cpu())
     assert c == tp.temperature_scale(torch.tensor(0.9), 1, logits.device).item()
 
 

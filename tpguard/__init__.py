@@ -18,7 +18,7 @@ if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isfile(
 __version__ = "0.1.0"
 
 _LAZY = {
-    "fingerprint": "tpguard.fingerprint",
+    "fingerprint_tensor": "tpguard.fingerprint",
     "fingerprint_device": "tpguard.fingerprint",
     "fingerprint_rows": "tpguard.fingerprint",
     "StepGuard": "tpguard.guard",

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 import torch
 
 from tpguard.errors import RankTimeoutError
-from tpguard.fingerprint import fingerprint_bytes, to_signed
-from tpguard.guard import _HDR, FAILED_BIT, StepGuard, all_gather_flat, attached_fingerprint
+from tpguard.fingerprint import attached_fingerprint, fingerprint_bytes, fingerprint_many, to_signed
+from tpguard.guard import _HDR, FAILED_BIT, StepGuard, all_gather_flat
 from tpguard.quantities import DECISION_QUANTITIES
 from tpguard.records import DivergenceRecord
 
@@ -141,8 +141,6 @@ class DeviceStepGuard(StepGuard):
         if batch_names:
             slots = [_HDR + self.index[n] for n in batch_names]
             if all(t.device == self.dev for t in batch):
-                from tpguard.kernels.fingerprint import fingerprint_many
-
                 # the usual case: one batch, values written straight into the vector's slots
                 fingerprint_many(batch, out=vec, out_index=slots)
             else:
@@ -158,8 +156,6 @@ class DeviceStepGuard(StepGuard):
     def _fingerprints(self, names: list[str], tensors: list) -> torch.Tensor:
         """int64 [len(names)] on the comm device: one `fingerprint_many` batch per device (the
         mixed case; `_device_vector` writes a single same-device batch straight into the vector)."""
-        from tpguard.kernels.fingerprint import fingerprint_many
-
         out = torch.empty(len(names), dtype=torch.int64, device=self.dev)
         by_device: dict[torch.device, list[int]] = {}
         for k, t in enumerate(tensors):
@@ -366,8 +362,6 @@ class DeviceStepGuard(StepGuard):
         return self._graph["vec"][i:i + 1]
 
     def _graph_fingerprints(self) -> None:
-        from tpguard.kernels.fingerprint import fingerprint_many
-
         g = self._graph
         if g["tensors"]:
             fingerprint_many(g["tensors"], out=g["vec"], out_index=g["slots"], bump_index=0)

@@ -1,87 +1,38 @@
-"""Fingerprints: a 64-bit hash of a tensor's dtype, shape and bytes (trace format v1;
-definition ``tpguard.fp/2``, recorded in a trace header's ``versions.fingerprint``).
+"""Fingerprints: a 64-bit hash of a tensor's dtype, shape and bytes (trace format v1; definition
+``tpguard.fp/2``, recorded in a trace header's ``versions.fingerprint``). The one public module
+for them, on the host, on the device, and from a producer's write pass ("attached").
 
-Definition (the numpy code below is the reference; `tpguard.kernels.fingerprint` is the
-GPU fast path and must match it bit for bit):
+The definition and its numpy reference: `tpguard.kernels.fingerprint_reference`. CUDA tensors go
+to the Triton kernels (`tpguard.kernels.fingerprint`), anything else to the reference; both give
+the same bits.
 
-* A tensor is viewed as rows: ``R = shape[0]`` rows of ``shape[1:]`` (a 0-d tensor is one row).
-* Each row is a sequence of 32-bit words: one word per element for 1- and 2-byte dtypes
-  (zero-extended), ``itemsize / 4`` little-endian words per element otherwise.
-* Row hash, for words ``w_j`` at position ``j`` and a seed ``s`` (64 bits, from dtype and
-  row shape; ``s_lo`` its low 32 bits), all arithmetic modulo 2**32 / 2**64::
-
-      h_j = fmix32((w_j * C1) ^ (j * C2 + s_lo))
-      L1 = sum_j h_j ; L2 = sum_j h_j * h_j         (uint64: h_j * h_j is the exact 64-bit
-                                                     square; the sums wrap)
-      row_fp = fmix64(L1 ^ fmix64(L2 ^ s))
-
-  Sums are modular integer sums, so any reduction order gives the same bits; the position
-  ``j`` enters every term, so a permutation changes the value; ``h`` is a bijection of ``w``
-  at a fixed ``j`` and L1 cannot wrap (n < 2**32 words), so any single-word change always
-  changes L1; two changed words keep both L1 and L2 only if their h values are swapped
-  (equal sums and equal squares of two integers), save rare wraps of L2.
-  ``tpguard.fp/1`` had L2 = sum_j fmix32(h_j + s_hi): the same properties at ~1.6x the integer
-  work per word, which kept the GPU kernel below the memory bandwidth (docs/design-fingerprint.md,
-  "The definition, and why one hash per word").
-* ``fingerprint_rows(t)[r]`` is the row hash of row ``r`` with ``s = seed(dtype, shape[1:])``.
-* ``fingerprint(t)`` is the row hash of the row fingerprints themselves (each as two words,
-  low then high) with ``s = seed(dtype, shape, "top")``: it covers dtype, full shape and
-  every byte, and costs one pass over the data plus a tiny second one.
-
-Fingerprints are held as int64 tensors carrying the uint64 bits (torch's uint64 has few ops);
-`fingerprint_rows` returns a ``torch.uint64`` view for callers.
+* `fingerprint_tensor(t)`: a Python int in [0, 2**64) (waits for the device);
+* `fingerprint_device(t)` / `fingerprint_rows_i64(t)` / `fingerprint_many(tensors)`: int64
+  tensors carrying the uint64 bits on the tensors' device, nothing waits for them;
+  `fingerprint_rows(t)`: the rows' as ``torch.uint64``;
+* attached: a producer that writes a tensor may compute its fingerprint in the same pass
+  (``fingerprint_out=``, the renorms' write pass): `call_with_fingerprint` attaches it to the
+  result, `attached_fingerprint` gives it back while the tensor is unchanged, and the guards
+  record it instead of reading the tensor again;
+* `format_fp` / `parse_fp`: the trace's 16 hex digits; `fingerprint_bytes`: host bytes.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+import functools
+import inspect
 
-import numpy as np
 import torch
 import xxhash
 
-FORMAT_VERSION = "tpguard.fp/2"  # the seeds include it: a new definition, new values
+from tpguard.kernels.fingerprint_reference import (FORMAT_VERSION, M64, fingerprint_device_reference,
+                                                   fingerprint_many_reference, fingerprint_reference,
+                                                   fingerprint_rows_reference, to_signed, to_unsigned)
 
-M32 = 0xFFFFFFFF
-M64 = 0xFFFFFFFFFFFFFFFF
-C1 = 0x9E3779B1  # golden-ratio multiplier, spreads the value word
-C2 = 0x85EBCA77  # spreads the position
-FMIX32_A = 0x85EBCA6B  # murmur3 32-bit finaliser
-FMIX32_B = 0xC2B2AE35
-FMIX64_A = 0xFF51AFD7ED558CCD  # murmur3 64-bit finaliser
-FMIX64_B = 0xC4CEB9FE1A85EC53
-
-
-# --- seeds (host side, from dtype and shape; never from data) -------------------------------
-
-@lru_cache(maxsize=4096)
-def _seed(dtype: str, shape: tuple[int, ...], kind: str) -> int:
-    text = f"{FORMAT_VERSION}:{kind}:{dtype}:{','.join(str(int(d)) for d in shape)}"
-    return xxhash.xxh64_intdigest(text.encode())
-
-
-def row_seed(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
-    """Seed of each row of a tensor of this dtype and full shape."""
-    return _seed(str(dtype), tuple(shape[1:]), "row")
-
-
-def top_seed(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
-    """Seed of the hash over the row fingerprints."""
-    return _seed(str(dtype), tuple(shape), "top")
-
-
-def split_seed(seed: int) -> tuple[int, int]:
-    return seed & M32, (seed >> 32) & M32
-
-
-def to_signed(value: int) -> int:
-    """uint64 bits as the int64 a torch tensor stores."""
-    value &= M64
-    return value - (1 << 64) if value >= (1 << 63) else value
-
-
-def to_unsigned(value: int) -> int:
-    return int(value) & M64
+__all__ = ["FORMAT_VERSION", "accepts_fingerprint_out", "attach_fingerprint", "attached_fingerprint",
+           "call_with_fingerprint", "fingerprint_bytes", "fingerprint_device", "fingerprint_many",
+           "fingerprint_rows", "fingerprint_rows_i64", "fingerprint_tensor", "format_fp", "parse_fp", "to_signed",
+           "to_unsigned"]
 
 
 def format_fp(value: int) -> str:
@@ -95,66 +46,7 @@ def parse_fp(text: str) -> int:
     return int(text, 16)
 
 
-# --- words ---------------------------------------------------------------------------------
-
-def row_words(t: torch.Tensor) -> np.ndarray:
-    """The tensor as a [rows, words] uint32 array (host copy; reference path)."""
-    t = t.detach().resolve_conj().resolve_neg()  # hash the values a lazy view stands for
-    rows = t.shape[0] if t.dim() >= 1 else 1
-    flat = t.reshape(-1).contiguous().cpu()
-    size = flat.element_size()
-    if size == 1:
-        words = flat.view(torch.uint8).numpy().astype(np.uint32)
-    elif size == 2:
-        words = flat.view(torch.int16).numpy().view(np.uint16).astype(np.uint32)
-    else:
-        words = flat.view(torch.uint8).numpy().view(np.uint32)
-    return words.reshape(rows, -1) if rows else words.reshape(0, 0)
-
-
-# --- the hash (numpy reference: uint32/uint64 arrays wrap modulo 2**32 / 2**64) -----------
-
-def _fmix32(x: np.ndarray) -> np.ndarray:
-    x = x ^ (x >> np.uint32(16))
-    x = x * np.uint32(FMIX32_A)
-    x = x ^ (x >> np.uint32(13))
-    x = x * np.uint32(FMIX32_B)
-    return x ^ (x >> np.uint32(16))
-
-
-def _fmix64(x: np.ndarray) -> np.ndarray:
-    x = x ^ (x >> np.uint64(33))
-    x = x * np.uint64(FMIX64_A)
-    x = x ^ (x >> np.uint64(33))
-    x = x * np.uint64(FMIX64_B)
-    return x ^ (x >> np.uint64(33))
-
-
-def hash_rows_reference(words: np.ndarray, seed: int) -> np.ndarray:
-    """Row hash of a [rows, n] uint32 array -> [rows] uint64."""
-    s_lo, _ = split_seed(seed)
-    n = words.shape[1]
-    with np.errstate(over="ignore"):
-        pos = np.arange(n, dtype=np.uint32) * np.uint32(C2) + np.uint32(s_lo)
-        h = _fmix32((words * np.uint32(C1)) ^ pos).astype(np.uint64)
-        lane1 = h.sum(axis=1, dtype=np.uint64)
-        lane2 = (h * h).sum(axis=1, dtype=np.uint64)
-        return _fmix64(lane1 ^ _fmix64(lane2 ^ np.uint64(seed)))
-
-
-def fingerprint_rows_reference(t: torch.Tensor) -> torch.Tensor:
-    """int64 [rows] (uint64 bits), computed on the host with numpy."""
-    out = hash_rows_reference(row_words(t), row_seed(t.dtype, tuple(t.shape)))
-    return torch.from_numpy(out.view(np.int64).copy())
-
-
-def combine_rows_reference(rows_fp: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> int:
-    words = rows_fp.detach().cpu().contiguous().view(torch.int64).numpy().view(np.uint32)
-    out = hash_rows_reference(words.reshape(1, -1), top_seed(dtype, tuple(shape)))
-    return int(out[0])
-
-
-# --- public API ----------------------------------------------------------------------------
+# --- host and device ---------------------------------------------------------------------------
 
 def _use_kernel(t: torch.Tensor) -> bool:
     if t.device.type != "cuda":
@@ -184,18 +76,100 @@ def fingerprint_device(t: torch.Tensor) -> torch.Tensor:
         from tpguard.kernels.fingerprint import fingerprint_triton
 
         return fingerprint_triton(t)
-    rows = fingerprint_rows_reference(t)
-    value = combine_rows_reference(rows, t.dtype, tuple(t.shape))
-    return torch.tensor(to_signed(value), dtype=torch.int64, device=t.device)
+    return fingerprint_device_reference(t)
 
 
-def fingerprint(t: torch.Tensor) -> int:
+def fingerprint_tensor(t: torch.Tensor) -> int:
     """64-bit fingerprint of dtype, shape and every byte, as a Python int in [0, 2**64)."""
     if _use_kernel(t):
         return to_unsigned(int(fingerprint_device(t).item()))
-    return combine_rows_reference(fingerprint_rows_reference(t), t.dtype, tuple(t.shape))
+    return fingerprint_reference(t)
+
+
+def fingerprint_many(tensors: list[torch.Tensor], *, out: torch.Tensor | None = None,
+                     out_index: list[int] | None = None,
+                     bump_index: int | None = None) -> torch.Tensor:
+    """int64 [n] (uint64 bits): fingerprints of several tensors, on their (common) device.
+    CUDA tensors go to the Triton kernels when available (a fixed number of launches:
+    `tpguard.kernels.fingerprint.fingerprint_many_triton`); anything else to the numpy reference.
+    With `out`: written to out[out_index[i]] (default i) and out[bump_index] += 1; returns out."""
+    tensors = list(tensors)
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"fingerprint_many: expected torch.Tensor items, got {type(t).__name__}")
+    if not tensors:
+        return torch.empty(0, dtype=torch.int64)
+    device = tensors[0].device
+    if any(t.device != device for t in tensors):
+        raise ValueError(f"fingerprint_many: tensors must share one device, got "
+                         f"{sorted({str(t.device) for t in tensors})}")
+    if device.type == "cuda":
+        from tpguard.config import interpreting
+        from tpguard.kernels import fingerprint as fp_kernel
+
+        if fp_kernel.available() and not interpreting():
+            return fp_kernel.fingerprint_many_triton(tensors, out=out, out_index=out_index, bump_index=bump_index)
+    values = fingerprint_many_reference(tensors).to(device)
+    if out is None and out_index is None and bump_index is None:
+        return values
+    if out is None:
+        raise ValueError("fingerprint_many: out_index / bump_index need `out`")
+    idx = out_index if out_index is not None else list(range(len(tensors)))
+    out.index_copy_(0, torch.tensor(idx, dtype=torch.long, device=out.device), values)
+    if bump_index is not None:
+        out[bump_index:bump_index + 1].add_(1)
+    return out
 
 
 def fingerprint_bytes(data: bytes) -> int:
     """Host bytes (generator states, configs): xxhash64."""
     return xxhash.xxh64_intdigest(data)
+
+
+# --- attached: computed by the producer that wrote the tensor --------------------------------------
+
+_FP_ATTR = "_tpguard_fingerprint"
+
+
+def attach_fingerprint(t: torch.Tensor, fp: torch.Tensor) -> torch.Tensor:
+    """Mark `t` with its already computed fingerprint (a 1-element int64 device tensor, e.g.
+    written by the renorm's write pass): `record(name, t)` then uses it instead of reading `t`
+    again. Valid while `t` is not modified in place (checked by torch's version counter)."""
+    if t.is_inference():  # no version counter to guard the value (SGLang may run under
+        return t  # torch.inference_mode): the guard then fingerprints the tensor itself
+    setattr(t, _FP_ATTR, (fp, t._version))
+    return t
+
+
+def attached_fingerprint(t: torch.Tensor) -> torch.Tensor | None:
+    """The fingerprint attached to `t` by `attach_fingerprint`, or None (none, or `t` changed
+    in place since)."""
+    got = getattr(t, _FP_ATTR, None)
+    if got is None:
+        return None
+    try:
+        if got[1] != t._version:
+            return None
+    except RuntimeError:  # an inference tensor: no version counter
+        return None
+    return got[0].reshape(())
+
+
+@functools.lru_cache(maxsize=64)
+def accepts_fingerprint_out(fn) -> bool:
+    """Whether producer `fn` takes ``fingerprint_out=`` (a 1-element int64 tensor it fills with
+    the fingerprint of the tensor it returns, e.g. the renorms' write pass)."""
+    try:
+        return "fingerprint_out" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def call_with_fingerprint(fn, probs: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """``fn(probs, *args, **kwargs)``; when `fn` accepts ``fingerprint_out=``, the result comes
+    back with its fingerprint attached (`attach_fingerprint`), so that recording it reads
+    nothing. Otherwise the plain call (the guard then fingerprints the result as usual)."""
+    if not accepts_fingerprint_out(fn):
+        return fn(probs, *args, **kwargs)
+    slot = torch.empty((), dtype=torch.int64, device=probs.device)
+    return attach_fingerprint(fn(probs, *args, fingerprint_out=slot, **kwargs), slot)

@@ -17,8 +17,6 @@ never be the one that hangs. A rank that never arrives is named after `timeout_s
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +29,7 @@ import xxhash
 from tpguard.config import POLICIES
 from tpguard.divergence import first_divergence
 from tpguard.errors import RankDivergenceError, RankTimeoutError, TraceWriteError
-from tpguard.fingerprint import fingerprint_device, fingerprint_rows_i64, format_fp, to_signed
+from tpguard.fingerprint import attached_fingerprint, fingerprint_device, fingerprint_rows_i64, format_fp, to_signed
 from tpguard.quantities import CANONICAL_ORDER, DECISION_QUANTITIES, validate_order
 from tpguard.metrics import MetricsListener
 from tpguard.records import DivergenceRecord, EventRecord, Header, StepRecord, compact_fp
@@ -44,51 +42,6 @@ _HDR = 3  # step, site id, present mask
 # this step". Every rank reads it in the gathered vector, so the ranks stop guarding a site together
 # and their collectives stay paired (hooks/sglang_runtime.py).
 FAILED_BIT = 62
-_FP_ATTR = "_tpguard_fingerprint"
-
-
-def attach_fingerprint(t: torch.Tensor, fp: torch.Tensor) -> torch.Tensor:
-    """Mark `t` with its already computed fingerprint (a 1-element int64 device tensor, e.g.
-    written by the renorm's write pass): `record(name, t)` then uses it instead of reading `t`
-    again. Valid while `t` is not modified in place (checked by torch's version counter)."""
-    if t.is_inference():  # no version counter to guard the value (SGLang may run under
-        return t  # torch.inference_mode): the guard then fingerprints the tensor itself
-    setattr(t, _FP_ATTR, (fp, t._version))
-    return t
-
-
-def attached_fingerprint(t: torch.Tensor) -> torch.Tensor | None:
-    """The fingerprint attached to `t` by `attach_fingerprint`, or None (none, or `t` changed
-    in place since)."""
-    got = getattr(t, _FP_ATTR, None)
-    if got is None:
-        return None
-    try:
-        if got[1] != t._version:
-            return None
-    except RuntimeError:  # an inference tensor: no version counter
-        return None
-    return got[0].reshape(())
-
-
-@functools.lru_cache(maxsize=64)
-def accepts_fingerprint_out(fn) -> bool:
-    """Whether producer `fn` takes ``fingerprint_out=`` (a 1-element int64 tensor it fills with
-    the fingerprint of the tensor it returns, e.g. the renorms' write pass)."""
-    try:
-        return "fingerprint_out" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def call_with_fingerprint(fn, probs: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    """``fn(probs, *args, **kwargs)``; when `fn` accepts ``fingerprint_out=``, the result comes
-    back with its fingerprint attached (`attach_fingerprint`), so that recording it reads
-    nothing. Otherwise the plain call (the guard then fingerprints the result as usual)."""
-    if not accepts_fingerprint_out(fn):
-        return fn(probs, *args, **kwargs)
-    slot = torch.empty((), dtype=torch.int64, device=probs.device)
-    return attach_fingerprint(fn(probs, *args, fingerprint_out=slot, **kwargs), slot)
 
 
 def all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group=None, async_op: bool = False):

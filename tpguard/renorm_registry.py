@@ -50,7 +50,7 @@ class RenormBackend:
 
         stages = [k for k in ("top_k", "top_p", "min_p") if k in params]
         if self.fused is not None and upto is None:
-            from tpguard.guard import attach_fingerprint
+            from tpguard.fingerprint import attach_fingerprint
 
             slot = torch.empty((), dtype=torch.int64, device=logits.device) if fingerprint else None
             out = self.fused(logits, temperature, params.get("top_k"), params.get("top_p"), params.get("min_p"),
@@ -64,10 +64,10 @@ class RenormBackend:
     def call(self, kind: str, probs, param, fingerprint: bool = False):
         """``kind`` in top_k / top_p / min_p; with `fingerprint`, a kernel that takes
         ``fingerprint_out=`` (tpguard's) returns the result with its fingerprint attached
-        (`tpguard.guard.call_with_fingerprint`; the others are called plainly)."""
+        (`tpguard.fingerprint.call_with_fingerprint`; the others are called plainly)."""
         fn = getattr(self, kind)
         if fingerprint:
-            from tpguard.guard import call_with_fingerprint
+            from tpguard.fingerprint import call_with_fingerprint
 
             return call_with_fingerprint(fn, probs, param)
         return fn(probs, param)

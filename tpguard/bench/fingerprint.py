@@ -8,14 +8,14 @@ result is checked bit for bit against the numpy reference first (``--no-check`` 
 
 Usage: tpguard bench fingerprint [--iters N] [--shapes all|main] [--sweep [--sweep-budget S]] [--no-check]
 ``--sweep`` times KernelConfig variants (each checked against the reference) and names the best;
-the table above it uses the defaults (one tensor: ``SINGLE_TENSOR_CONFIG``; sets: ``KernelConfig()``).
+the table above it uses the defaults (one tensor: ``SINGLE_TENSOR_CONFIG``; sets: ``default_config()``).
 Target: 256 x 163840 fp32 in <= 48 us (>= 3.5 TB/s) on one H200.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import os
 import sys
 import time
 
@@ -49,8 +49,8 @@ def graph_batched(fn, iters: int) -> float:
 
 def check(t: torch.Tensor) -> str:
     """Kernel rows and fingerprint vs the numpy reference, bit for bit."""
-    ref = importlib.import_module("tpguard.fingerprint")  # the module, not the re-exported function
     from tpguard.kernels import fingerprint as k
+    from tpguard.kernels import fingerprint_reference as ref
 
     rows_ref = ref.fingerprint_rows_reference(t)
     rows = k.fingerprint_rows_triton(t).cpu()
@@ -94,14 +94,16 @@ def bench_lane_loads(iters: int, rounds: int = 5) -> None:
     import statistics
 
     from tpguard.kernels import fingerprint as k
+    from tpguard.kernels import fingerprint_tma
+    from tpguard.kernels.fingerprint_words import _tile, _words
 
     (shape, dtype) = MAIN_SHAPE
     x = _make(shape, dtype, "cuda")
     nbytes = x.numel() * x.element_size()
     variants = {"tma": k.SINGLE_TENSOR_CONFIG, "ldg": dataclasses.replace(k.SINGLE_TENSOR_CONFIG, lane_tma="off")}
-    w = k._words(x)
-    br, bn = k._tile(w.rows, w.n_words, k.SINGLE_TENSOR_CONFIG)[:2]
-    uses_tma = k.fingerprint_tma.usable(w, br, bn, k.SINGLE_TENSOR_CONFIG)
+    w = _words(x)
+    br, bn = _tile(w.rows, w.n_words, k.SINGLE_TENSOR_CONFIG)[:2]
+    uses_tma = fingerprint_tma.usable(w, br, bn, k.SINGLE_TENSOR_CONFIG)
     want = k.fingerprint_triton(x, config=variants["ldg"])
     same = torch.equal(k.fingerprint_triton(x, config=variants["tma"]), want)
     times: dict[tuple[str, str], list[float]] = {}
@@ -133,15 +135,15 @@ def guard_sets(device="cuda") -> dict[str, list[torch.Tensor]]:
 
 
 def _set_fast(k, on: bool) -> None:
-    """Direct (recorded) launches on/off for plans built from now on."""
-    k.FAST_LAUNCH = on
-    k._PLAN_CACHE.clear()
-    k._CAPTURED_PLANS.clear()
+    """Direct (recorded) launches on/off (TPGUARD_FAST_LAUNCH) for plans built from now on."""
+    os.environ["TPGUARD_FAST_LAUNCH"] = "1" if on else "0"
+    k.clear_plans()
 
 
 def bench_many(iters: int, do_check: bool) -> list[str]:
     from tpguard.fingerprint import fingerprint_device
     from tpguard.kernels import fingerprint as k
+    from tpguard.kernels.fingerprint_reference import fingerprint_many_reference
 
     print(f"\n{'set':>10} {'tensors':>7} {'launches':>8} | {'many us':>8} {'graph us':>8} | "
           f"{'host us':>8} {'triton':>8} {'fast':>5} | {'1-by-1 us':>9} {'host us':>8} | check")
@@ -150,13 +152,13 @@ def bench_many(iters: int, do_check: bool) -> list[str]:
         status = "skipped"
         if do_check:
             got = k.fingerprint_many_triton(tensors).cpu()
-            status = "ok" if torch.equal(got, k.fingerprint_many_reference(tensors)) else "MISMATCH"
+            status = "ok" if torch.equal(got, fingerprint_many_reference(tensors)) else "MISMATCH"
         plan = k.ManyPlan(tensors)
         plan.run()
         plan.run()  # the second run sets up direct launches
         torch.cuda.synchronize()
         launches, fast = plan.launches, plan.fast_launch
-        if do_check and not torch.equal(plan.run().cpu(), k.fingerprint_many_reference(tensors)):
+        if do_check and not torch.equal(plan.run().cpu(), fingerprint_many_reference(tensors)):
             status = "MISMATCH (direct launches)"
         t_many = time_batched(lambda: k.fingerprint_many_triton(tensors), iters)
         h_many = time_host(lambda: plan.run(), iters)  # direct launches when fast == "on"
@@ -223,9 +225,9 @@ def run_sweep(iters: int, budget_s: float = 30.0, configs: list[str] | None = No
     """KernelConfig variants on the main shape (CUDA-graph replay), each checked bit for bit
     against the reference rows first; then the 3 fastest and FULL_SET_CONFIGS on the guard's full set
     (with `configs` given: `full_configs` alone, each as a whole config, if given)."""
-    ref = importlib.import_module("tpguard.fingerprint")
     from tpguard.config import replace_from_text
     from tpguard.kernels import fingerprint as k
+    from tpguard.kernels import fingerprint_reference as ref
 
     t0 = time.perf_counter()
     (shape, dtype) = MAIN_SHAPE
@@ -258,7 +260,7 @@ def run_sweep(iters: int, budget_s: float = 30.0, configs: list[str] | None = No
         print(f"(full set not swept with --sweep-configs alone; sweep took {time.perf_counter() - t0:.0f} s)")
         return
     full = guard_sets()["full"]
-    want = k.fingerprint_many_reference(full)
+    want = ref.fingerprint_many_reference(full)
     print("full set (fingerprint_many, graph replay): " + ("the --full-set-configs" if full_configs is not None else
           "the 3 fastest configs and FULL_SET_CONFIGS x long-row variants (many_long, maxnreg)")
           + "; target: <= 88 us (2 x 168 MB at 3.8 TB/s)")
@@ -296,16 +298,17 @@ def main(*, iters: int, shapes: str, sweep: bool, sweep_budget: float, sweep_con
         print("tpguard bench fingerprint: CUDA is not available (this benchmark needs a GPU)",
               file=sys.stderr)
         return 2
+    from tpguard.config import interpreting
     from tpguard.kernels import fingerprint as k
 
-    if not k.available() or k.INTERPRET:
+    if not k.available() or interpreting():
         print("tpguard bench fingerprint: Triton is missing or TRITON_INTERPRET=1 is set",
               file=sys.stderr)
         return 2
     import triton
 
     print(f"device: {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}"
-          f" | one tensor {k.SINGLE_TENSOR_CONFIG} | fingerprint_many {k.DEFAULT_CONFIG}")
+          f" | one tensor {k.SINGLE_TENSOR_CONFIG} | fingerprint_many {k.default_config()}")
     results = bench_shapes(SHAPES if shapes == "all" else [MAIN_SHAPE], iters, check)
     bench_lane_loads(iters)
     many_status = bench_many(iters, check)

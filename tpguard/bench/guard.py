@@ -107,7 +107,7 @@ def main(args: Options) -> int:
     if rank == 0 and args.heal_only:
         print_heal(out)
     elif rank == 0:
-        from tpguard.kernels import fingerprint as kfp
+        from tpguard.kernels import direct_launch, fingerprint_plan
 
         off = out["step_off_us"]
         print(f"guard cost at {out['shape']}, {world} rank(s), {out['gpu']}, {out['config']}")
@@ -138,10 +138,10 @@ def main(args: Options) -> int:
               f"waits for the step before): full {out['host_full_us']:.0f} us, "
               f"decisions {out['host_decisions_us']:.0f} us with direct launches; "
               f"{out['host_full_triton_launch_us']:.0f} / {out['host_decisions_triton_launch_us']:.0f} us "
-              f"with Triton's launches (fast launch: {kfp.fast_launch_enabled()})")
-        states = [plan.fast_launch for plan in kfp._PLAN_CACHE.values()]
+              f"with Triton's launches (fast launch: {direct_launch.enabled()})")
+        states = [plan.fast_launch for plan in fingerprint_plan._PLAN_CACHE.values()]
         print(f"  direct-launch state of the cached fingerprint plans: "
-              f"{ {s_: states.count(s_) for s_ in set(states)} }; refusals: {kfp.FAST_LAUNCH_FAILURES or 'none'}")
+              f"{ {s_: states.count(s_) for s_ in set(states)} }; refusals: {direct_launch.FAILURES or 'none'}")
         for mode in ("full", "decisions"):
             on = out[f"step_{mode}_us"]
             print(f"  eager stand-in verify step: off {off:.0f} us, {mode} on {on:.0f} us "
@@ -162,31 +162,31 @@ def _guard_costs(args: Options, t: dict, out: dict, world: int) -> None:
 
     # 1. GPU time of the guard's device work, from graph replays; the full set also with the
     #    long-row variants of fingerprint_many (KernelConfig.many_long, maxnreg).
-    import dataclasses
+    from tpguard.config import fingerprint_config_text, replace_from_text
+    from tpguard.kernels import fingerprint_plan
+    from tpguard.kernels.fingerprint_config import default_config
 
-    from tpguard.kernels import fingerprint as kfp
-
+    # fingerprint_many's config is TPGUARD_FP_CONFIG's (read when a plan is made): --config adds to it
     if args.config:
-        from tpguard.config import replace_from_text
-
         try:
-            kfp.DEFAULT_CONFIG = replace_from_text(kfp.DEFAULT_CONFIG, args.config, "--config")
+            replace_from_text(default_config(), args.config, "--config")
         except ValueError as e:  # a usage error: one line, exit 2
             import typer
 
             raise typer.BadParameter(str(e).removeprefix("--config: "), param_hint="'--config'") from None
-    out["config"] = str(kfp.DEFAULT_CONFIG)
-    default_cfg = kfp.DEFAULT_CONFIG
+        os.environ["TPGUARD_FP_CONFIG"] = ",".join(filter(None, (fingerprint_config_text(), args.config)))
+    out["config"] = str(default_config())
+    base_text = fingerprint_config_text()
     for variant in ({"many_long": "table"}, {"many_long": "table", "maxnreg": 128},
                     {"many_long": "rows", "maxnreg": 128}):
-        kfp.DEFAULT_CONFIG = dataclasses.replace(default_cfg, **variant)
+        label = ",".join(f"{k}={v}" for k, v in variant.items())
+        os.environ["TPGUARD_FP_CONFIG"] = ",".join(filter(None, (base_text, label)))
         guard = DeviceStepGuard(site="bench.variant", quantities=CANONICAL_ORDER, run_id="bench",
                                 watchdog=False)
         guard.prepare_graph({n: t[n] for n in CANONICAL_ORDER}, zero_copy=False)
-        label = ",".join(f"{k}={v}" for k, v in variant.items())
         out[f"graph_full_us[{label}]"] = time_graph(guard.device_check, args.iters, strict=False)
         guard.close()
-    kfp.DEFAULT_CONFIG = default_cfg
+    os.environ["TPGUARD_FP_CONFIG"] = base_text
     # full_fused_probs: target_probs' fingerprint comes from the renorm's write pass
     # (renorm_write_fp.py, its extra cost measured by --fused-probs), so the guard reads only
     # the logits among the vocab-sized tensors.
@@ -250,7 +250,7 @@ def _guard_costs(args: Options, t: dict, out: dict, world: int) -> None:
     guard.close()
 
     # The fingerprint pass alone, for the record.
-    from tpguard.kernels.fingerprint import fingerprint_many
+    from tpguard.fingerprint import fingerprint_many
 
     out["fingerprint_full_us"] = time_graph(lambda: fingerprint_many([t[n] for n in CANONICAL_ORDER]), args.iters)
     out["fingerprint_decisions_us"] = time_graph(lambda: fingerprint_many([t[n] for n in DECISIONS_MODE]),
@@ -263,8 +263,8 @@ def _guard_costs(args: Options, t: dict, out: dict, world: int) -> None:
 
     out["step_off_us"] = time_wall(lambda: stand_in_verify(t), args.iters)
     for fast in (True, False):
-        kfp.FAST_LAUNCH = fast
-        kfp._PLAN_CACHE.clear()
+        os.environ["TPGUARD_FAST_LAUNCH"] = "1" if fast else "0"
+        fingerprint_plan.clear_plans()
         guard_compare._LAUNCHES.clear()
         tag = "" if fast else "_triton_launch"
         for mode, names in (("full", CANONICAL_ORDER), ("decisions", DECISIONS_MODE)):
@@ -289,8 +289,8 @@ def _guard_costs(args: Options, t: dict, out: dict, world: int) -> None:
             guard.close()
     # back to direct launches: plans made under Triton's launches would keep them (the profile and
     # the printed plan states below would then describe Triton's path: {'off': 2})
-    kfp.FAST_LAUNCH = True
-    kfp._PLAN_CACHE.clear()
+    os.environ["TPGUARD_FAST_LAUNCH"] = "1"
+    fingerprint_plan.clear_plans()
     guard_compare._LAUNCHES.clear()
 
     if args.profile and world == 1:  # the profiled guard's all-gather would wait for the other ranks
@@ -429,7 +429,7 @@ def fused_probs_main(args: Options) -> int:
            "bit_identical_out": same_out, "fingerprint_matches": same_fp, "row_fps_match": same_rows}
     res["write_us"] = time_graph(lambda: launch_write(probs, out_plain, s, ws, cfg), args.iters)
     for shifts in (0, 1, 3):  # KernelConfig.shifts bitmasks
-        fcfg = dataclasses.replace(kfp.DEFAULT_CONFIG, shifts=shifts)
+        fcfg = dataclasses.replace(kfp.default_config(), shifts=shifts)
         res[f"write_fp_us[shifts={shifts}]"] = time_graph(
             lambda fcfg=fcfg: launch_write_fp(probs, out_fp, s, ws, cfg, fp_out=vec[3], fp_config=fcfg),
             args.iters)
