@@ -11,8 +11,11 @@ kernel up on every call (tens of us per launch). Here:
 
 1. `capture_launches()` watches one normal run of an op (Triton's own launches, GPU work done)
    and keeps each launch's kernel, grid, arguments and the compiled kernel it returned; a
-   `TorchDispatchMode` alongside lists any torch op of that run that does GPU work (a per-call
-   ``fill_`` / ``copy_`` would be skipped by direct launches: such a run is refused).
+   `TorchFunctionMode` alongside lists any torch call of that run that may do GPU work (a per-call
+   ``fill_`` / ``copy_`` would be skipped by direct launches: such a run is refused). Not a
+   `TorchDispatchMode`: entering the first one in a process imports torch's higher-order ops
+   (dynamo, sympy, FSDP: 2 s here, 5 s on an H200 host), which a plan's recording paid once per
+   process and which dominated the harness's first steps.
 2. `DirectLaunch.record()` repeats each launch through Triton with ``CompiledKernel.run``
    swapped for a recorder (no GPU work) and keeps the positional arguments Triton hands the
    launcher. Accepted only for Triton 3.x's layout (grid x3, stream, function, packed metadata,
@@ -67,8 +70,11 @@ _VALIDATED: dict[str, bool] = {}  # compiled variant -> a direct run equal to Tr
 # aten ops that do no GPU work (allocations, views): anything else in a captured run is refused
 _NO_WORK = frozenset({
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "view", "_unsafe_view",
-    "reshape", "split", "split_with_sizes", "slice", "select", "as_strided", "alias", "detach", "expand",
+    "split", "split_with_sizes", "slice", "select", "as_strided", "alias", "detach", "expand",
     "t", "unsqueeze", "squeeze", "permute", "lift_fresh", "unbind", "narrow",
+    # metadata: the launcher's argument binding reads these
+    "data_ptr", "size", "stride", "storage_offset", "untyped_storage", "numel", "dim", "element_size",
+    "is_contiguous", "get_device", "__get__",  # __get__: a property (shape, dtype, device, is_cuda, ...)
 })
 
 
@@ -178,16 +184,16 @@ class Captured:
 
 
 class _TorchWork:
-    """Names of the aten ops run inside the window that may do GPU work (see _NO_WORK)."""
+    """Names of the torch calls made inside the window that may do GPU work (see _NO_WORK)."""
 
     def __init__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.overrides import TorchFunctionMode
 
         seen = self.seen = []
 
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                name = func.overloadpacket.__name__
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                name = getattr(func, "__name__", repr(func))
                 if name not in _NO_WORK:
                     seen.append(name)
                 return func(*args, **(kwargs or {}))

@@ -183,6 +183,20 @@ def test_ops_do_no_other_torch_work(monkeypatch):
             assert work.seen == [], (op, tensor, work.seen)
 
 
+def test_torch_work_watcher_names_calls_that_may_do_gpu_work():
+    # the watcher behind the refusal above: a fill_, a copy_, a reshape (may copy) are named;
+    # allocations, views and metadata are not
+    work = dl._TorchWork()
+    x = torch.zeros(4, 6)
+    with work.mode:
+        y = torch.empty_like(x).view(6, 4)
+        _ = (y.shape, y.stride(), y.data_ptr(), y.is_cuda, y.numel())
+        y.fill_(1.0)
+        x.copy_(y.view(4, 6))
+        x.t().reshape(24)
+    assert work.seen == ["fill_", "copy_", "reshape"], work.seen
+
+
 def test_int_class_is_tritons_specialisation():
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
