@@ -221,6 +221,9 @@ speed() {  # the harness's time per step without the guard, per renorm (bs 32 x 
       --renorm $renorm --summary-json $d/$name.json > $d/$name.log 2>&1 )
     say "speed $name rc=$? $(python3 -c "import json; j=json.load(open('$d/$name.json')); print(f\"{j['ms_per_step']} ms/step steady, warm-up {j['warmup_ms_per_step']} ms/step\")" 2>&1 | tail -1)"
   done
+  # the renorm call plans alone, 2 processes sharing the GPU: first steps apart from the steady state
+  within 120 python3 gpu/plans_shared_gpu.py --procs 2 --steps 100 > $d/plans.md 2> $d/plans.err
+  say "speed plans rc=$? $(grep -E '^\| (on|off) ' $d/plans.md | tr -s ' ' | tr '\n' ';' | cut -c1-400)"
 }
 
 fix() {  # policy fix with flashinfer's default renorm: healed once, switched, clean after (one GPU, gloo)
