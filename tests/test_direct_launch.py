@@ -137,8 +137,7 @@ def test_c_launch_only_for_the_launcher_it_was_read_from(monkeypatch):
 
 
 def test_one_tensor_in_two_roles_is_refused(monkeypatch):
-    # the fused op's top-p and min-p may arrive as one tensor: a later call may pass two, and one
-    # template slot cannot take both
+    # a later call may pass two tensors there, and one template slot cannot take both
     monkeypatch.setattr(dl, "current_stream", lambda: 77)
     monkeypatch.setattr(dl, "_device_tensor", lambda t: True)
     kernel = StandInKernel()

@@ -476,12 +476,15 @@ def test_direct_launches_on_gpu(plans, monkeypatch):
             assert not launch_trim() or not any(isinstance(a, torch.Tensor) for a in launch.template), launch.name
         if launch_trim() and triton.__version__ == "3.6.0":  # the GPU machine's: its C launch, called directly
             assert all(launch.run is not launch.compiled.run for launch in plan.direct.launches), dl.LAUNCHERS
-    # one tensor as top-p and min-p: no direct launches (a later call may pass two), the same bits
+    # one tensor as top-p and min-p, then two: each role its own slot
     rp.clear_plans()
     x = plan_logits(vocab=20000)
     p = torch.tensor([0.9, 0.05, 0.5, 0.2], device=DEVICE)
-    expect = plan_free(monkeypatch, x, 0.8, None, p, p)
-    for _ in range(3):
-        assert torch.equal(ref.bits(tp.target_probs(x, 0.8, None, p, p, backend="tpguard")), ref.bits(expect))
-    plan = rp.plans()[-1][1]
-    assert plan.state == "off" and "two roles" in plan.refusal, plan.refusal
+    mp = torch.tensor([0.1, 0.0, 0.3, 0.05], device=DEVICE)
+    for top_p, min_p in ((p, p), (p, mp), (mp, p), (p, p)):
+        expect = plan_free(monkeypatch, x, 0.8, None, top_p, min_p)
+        for _ in range(2):
+            assert torch.equal(ref.bits(tp.target_probs(x, 0.8, None, top_p, min_p, backend="tpguard")),
+                               ref.bits(expect))
+    ((_, plan),) = rp.plans()
+    assert plan.state == "on", plan.refusal
