@@ -83,7 +83,8 @@ def tests(d: Path, env: dict) -> str:
 
 # --- kernels -----------------------------------------------------------------------------------------
 
-OPS = {"top_p": "top_p", "top_k": "top_k(40)", "top_k_top_p": "top_k + top_p", "min_p": "min_p"}
+OPS = {"top_p": "top_p", "top_k": "top_k(40)", "top_k_top_p": "top_k + top_p", "min_p": "min_p",
+       "target_probs": "target_probs (fused: T per row, top_k(40) + top_p)"}
 IMPLS = {"tpguard": "**tpguard**", "flashinfer": "flashinfer default", "flashinfer-det": "flashinfer is_deterministic",
          "torch": "torch (sort)"}
 

@@ -1,5 +1,5 @@
-"""Host time of eager renorm calls, with the call plans (kernels/renorm_plan.py) on and off
-(docs/design-renorm.md, "Host time").
+"""Host time of eager renorm calls (and of the fused logits -> target probs op), with the call plans
+(kernels/renorm_plan.py) on and off (docs/design-renorm.md, "Host time").
 
 CPU (development machine): tpguard's own Python per call, without the kernels: the Triton
 interpreter's launches are replaced by no-ops, so what is timed is the API checks, the plan
@@ -28,10 +28,19 @@ import time
 
 
 def _calls(renorm, x, fp=None):
+    """The four renorms on `x`, and the fused logits -> target probs op (kernels/target_probs.py) with
+    `x` taken for logits, a temperature per row and top-k 40 + top-p 0.9 (the bench grid's fused cell)."""
+    import torch
+
+    from tpguard.kernels.target_probs import target_probs
+
+    t = torch.full((x.shape[0],), 0.8, device=x.device)
     return {"top_p": lambda: renorm.top_p_renorm(x, 0.9, backend="tpguard", fingerprint_out=fp),
             "top_k": lambda: renorm.top_k_renorm(x, 40, backend="tpguard", fingerprint_out=fp),
             "top_k_top_p": lambda: renorm.top_k_top_p_renorm(x, 40, 0.9, backend="tpguard", fingerprint_out=fp),
-            "min_p": lambda: renorm.min_p_renorm(x, 0.1, backend="tpguard", fingerprint_out=fp)}
+            "min_p": lambda: renorm.min_p_renorm(x, 0.1, backend="tpguard", fingerprint_out=fp),
+            "target_probs": lambda: target_probs(x, t, 40, 0.9, backend="tpguard", validate=False,
+                                                 fingerprint_out=fp)}
 
 
 def _plans_on() -> int:

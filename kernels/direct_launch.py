@@ -292,6 +292,9 @@ class DirectLaunch:
             for role, t in tensors.items():
                 if tmpl[i] is t:
                     slots.append((i, role))
+        if len({i for i, _ in slots}) != len(slots):  # a later call may pass two tensors there
+            self.refusal = "one tensor passed in two roles"
+            return False
         for name, (role, value) in scalars.items():
             if name in names:
                 i = HEAD + names.index(name)

@@ -6,11 +6,11 @@ GPU spends on them (H200: top-k(40) at 1 row 55 us of host time for 23 us of GPU
 flashinfer's one launch 46 us). A plan (kernels/renorm_plan.py) whose direct launches are
 validated, whose rows are <= ``TPGUARD_RENORM_GRAPH_ROWS`` (default 8) and whose call makes at
 least GRAPH_MIN_LAUNCHES launches (`worth_graph`) captures those launches once into a CUDA graph
-over buffers it owns: probs in, the output, tensor parameters and the fingerprint slot. A call
-then copies probs (and any parameter tensor) in, replays the graph on the current stream and clones the output (and copies the
-fingerprint out): 3-5 torch operations and one graph launch instead of the launches and their
-arguments. The GPU does two extra copies of the batch (~2 us at 1 row), so this pays only where
-host time dominates.
+over buffers it owns: probs in (the fused op's logits), the output, tensor parameters and the
+fingerprint slot. A call then copies probs (and any parameter tensor) in, replays the graph on the
+current stream and clones the output (and copies the fingerprint out): 3-5 torch operations
+and one graph launch instead of the launches and their arguments. The GPU does two extra copies
+of the batch (~2 us at 1 row), so this pays only where host time dominates.
 
 * Same kernels with the same arguments but for the buffers' addresses (at the recorded 16-byte
   alignments): the same bits, checked once per graph against the direct launches (one sync).
@@ -48,7 +48,10 @@ from tpguard.kernels.reference import bits
 # renorm_graph_rows, read when a plan decides) and GRAPH_MIN_LAUNCHES launches.
 GRAPH_MIN_LAUNCHES = 5
 GRAPHS_PER_PLAN = 4
-PROBS, OUT, K, P, FP = range(5)  # the roles of renorm_plan's values
+# the roles of a plan call's values (renorm_plan.py); MP (min-p) and C (the temperature scale) only in
+# the fused logits -> target probs op's calls (kernels/target_probs.py)
+PROBS, OUT, K, P, FP, MP, C = ROLES = tuple(range(7))
+PARAMS = (K, P, MP, C)  # a tensor parameter is copied in per call; a scalar one is baked into a graph
 
 
 def worth_graph(rows: int, launches: int) -> bool:
@@ -56,15 +59,17 @@ def worth_graph(rows: int, launches: int) -> bool:
     return rows <= renorm_graph_rows() and launches >= GRAPH_MIN_LAUNCHES
 
 
-def aligned_to(t: torch.Tensor, residue: int) -> torch.Tensor:
-    """An uninitialised tensor like `t` (shape, dtype, device) at an address = residue mod 16:
-    Triton specialises pointers on 16-byte alignment, and a recorded launch accepts only its own."""
-    per = max(1, 16 // t.element_size())
-    buf = torch.empty(t.numel() + per, dtype=t.dtype, device=t.device)
+def aligned_to(t: torch.Tensor, residue: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An uninitialised tensor like `t` (shape, device; `dtype`, default t's) at an address = residue
+    mod 16: Triton specialises pointers on 16-byte alignment, and a recorded launch accepts only its own."""
+    dtype = t.dtype if dtype is None else dtype
+    n = t.numel()
+    per = max(1, 16 // dtype.itemsize)
+    buf = torch.empty(n + per, dtype=dtype, device=t.device)
     for i in range(per):
         if buf[i:].data_ptr() % 16 == residue:
-            return buf[i:i + t.numel()].view(t.shape)
-    return buf[:t.numel()].view(t.shape)
+            return buf[i:i + n].view(t.shape)
+    return buf[:n].view(t.shape)
 
 
 def aligned_like(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -75,14 +80,17 @@ def aligned_like(t: torch.Tensor | None) -> torch.Tensor | None:
 class PlanGraphs:
     """The graphs of one plan: its buffers, and one captured graph per scalar-parameter value."""
 
-    def __init__(self, op: str, direct: dl.LaunchSet, probs, k, p, fp):
+    def __init__(self, op: str, direct: dl.LaunchSet, values: list, out_dtype: torch.dtype | None = None):
+        """`values`: a call's roles (ROLES; OUT unused); `out_dtype`: the output's (None: probs')."""
         self.op, self.direct = op, direct
         # each buffer at the alignment its role was recorded with (the recorded out: a fresh empty_like)
         residue = dict(direct.tensor_roles)
-        like = [probs, probs, k, p, fp]
+        probs = values[PROBS]
         with torch.inference_mode(False):  # copied into per call, maybe outside inference mode
-            self.bufs = [aligned_to(like[r], residue[r]) if r in residue else None for r in range(5)]
-            self.bufs[OUT] = torch.empty_like(probs) if self.bufs[OUT] is None else self.bufs[OUT]
+            self.bufs = [aligned_to(v, residue[r]) if r in residue and r != OUT else None
+                         for r, v in enumerate(values)]
+            self.bufs[OUT] = (aligned_to(probs, residue[OUT], out_dtype) if OUT in residue
+                              else torch.empty_like(probs, dtype=out_dtype))
         self.nbytes = sum(b.untyped_storage().nbytes() for b in self.bufs if b is not None)
         self.graphs: OrderedDict = OrderedDict()
         self.state, self.refusal = "on", ""
@@ -92,42 +100,45 @@ class PlanGraphs:
         """Off for good (a failed capture, scalar values that keep changing): the buffers go."""
         self.state = "off"
         self.graphs.clear()
-        self.bufs, self.nbytes = [None] * 5, 0
+        self.bufs, self.nbytes = [None] * len(ROLES), 0
 
-    def __call__(self, probs, k, p, fp):
+    def __call__(self, values: list):
         """The call's output from a graph replay, or None (the caller launches directly)."""
         if self.state != "on" or not dl.hooks_idle(*self.direct.hooks):
             return None
         bufs = self.bufs
-        key = (None if bufs[K] is not None else k, None if bufs[P] is not None else p)
+        key = tuple([None if bufs[r] is not None else values[r] for r in PARAMS])
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self._capture(key, probs, k, p)
+            graph = self._capture(key, values)
             if graph is None:
                 return None
         else:
             self.graphs.move_to_end(key)
-        self._copy_in(probs, k, p)
+        self._copy_in(values)
         graph.launch(dl.current_stream())
+        fp = values[FP]
         if fp is not None:
             fp.view(1).copy_(bufs[FP].view(1))  # a 0-d slot or a [1] view: one element either way
         return bufs[OUT].clone()
 
-    def _copy_in(self, probs, k, p) -> None:
+    def _copy_in(self, values: list) -> None:
         """The call's probs and tensor parameters into the graph's buffers."""
         b = self.bufs  # (detach only where needed: it costs host time on every call)
-        b[PROBS].copy_(probs.detach() if probs.requires_grad else probs)
-        if b[K] is not None:
-            b[K].copy_(k)
-        if b[P] is not None:
-            b[P].copy_(p.detach() if p.requires_grad else p)
+        for r in (PROBS,) + PARAMS:
+            if b[r] is not None:
+                v = values[r]
+                b[r].copy_(v.detach() if v.requires_grad else v)
 
-    def _values(self, k, p, out=None, fp=None) -> list:
+    def _values(self, values: list, out=None, fp=None) -> list:
+        """The launches' roles over the buffers (scalar parameters: the call's)."""
         b = self.bufs
-        return [b[PROBS], b[OUT] if out is None else out, b[K] if b[K] is not None else k,
-                b[P] if b[P] is not None else p, b[FP] if fp is None else fp]
+        mine = [b[r] if b[r] is not None else values[r] for r in ROLES]
+        mine[OUT] = b[OUT] if out is None else out
+        mine[FP] = b[FP] if fp is None else fp
+        return mine
 
-    def _capture(self, key, probs, k, p):
+    def _capture(self, key, values: list):
         """Capture the direct launches over the buffers for this scalar key, then check one
         replay against a direct run on the call's own data, bit for bit (one sync). None (and
         the graphs released) on failure; also when scalar values keep changing (each new one
@@ -137,19 +148,19 @@ class PlanGraphs:
             self.release()
             return None
         try:
-            values = self._values(k, p)
-            if not self.direct.accepts(values):
+            mine = self._values(values)
+            if not self.direct.accepts(mine):
                 raise RuntimeError("the graph's buffers are refused by the recorded launches (alignment)")
             side = torch.cuda.Stream(device=self.bufs[PROBS].device)
             with torch.cuda.stream(side):  # the direct launches go to the current stream: the side one
-                graph = DriverGraph.capture(lambda: self.direct(values), side.cuda_stream)
+                graph = DriverGraph.capture(lambda: self.direct(mine), side.cuda_stream)
             self.captures += 1
             # the check: the call's probs through the direct launches and through a replay (no
             # random data: a draw here would move the process's CUDA generator)
-            self._copy_in(probs, k, p)
+            self._copy_in(values)
             want_out = aligned_like(self.bufs[OUT])
             want_fp = aligned_like(self.bufs[FP])
-            self.direct(self._values(k, p, want_out, want_fp))
+            self.direct(self._values(values, want_out, want_fp))
             self.bufs[OUT].fill_(float("nan"))
             if want_fp is not None:
                 self.bufs[FP].copy_(want_fp).bitwise_not_()  # a replay that wrote no fingerprint shows
@@ -170,5 +181,5 @@ class PlanGraphs:
         return graph
 
 
-__all__ = ["GRAPHS_PER_PLAN", "GRAPH_MIN_LAUNCHES", "PlanGraphs", "aligned_like", "aligned_to",
+__all__ = ["GRAPHS_PER_PLAN", "GRAPH_MIN_LAUNCHES", "PARAMS", "ROLES", "PlanGraphs", "aligned_like", "aligned_to",
            "worth_graph"]

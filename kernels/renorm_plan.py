@@ -1,11 +1,14 @@
-"""Cached per-call plans of the deterministic renorms (eager host time; docs/design-renorm.md, "Host
-time"; docs/kernels.md, "Call plans").
+"""Cached per-call plans of the deterministic renorms and of the fused logits -> target probs op
+(eager host time; docs/design-renorm.md, "Host time"; docs/kernels.md, "Call plans").
 
 An eager renorm call is 4-6 Triton launches into a scratch workspace. A plan, cached per
 (op, rows, vocab, dtype, RenormConfig, device, current stream, parameter kinds, fingerprint slot
 or not), owns that workspace (allocated once) and, on a GPU, from its second call on, the launches
 recorded once (kernels/direct_launch.py): a call then allocates `out` and calls ~6 launchers
 directly with probs, out, the parameters and the fingerprint slot substituted.
+An op is a `PlanOp` (its launches, its workspace, the kernel parameters its scalars arrive in): the
+four renorms' are here (`OPS`); kernels/target_probs.py hands its own (logits in, float32 out, with
+min-p and the temperature scale as two more parameters) to `run`.
 
 * Same bits as a fresh workspace: every workspace buffer a kernel reads is written earlier in
   the same call (renorm_passes.Workspace), so nothing is zeroed per call (tests poison it).
@@ -30,9 +33,11 @@ directly with probs, out, the parameters and the fingerprint slot substituted.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
-from dataclasses import fields
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Callable, Optional
 
 import torch
 
@@ -41,6 +46,7 @@ from tpguard.kernels import direct_launch as dl
 from tpguard.kernels import renorm_graph, renorm_min_p, renorm_top_k, renorm_top_p, row_split
 from tpguard.kernels.reference import bits
 from tpguard.kernels.renorm_config import RenormConfig, default_config
+from tpguard.kernels.renorm_graph import FP, K, OUT, P, PROBS, ROLES
 from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
 
 # The limits (tpguard.config.renorm_plan_limits, read per call): 16 plans by default, as SGLang's verify
@@ -48,12 +54,30 @@ from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
 # Triton's launch path (200-420 us of host time per call against 38-70 with a plan). Small plans are
 # small (0.1-3 MiB at <= 8 rows); the byte cap (256 MiB by default) bounds the large ones.
 OPS = ("top_k", "top_p", "top_k_top_p", "min_p")
-# roles of a call's values (direct_launch.LaunchSet): the tensors and scalars a plan substitutes
-PROBS, OUT, K, P, FP = range(5)
+# roles of a call's values (direct_launch.LaunchSet): the tensors and scalars a plan substitutes:
+# PROBS, OUT, K, P, FP, MP, C (renorm_graph.ROLES; MP and C: the fused op's min-p and temperature scale)
 _PLANS: OrderedDict = OrderedDict()
 # One plan call at a time per process: the cache is shared, and recording swaps a compiled kernel's
 # launcher for a recorder (a second thread launching that kernel meanwhile would be swallowed).
 _LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class PlanOp:
+    """What a plan needs of an op. `launch(values, cfg, ws, out=None)`: the op's Triton launches on a
+    call's `values` (ROLES, OUT unused), into workspace `ws` (None: a fresh one) and `out` (None: a new
+    tensor), returning the output; no torch work but allocations (the recording refuses any).
+    `workspace(rows, vocab, cfg, device, values)`: the scratch a plan keeps (a dataclass whose fields
+    are tensors or such dataclasses). `scalar_slots`: (role, kernel parameter name) of each role a
+    scalar value arrives in. `out_dtype`: the output's (None: probs'). `row_split`: a call captured
+    in a CUDA graph runs its rows in parts (kernels/row_split.py; needs `out`)."""
+
+    name: str
+    launch: Callable
+    workspace: Callable
+    scalar_slots: tuple
+    out_dtype: Optional[torch.dtype] = None
+    row_split: bool = False
 
 
 def _op_module(op: str):
@@ -69,6 +93,21 @@ def _run_op(op: str, probs, k, p, cfg, fp, ws, out=None):
     if op == "top_k":
         return m.top_k_renorm_triton(probs, k, cfg, fp, workspace=ws, out=out)
     return m.top_k_top_p_renorm_triton(probs, k, p, cfg, fp, workspace=ws, out=out)
+
+
+def _launch_renorm(op: str, values, cfg, ws, out=None):
+    return _run_op(op, values[PROBS], values[K], values[P], cfg, values[FP], ws, out)
+
+
+def _renorm_workspace(op: str, rows: int, vocab: int, cfg: RenormConfig, device, values):
+    flags = _op_module(op).workspace_flags(vocab, values[K], values[P])
+    return workspace_for(shapes_for(rows, vocab, cfg), cfg, device, *flags)
+
+
+# the renorms' table; min-p's parameter arrives in role P, as kernel parameter mp_val
+RENORM_OPS = {op: PlanOp(op, functools.partial(_launch_renorm, op), functools.partial(_renorm_workspace, op),
+                         ((K, "k_val"), (P, "mp_val" if op == "min_p" else "p_val")), row_split=True)
+              for op in OPS}
 
 
 def _part_config(cfg: RenormConfig, rows: int) -> RenormConfig:
@@ -93,7 +132,8 @@ def _capturing(probs: torch.Tensor) -> bool:
 
 def _kind(value, vocab: int, integer: bool):
     """What of a parameter the plan is keyed on: absent, a tensor's dtype, or for a scalar what
-    the launches depend on (an int's Triton specialisation and k >= vocab; nothing of a float)."""
+    the launches depend on (an int's Triton specialisation and k >= vocab; nothing of a float:
+    substituted per call, as every float parameter of these kernels is fp32, never specialised)."""
     if value is None:
         return None
     if isinstance(value, torch.Tensor):
@@ -103,11 +143,22 @@ def _kind(value, vocab: int, integer: bool):
     return "float"
 
 
-def plan_key(op: str, probs: torch.Tensor, k, p, cfg: RenormConfig, fp) -> tuple:
+def plan_key(op, probs: torch.Tensor, k, p, cfg: RenormConfig, fp, mp=None, c=None) -> tuple:
+    """`op`: a renorm's name or a `PlanOp`; `mp`, `c`: the fused op's min-p and temperature scale."""
     rows, vocab = probs.shape
     stream = dl.current_stream() if probs.is_cuda else None
-    return (op, rows, vocab, probs.dtype, cfg, probs.device, stream, _kind(k, vocab, True), _kind(p, vocab, False),
-            fp is not None)
+    return (getattr(op, "name", op), rows, vocab, probs.dtype, cfg, probs.device, stream, _kind(k, vocab, True),
+            _kind(p, vocab, False), fp is not None, _kind(mp, vocab, False), _kind(c, vocab, False))
+
+
+def _tensors(ws):
+    """The tensors of a workspace (a dataclass; fields that are dataclasses are walked too)."""
+    for f in fields(ws):
+        v = getattr(ws, f.name)
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif is_dataclass(v):
+            yield from _tensors(v)
 
 
 def _storage_bytes(tensors, seen: set) -> int:
@@ -127,13 +178,12 @@ class RenormPlan:
     # ordinary tensors even when made under inference mode: the one-time check fills them in place,
     # maybe outside it
     @torch.inference_mode(False)
-    def __init__(self, op: str, rows: int, vocab: int, cfg: RenormConfig, device: torch.device, k, p,
-                 fp_present: bool):
-        self.op, self.cfg, self.device = op, cfg, device
-        s = shapes_for(rows, vocab, cfg)
-        self.ws = workspace_for(s, cfg, device, *_op_module(op).workspace_flags(vocab, k, p))
+    def __init__(self, spec: PlanOp, rows: int, vocab: int, cfg: RenormConfig, device: torch.device, values):
+        """`values`: the first call's (ROLES); the plan serves calls of its key (`plan_key`)."""
+        self.spec, self.op, self.cfg, self.device = spec, spec.name, cfg, device
+        self.ws = spec.workspace(rows, vocab, cfg, device, values)
         self._seen: set = set()
-        self.nbytes = _storage_bytes((getattr(self.ws, f.name) for f in fields(self.ws)), self._seen)
+        self.nbytes = _storage_bytes(_tensors(self.ws), self._seen)
         self.direct: dl.LaunchSet | None = None
         # "untested": launches recorded at the second call; "on"; "off" (CPU, interpreter, refused)
         self.state = "untested" if (dl.enabled() and device.type == "cuda") else "off"
@@ -145,46 +195,50 @@ class RenormPlan:
         self.rows = rows
         # a fingerprint slot with more rows than one finalize program hashes takes a torch copy
         # after the launches (renorm_write_fp.launch_write_fp): Triton's launches there
-        if fp_present and self.state == "untested":
+        if values[FP] is not None and self.state == "untested":
             from tpguard.kernels import fingerprint_config
 
             if rows > fingerprint_config.default_config().finalize_rows:
                 self.state, self.refusal = "off", "fingerprint slot with rows > finalize_rows"
 
-    def __call__(self, probs, k, p, fp):
+    def __call__(self, values: list):
+        """The call's output; `values`: its roles (ROLES, OUT None)."""
         if self.state == "on":
             if not self.graphs_tried:  # decided once per plan
                 self.graphs_tried = True
                 if renorm_graph.worth_graph(self.rows, len(self.direct.launches)):
-                    self._new_graphs(probs, k, p, fp)
+                    self._new_graphs(values)
             if self.graphs is not None:
-                out = self.graphs(probs, k, p, fp)
+                out = self.graphs(values)
                 if out is not None:
                     return out
                 if self.graphs.state == "off" and self.graphs_bytes:  # released: its buffers are gone
                     self.nbytes -= self.graphs_bytes
                     self.graphs_bytes = 0
-            values = [probs, torch.empty_like(probs), k, p, fp]
+            values[OUT] = torch.empty_like(values[PROBS], dtype=self.spec.out_dtype)
             if self.direct.accepts(values):
                 self.direct(values)
                 return values[OUT]
+            values[OUT] = None
         elif self.state == "untested":
             self.calls += 1
             if self.calls >= 2:  # a plan used once (a passing shape) never pays for the set-up
-                return self._record(probs, k, p, fp)
-        return _run_op(self.op, probs, k, p, self.cfg, fp, self.ws)
+                return self._record(values)
+        return self.spec.launch(values, self.cfg, self.ws)
 
-    def _new_graphs(self, probs, k, p, fp) -> None:
+    def _new_graphs(self, values: list) -> None:
         """The plan's graphs (renorm_graph.py), if their buffers fit the plan memory cap without
         evicting anything (a plan that evicted others, or itself, for its graphs would be rebuilt
         and capture again and again); else, or if the buffers cannot be made, none for good."""
-        need = 2 * probs.numel() * probs.element_size() + 4096
+        probs = values[PROBS]
+        out_size = (self.spec.out_dtype or probs.dtype).itemsize
+        need = probs.numel() * (probs.element_size() + out_size) + 4096
         max_bytes = renorm_plan_limits()[1]
         if self.nbytes + need > max_bytes or plan_bytes() + need > max_bytes:
             dl.FAILURES[f"renorm graph {self.op}"] = f"{need >> 20} MiB of graph buffers over the plan memory cap"
             return
         try:
-            self.graphs = renorm_graph.PlanGraphs(self.op, self.direct, probs, k, p, fp)
+            self.graphs = renorm_graph.PlanGraphs(self.op, self.direct, values, self.spec.out_dtype)
         except Exception as e:  # noqa: BLE001 - e.g. out of memory: the direct launches serve
             dl.FAILURES[f"renorm graph {self.op}"] = f"{type(e).__name__}: {e}"[:300]
             return
@@ -194,36 +248,34 @@ class RenormPlan:
     def poison(self) -> None:
         """Garbage in every workspace buffer (NaN floats, zero ints): a later call must not
         depend on it (tests; the direct launches' one-time check)."""
-        for f in fields(self.ws):
-            t = getattr(self.ws, f.name)
-            if isinstance(t, torch.Tensor):
-                t.fill_(float("nan") if t.dtype.is_floating_point else 0)
+        for t in _tensors(self.ws):
+            t.fill_(float("nan") if t.dtype.is_floating_point else 0)
 
-    def _record(self, probs, k, p, fp):
+    def _record(self, values: list):
         """Triton's launches (the caller's result), recorded; then, once per compiled variant per
         process, a direct run from a poisoned workspace that must give the same bits."""
         out = None
         try:
             with dl.capture_launches() as (captured, torch_ops):
-                out = _run_op(self.op, probs, k, p, self.cfg, fp, self.ws)
-            scalars = {}
-            if k is not None and not isinstance(k, torch.Tensor):
-                scalars["k_val"] = K
-            if p is not None and not isinstance(p, torch.Tensor):
-                scalars["mp_val" if self.op == "min_p" else "p_val"] = P
-            launches = dl.LaunchSet.record(captured, torch_ops, [probs, out, k, p, fp], (PROBS, OUT, K, P, FP),
-                                           scalars)
+                out = self.spec.launch(values, self.cfg, self.ws)
+            scalars = {name: role for role, name in self.spec.scalar_slots
+                       if values[role] is not None and not isinstance(values[role], torch.Tensor)}
+            recorded = list(values)
+            recorded[OUT] = out
+            launches = dl.LaunchSet.record(captured, torch_ops, recorded, ROLES, scalars)
         except Exception as e:  # noqa: BLE001 - the recording failed: Triton's launches, as before
             launches = f"{type(e).__name__}: {e}"[:300]
         captured = None
         if isinstance(launches, str):
             self.state, self.refusal = "off", launches
             dl.FAILURES[f"renorm {self.op}"] = launches
-            return out if out is not None else _run_op(self.op, probs, k, p, self.cfg, fp, self.ws)
+            return out if out is not None else self.spec.launch(values, self.cfg, self.ws)
+        fp = values[FP]
 
         def rerun() -> bool:
             self.poison()
-            direct = [probs, torch.full_like(out, float("nan")), k, p, renorm_graph.aligned_like(fp)]
+            direct = list(values)
+            direct[OUT], direct[FP] = torch.full_like(out, float("nan")), renorm_graph.aligned_like(fp)
             if fp is not None:
                 direct[FP].copy_(fp).bitwise_not_()  # a finalize that wrote nothing shows
             if not launches.accepts(direct):
@@ -256,47 +308,58 @@ def _scalars(probs: torch.Tensor, top_k, top_p) -> tuple:
     """Scalar parameters as the kernels get them: k clamped to [1, vocab], p a float."""
     if top_k is not None and not isinstance(top_k, torch.Tensor):
         top_k = int(min(max(int(top_k), 1), probs.shape[1]))
-    if top_p is not None and not isinstance(top_p, torch.Tensor):
-        top_p = float(top_p)
-    return top_k, top_p
+    return top_k, _float(top_p)
 
 
-def run(op: str, probs: torch.Tensor, top_k=None, top_p=None, config: RenormConfig | None = None,
-        fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
-    """The Triton renorm `op` (one of OPS) through its cached plan; the fresh-workspace path
-    during CUDA graph capture, with plans off, and for empty batches. `top_k`: an int (clamped
-    to [1, vocab]) or an int32 [rows] tensor; `top_p` (also min-p's parameter): a float or a
-    float32 [rows] tensor; both on probs' device (renorm.py prepares them)."""
+def _float(value):
+    """A scalar float parameter as the kernels get it (a Python float); None or a tensor as it is."""
+    return value if value is None or isinstance(value, torch.Tensor) else float(value)
+
+
+def run(op, probs: torch.Tensor, top_k=None, top_p=None, config: RenormConfig | None = None,
+        fingerprint_out: torch.Tensor | None = None, *, min_p=None, scale=None) -> torch.Tensor:
+    """The Triton op `op` (a renorm's name, one of OPS, or a `PlanOp`: kernels/target_probs.py's)
+    through its cached plan; the fresh-workspace path during CUDA graph capture, with plans off,
+    and for empty batches. `top_k`: an int (clamped to [1, vocab]) or an int32 [rows] tensor;
+    `top_p` (also min-p's parameter for the renorm min_p), the fused op's `min_p` and `scale` (its
+    temperature scale): floats or float32 [rows] tensors; all on probs' device (renorm.py and
+    target_probs.py prepare them)."""
+    spec = RENORM_OPS[op] if isinstance(op, str) else op
     with dl.device_guard(probs.device):  # the launches, the stream in the key: probs' device
-        return _run(op, probs, top_k, top_p, config or default_config(), fingerprint_out)
+        return _run(spec, probs, top_k, top_p, config or default_config(), fingerprint_out, min_p, scale)
 
 
-def _run(op: str, probs: torch.Tensor, top_k, top_p, cfg: RenormConfig, fingerprint_out) -> torch.Tensor:
+def _run(spec: PlanOp, probs: torch.Tensor, top_k, top_p, cfg: RenormConfig, fingerprint_out, min_p,
+         scale) -> torch.Tensor:
     rows, vocab = probs.shape
     capturing = _capturing(probs)
     # a captured call's rows in parts on side streams (kernels/row_split.py); the streams are made
     # by an eager call (the warm-up before a capture), never during a capture
-    parts = row_split.parts_for(rows, cfg.graph_row_split) if probs.is_cuda and fingerprint_out is None else 1
+    parts = row_split.parts_for(rows, cfg.graph_row_split) \
+        if spec.row_split and probs.is_cuda and fingerprint_out is None else 1
     streams = row_split.side_streams(probs.device, parts, create=not capturing) if parts > 1 else None
     if capturing and streams:
         part_cfg = _part_config(cfg, rows)
-        return row_split.run_split(lambda x, k, p, out: _run_op(op, x, k, p, part_cfg, None, None, out),
+        return row_split.run_split(lambda x, k, p, out: spec.launch([x, None, k, p, None, None, None], part_cfg,
+                                                                    None, out),
                                    probs, (top_k, top_p), parts, streams)
     max_plans, max_bytes = renorm_plan_limits()
     if rows == 0 or not plan_allowed(capturing, max_plans):
-        return _run_op(op, probs, top_k, top_p, cfg, fingerprint_out, None)
+        return spec.launch([probs, None, top_k, top_p, fingerprint_out, min_p, scale], cfg, None)
     top_k, top_p = _scalars(probs, top_k, top_p)
-    key = plan_key(op, probs, top_k, top_p, cfg, fingerprint_out)
+    min_p, scale = _float(min_p), _float(scale)
+    key = plan_key(spec, probs, top_k, top_p, cfg, fingerprint_out, min_p, scale)
+    values = [probs, None, top_k, top_p, fingerprint_out, min_p, scale]
     with _LOCK:
         plan = _PLANS.get(key)
         if plan is None:
-            plan = RenormPlan(op, rows, vocab, cfg, probs.device, top_k, top_p, fingerprint_out is not None)
+            plan = RenormPlan(spec, rows, vocab, cfg, probs.device, values)
             _PLANS[key] = plan
             nbytes = -1
         else:
             _PLANS.move_to_end(key)
             nbytes = plan.nbytes
-        out = plan(probs, top_k, top_p, fingerprint_out)
+        out = plan(values)
         if plan.nbytes != nbytes:  # a new plan, or one that just recorded its launches
             _evict(plan, max_plans, max_bytes)
     return out
@@ -317,5 +380,5 @@ def plan_bytes() -> int:
     return sum(plan.nbytes for plan in _PLANS.values())
 
 
-__all__ = ["OPS", "RenormPlan", "clear_plans", "plan_allowed", "plan_bytes",
+__all__ = ["OPS", "RENORM_OPS", "PlanOp", "RenormPlan", "clear_plans", "plan_allowed", "plan_bytes",
            "plan_key", "plans", "run"]

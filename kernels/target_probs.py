@@ -30,19 +30,24 @@ weights (`softmax_weights_triton` exposes them; tests compare both ways).
 
 The write pass reads what the stats pass wrote, so these launches never use programmatic dependent
 launch (its write pass would load its input before waiting).
+
+Eager calls of `target_probs` go through the renorms' call plans (kernels/renorm_plan.py, `PLAN_OP`):
+a plan per call shape and parameter kinds owns the workspace (`FusedWorkspace`) and, on a GPU, the
+launches recorded at its second call, replayed directly (``TPGUARD_RENORM_PLANS=0``: a fresh
+workspace and Triton's launches per call, as `target_probs_triton` alone does).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
 import triton
 import triton.language as tl
 
-from tpguard.kernels import reference
-from tpguard.kernels.direct_launch import device_guard
+from tpguard.kernels import reference, renorm_plan
 from tpguard.kernels.renorm_args import (
     check_fingerprint_slot,
     check_param,
@@ -54,9 +59,10 @@ from tpguard.kernels.renorm_args import (
     kernel_for,
 )
 from tpguard.kernels.renorm_config import RenormConfig, default_config, reg_cap
+from tpguard.kernels.renorm_graph import C, FP, K, MP, P, PROBS
 from tpguard.kernels.renorm_passes import launch_bracket, store_chunk_stats
 from tpguard.kernels.renorm_top_k_select import select_launch_args, top_k_select_row, workspace_flags
-from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
+from tpguard.kernels.renorm_workspace import Shapes, Workspace, shapes_for, workspace_for
 from tpguard.kernels.renorm_write_fp import write_pass
 
 Param = Union[int, float, torch.Tensor]
@@ -155,10 +161,33 @@ def temperature_scale(temperature: Param, rows: int, device) -> Union[float, tor
     return float(torch.tensor(LOG2E / t32, dtype=torch.float32))
 
 
-def _launch_weights(logits, c, min_p, s, ws, cfg, w, chunk_mp, with_sample):
+@dataclass
+class FusedWorkspace:
+    """Per-call scratch of `target_probs_triton`: the renorm stages' `Workspace` and the logit
+    passes' buffers (each written before it is read in the same call; renorm_plan.py keeps one per
+    cached call shape)."""
+
+    renorm: Workspace
+    cmax: torch.Tensor  # float32 [rows * n_chunks]: each chunk's max logit (pass 1)
+    cbad: torch.Tensor  # int32 [rows * n_chunks]: each chunk's count of NaN / +inf logits (pass 1)
+    chunk_mp: torch.Tensor  # float64 [rows * n_chunks] (1 without min-p): each chunk's mass at or above min-p's cutoff
+
+
+def fused_workspace(s: Shapes, cfg: RenormConfig, device, top_k, top_p, min_p) -> FusedWorkspace:
+    """The scratch of one call of these shapes and parameters (`top_k`: None or as the launcher takes it)."""
+    k = s.vocab if top_k is None else top_k
+    # the samples and the bracket passes serve top-p rows without top-k (without top-p, p = 1: none)
+    with_bracket = workspace_flags(s.vocab, k, top_p)[1]
+    n = s.rows * s.n_chunks
+    return FusedWorkspace(
+        renorm=workspace_for(s, cfg, device, with_bracket, with_bracket),
+        cmax=torch.empty(n, dtype=torch.float32, device=device),
+        cbad=torch.empty(n, dtype=torch.int32, device=device),
+        chunk_mp=torch.empty(n if min_p is not None else 1, dtype=torch.float64, device=device))
+
+
+def _launch_weights(logits, c, min_p, s, ws, cfg, w, chunk_mp, with_sample, cmax, cbad):
     rows, vocab = logits.shape
-    cmax = torch.empty(rows * s.n_chunks, dtype=torch.float32, device=logits.device)
-    cbad = torch.empty(rows * s.n_chunks, dtype=torch.int32, device=logits.device)
     _logit_max_kernel[(rows, s.n_chunks)](logits, vocab, s.n_chunks, cmax, cbad, CHUNK=s.chunk,
                                           num_warps=cfg.pass_warps)
     has_c, has_mp = isinstance(c, torch.Tensor), isinstance(min_p, torch.Tensor)
@@ -174,11 +203,13 @@ def _launch_weights(logits, c, min_p, s, ws, cfg, w, chunk_mp, with_sample):
 
 def target_probs_triton(logits: torch.Tensor, c, top_k=None, top_p=None, min_p=None,
                         config: Optional[RenormConfig] = None,
-                        fingerprint_out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                        fingerprint_out: Optional[torch.Tensor] = None,
+                        workspace: Optional[FusedWorkspace] = None) -> torch.Tensor:
     """Triton logits -> target probs (no input checks: see `target_probs`). `c`: the temperature
     scale (`temperature_scale`); `top_k` an int or an int32 [rows] tensor (None: no top-k), `top_p`
     and `min_p` floats or float32 [rows] tensors (None: off), all on the logits' device.
-    float32 [rows, vocab] out."""
+    `workspace`: a `fused_workspace` of these shapes, config and parameter kinds, reused across calls
+    (renorm_plan.py); None: a fresh one. float32 [rows, vocab] out."""
     cfg = (config or default_config()).replace(pdl=0)  # the write pass reads the stats pass's output
     rows, vocab = logits.shape
     out = torch.empty((rows, vocab), dtype=torch.float32, device=logits.device)
@@ -191,15 +222,13 @@ def target_probs_triton(logits: torch.Tensor, c, top_k=None, top_p=None, min_p=N
     s = shapes_for(rows, vocab, cfg)
     # the samples and the bracket passes serve top-p rows without top-k (without top-p, p = 1: none)
     with_bracket = workspace_flags(vocab, k, top_p)[1]
-    with_sample = with_bracket
-    ws = workspace_for(s, cfg, logits.device, with_sample, with_bracket)
-    chunk_mp = torch.empty(rows * s.n_chunks if min_p is not None else 1, dtype=torch.float64,
-                           device=logits.device)
-    _launch_weights(logits, c, min_p, s, ws, cfg, out, chunk_mp, with_sample)
+    fws = fused_workspace(s, cfg, logits.device, top_k, top_p, min_p) if workspace is None else workspace
+    ws = fws.renorm
+    _launch_weights(logits, c, min_p, s, ws, cfg, out, fws.chunk_mp, with_bracket, fws.cmax, fws.cbad)
     args, blocks = select_launch_args(out, k, p, s, ws, cfg)
     has_mp = isinstance(min_p, torch.Tensor)
     _target_select_kernel[(rows,)](
-        *args, min_p if has_mp else chunk_mp, 0.0 if (has_mp or min_p is None) else float(min_p), chunk_mp,
+        *args, min_p if has_mp else fws.chunk_mp, 0.0 if (has_mp or min_p is None) else float(min_p), fws.chunk_mp,
         **blocks, HAS_MP_ARR=has_mp, WITH_MIN_P=min_p is not None,
         num_warps=cfg.select_warps, **reg_cap(cfg.select_maxnreg, cfg.select_warps))
     if with_bracket:
@@ -217,8 +246,26 @@ def softmax_weights_triton(logits: torch.Tensor, c, config: Optional[RenormConfi
     if rows:
         s = shapes_for(rows, vocab, cfg)
         ws = workspace_for(s, cfg, logits.device, True, False)
-        _launch_weights(logits, c, None, s, ws, cfg, w, ws.chunk_sum, True)
+        cmax = torch.empty(rows * s.n_chunks, dtype=torch.float32, device=logits.device)
+        cbad = torch.empty(rows * s.n_chunks, dtype=torch.int32, device=logits.device)
+        _launch_weights(logits, c, None, s, ws, cfg, w, ws.chunk_sum, True, cmax, cbad)
     return w
+
+
+def _plan_launch(values, cfg, ws, out=None):
+    """`target_probs_triton` on a plan call's values (renorm_plan.PlanOp.launch; no `out`: no row split)."""
+    return target_probs_triton(values[PROBS], values[C], values[K], values[P], values[MP], cfg, values[FP],
+                               workspace=ws)
+
+
+def _plan_workspace(rows, vocab, cfg, device, values):
+    return fused_workspace(shapes_for(rows, vocab, cfg), cfg, device, values[K], values[P], values[MP])
+
+
+# the fused op in the call plans (renorm_plan.py): logits in, float32 out; scalar parameters arrive in
+# the select kernel's k_val and p_val, the stats and select kernels' mp_val, the stats kernel's c_val
+PLAN_OP = renorm_plan.PlanOp("target_probs", _plan_launch, _plan_workspace,
+                             ((K, "k_val"), (P, "p_val"), (MP, "mp_val"), (C, "c_val")), out_dtype=torch.float32)
 
 
 # --- public API ----------------------------------------------------------------------------------
@@ -264,8 +311,9 @@ def target_probs(logits: torch.Tensor, temperature: Param = 1.0, top_k: Optional
         k = device_top_k(top_k, logits) if top_k is not None else None
         p = _row_values(top_p, rows, logits.device, torch.float32)
         mp = _row_values(min_p, rows, logits.device, torch.float32)
-        with device_guard(logits.device):
-            return target_probs_triton(logits.contiguous(), c, k, p, mp, fingerprint_out=fingerprint_out)
+        # through its call plan (renorm_plan.py): cached workspace, direct launches on a GPU
+        return renorm_plan.run(PLAN_OP, logits.contiguous(), k, p, fingerprint_out=fingerprint_out, min_p=mp,
+                               scale=c)
     out = reference.target_probs_reference(logits, temperature_scale(temperature, rows, logits.device),
                                            top_k, top_p, min_p)
     if fingerprint_out is not None:  # the torch path honours it too: fingerprint(out), one extra read
@@ -273,4 +321,5 @@ def target_probs(logits: torch.Tensor, temperature: Param = 1.0, top_k: Optional
     return out
 
 
-__all__ = ["LOG2E", "softmax_weights_triton", "target_probs", "target_probs_triton", "temperature_scale"]
+__all__ = ["LOG2E", "PLAN_OP", "FusedWorkspace", "fused_workspace", "softmax_weights_triton", "target_probs",
+           "target_probs_triton", "temperature_scale"]

@@ -134,3 +134,14 @@ def test_c_launch_only_for_the_launcher_it_was_read_from(monkeypatch):
     assert dl.c_launch(launcher) == (launcher.launch, (False, True, None, None))
     launcher.global_scratch_size = 64  # scratch: __call__ allocates it per launch
     assert dl.c_launch(launcher) is None
+
+
+def test_one_tensor_in_two_roles_is_refused(monkeypatch):
+    # a later call may pass two tensors there, and one template slot cannot take both
+    monkeypatch.setattr(dl, "current_stream", lambda: 77)
+    monkeypatch.setattr(dl, "_device_tensor", lambda t: True)
+    kernel = StandInKernel()
+    probs, ws = torch.zeros(8), torch.zeros(4)
+    captured = [dl.Captured(kernel, (3,), (probs, ws, probs, 40), {"BLOCK": 16}, kernel.compiled)]
+    refusal = dl.LaunchSet.record(captured, [], [probs, probs, 40], (PROBS, OUT), {"k_val": K})
+    assert refusal == "stand_in: one tensor passed in two roles"

@@ -250,6 +250,30 @@ def test_aligned_like_keeps_the_16_byte_alignment(dtype):
     assert aligned_like(None) is None
 
 
+def test_graph_buffers_follow_the_recorded_roles():
+    """A plan graph's buffers (kernels/renorm_graph.py): one per tensor role, at the alignment it was
+    recorded with, the output in the op's dtype (the fused op: float32 out of bf16 logits); scalar
+    roles stay the call's and key the graph; a call's tensors are copied in. (Capture and replay: on
+    a GPU, test_graph_replays_on_gpu and tests/test_target_probs.py's test_direct_launches_on_gpu.)"""
+    from tpguard.kernels import renorm_graph as rg
+
+    x = torch.randn(4, 100).bfloat16()
+    k, c = torch.tensor([3, 5, 7, 9], dtype=torch.int32), torch.rand(4)
+    values = [x, None, k, 0.9, None, 0.05, c]
+    recorded = dl.LaunchSet([], tensor_roles=((rg.PROBS, 0), (rg.OUT, 0), (rg.K, 4), (rg.C, 8)))
+    graphs = rg.PlanGraphs("target_probs", recorded, values, torch.float32)
+    b = graphs.bufs
+    assert [r for r in rg.ROLES if b[r] is not None] == [rg.PROBS, rg.OUT, rg.K, rg.C]
+    assert (b[rg.PROBS].dtype, b[rg.OUT].dtype, b[rg.OUT].shape) == (torch.bfloat16, torch.float32, x.shape)
+    assert [b[r].data_ptr() % 16 for r in (rg.PROBS, rg.OUT, rg.K, rg.C)] == [0, 0, 4, 8]
+    mine = graphs._values(values)
+    assert mine[rg.P] == 0.9 and mine[rg.MP] == 0.05 and mine[rg.FP] is None
+    assert all(mine[r] is b[r] for r in (rg.PROBS, rg.OUT, rg.K, rg.C))
+    graphs._copy_in(values)
+    assert torch.equal(b[rg.PROBS], x) and torch.equal(b[rg.K], k) and torch.equal(b[rg.C], c)
+    assert graphs.nbytes >= x.numel() * (2 + 4)
+
+
 @pytest.mark.skipif(not INTERPRET, reason="counts the interpreter's launches")
 def test_default_graph_rule_counts_launches(monkeypatch):
     """By default a plan replays a graph of its own (renorm_graph.worth_graph) only where it replaces

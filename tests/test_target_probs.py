@@ -6,19 +6,30 @@ against SGLang's composition (softmax, top-k renorm, top-p renorm, min-p) and ag
 exp2 is the one operation whose last bit differs between implementations, so: the kernel's weights
 are within 2 ulp of the reference's, and its output is bit for bit the reference's renorm of the
 kernel's own weights; end to end, the kept sets are the reference's and the values within a few
-ulp. Under the Triton interpreter on CPU: small vocabularies, a few rows, both block shapes."""
+ulp. Under the Triton interpreter on CPU: small vocabularies, a few rows, both block shapes.
+
+The public `target_probs` goes through the call plans (kernels/renorm_plan.py, `tp.PLAN_OP`): the
+plan-free call's bits (``TPGUARD_RENORM_PLANS=0``), a plan per parameter kind, the plans' limits, no
+torch work in the launches a plan records; on a GPU the recorded direct launches and plan graphs."""
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, GPU_ALL, SMALL  # noqa: I001 - the shared set-up first
+from renorm_setup import DEVICE, GPU_ALL, INTERPRET, SMALL  # noqa: I001 - the shared set-up first
+
+import dataclasses  # noqa: E402
+import os  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tpguard import fingerprint as fp_host  # noqa: E402
+from tpguard.config import launch_trim  # noqa: E402
+from tpguard.kernels import direct_launch as dl  # noqa: E402
 from tpguard.kernels import reference as ref  # noqa: E402
+from tpguard.kernels import renorm_graph  # noqa: E402
+from tpguard.kernels import renorm_plan as rp  # noqa: E402
 from tpguard.kernels import target_probs as tp  # noqa: E402
-from tpguard.kernels.renorm_config import default_config  # noqa: E402
+from tpguard.kernels.renorm_config import RenormConfig, default_config  # noqa: E402
 
 DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 
@@ -258,3 +269,222 @@ def test_gpu_bench_shapes(dtype):
         assert torch.equal(ref.bits(tp.target_probs_triton(logits, c, top_k, top_p, min_p)), ref.bits(out))
         alone = tp.target_probs_triton(logits[5:6], tp.temperature_scale(0.8, 1, logits.device), top_k, top_p, min_p)
         assert torch.equal(ref.bits(alone), ref.bits(out[5:6]))
+
+
+# --- call plans (kernels/renorm_plan.py, tp.PLAN_OP) ----------------------------------------------
+
+# SMALL as TPGUARD_RENORM_CONFIG: the public API's config (read per call), so that its small
+# vocabularies take every path (several chunks, the bracket passes)
+SMALL_TEXT = ",".join(f"{f.name}={getattr(SMALL, f.name)}" for f in dataclasses.fields(SMALL)
+                      if getattr(SMALL, f.name) != getattr(RenormConfig(), f.name))
+PLAN_KINDS = ("scalar", "tensor", "top_p", "mixed")
+cpu_or_all = pytest.mark.skipif(DEVICE == "cuda" and not GPU_ALL, reason="GPU run: the plans' direct-launch "
+                                "test only (TPGUARD_RENORM_GPU_TESTS=all runs every test)")
+
+
+@pytest.fixture
+def plans(monkeypatch):
+    monkeypatch.setenv("TPGUARD_RENORM_PLANS", "8")
+    monkeypatch.setenv("TPGUARD_RENORM_PLAN_MB", "256")
+    rp.clear_plans()
+    yield
+    rp.clear_plans()
+
+
+def plan_logits(vocab: int = 700) -> torch.Tensor:
+    """4 rows: flat ones (bracket passes), a peaky one, a NaN row."""
+    x = make_logits(4, vocab, 1.0, seed=21).cpu()
+    x[2] *= 5
+    x[3, 7] = float("nan")
+    return x.to(DEVICE)
+
+
+def plan_params(kind: str, other: bool = False) -> tuple:
+    """(temperature, top_k, top_p, min_p) of a parameter kind as the public API takes them; `other`:
+    other values of the same kinds."""
+    def dev(values, dtype=torch.float32):
+        return torch.tensor(values, dtype=dtype, device=DEVICE)
+
+    if kind == "scalar":
+        return (1.3, 7, 0.5, 0.1) if other else (0.8, 40, 0.9, 0.05)
+    if kind == "tensor":
+        return (dev([0.7, 1.0, 1.3, 0.5]), dev([40, 3, 10**6, 7], torch.int64), dev([0.9, 0.5, 1.0, 0.3]),
+                dev([0.0, 0.1, 0.01, 0.5]))
+    if kind == "top_p":  # no top-k: the bracket passes
+        return (dev([0.6, 0.9, 1.1, 1.0]), None, dev([0.3, 0.95, 0.9, 0.5]) if other else dev([0.9, 0.8, 0.99, 0.5]),
+                None)
+    return (0.5, dev([5, 9, 300, 2], torch.int32), 0.7, None) if other else \
+        (0.8, dev([40, 3, 10**6, 7], torch.int32), 0.9, None)  # mixed
+
+
+def plan_free(monkeypatch, *args, **kwargs) -> torch.Tensor:
+    """The public call with plans off (TPGUARD_RENORM_PLANS=0, read per call)."""
+    limit = os.environ["TPGUARD_RENORM_PLANS"]
+    monkeypatch.setenv("TPGUARD_RENORM_PLANS", "0")
+    n = len(rp.plans())
+    try:
+        return tp.target_probs(*args, backend="tpguard", **kwargs)
+    finally:
+        monkeypatch.setenv("TPGUARD_RENORM_PLANS", limit)
+        assert len(rp.plans()) == n  # nothing cached
+
+
+def slot() -> torch.Tensor:
+    return torch.zeros((), dtype=torch.int64, device=DEVICE)
+
+
+@cpu_or_all
+@pytest.mark.parametrize("kind, with_fp", [("scalar", False), ("tensor", True), ("top_p", True), ("mixed", False)])
+def test_plan_gives_the_plan_free_bits(kind, with_fp, plans, monkeypatch):
+    monkeypatch.setenv("TPGUARD_RENORM_CONFIG", SMALL_TEXT)
+    x = plan_logits()
+    params = plan_params(kind)
+    fp_free, fp_plan = (slot(), slot()) if with_fp else (None, None)
+    expect = plan_free(monkeypatch, x, *params, fingerprint_out=fp_free)
+    outs = [tp.target_probs(x, *params, backend="tpguard", fingerprint_out=fp_plan) for _ in range(3)]
+    ((key, plan),) = rp.plans()
+    assert key[0] == "target_probs" and plan.spec is tp.PLAN_OP and isinstance(plan.ws, tp.FusedWorkspace)
+    assert plan.state == ("off" if DEVICE == "cpu" else "on"), plan.refusal  # the interpreter: no recording
+    for out in outs:
+        assert torch.equal(ref.bits(out), ref.bits(expect)), kind
+    assert len({out.data_ptr() for out in outs}) == len(outs)  # a new output per call
+    if with_fp:
+        assert int(fp_plan) == int(fp_free)
+    plan.poison()  # nothing of a call depends on what the workspace held
+    fp_plan = slot() if with_fp else None
+    assert torch.equal(ref.bits(tp.target_probs(x, *params, backend="tpguard", fingerprint_out=fp_plan)),
+                       ref.bits(expect))
+    assert not with_fp or int(fp_plan) == int(fp_free)
+    other = plan_params(kind, other=True)  # other values of the same kinds: the same plan
+    assert torch.equal(ref.bits(tp.target_probs(x, *other, backend="tpguard", fingerprint_out=fp_plan)),
+                       ref.bits(plan_free(monkeypatch, x, *other)))
+    assert [p for _, p in rp.plans()] == [plan]
+
+
+@cpu_or_all
+def test_plans_per_parameter_kind(plans, monkeypatch):
+    monkeypatch.setenv("TPGUARD_RENORM_PLANS", "16")
+    x = plan_logits()
+    t_rows = torch.tensor([0.7, 1.0, 1.3, 0.5], device=DEVICE)
+    k_rows = torch.tensor([40, 3, 10**6, 7], device=DEVICE)
+    mp_rows = torch.tensor([0.0, 0.1, 0.01, 0.5], device=DEVICE)
+    cases = [  # temperature, top_k, top_p, min_p, fingerprint slot
+        (0.8, 40, 0.9, None, None),
+        (t_rows, 40, 0.9, None, None),  # temperature: a tensor
+        (0.8, k_rows, 0.9, None, None),  # top-k: a tensor
+        (0.8, None, 0.9, None, None),  # no top-k: the bracket passes
+        (0.8, 10**6, 0.9, None, None),  # k >= vocab: the bracket passes too
+        (0.8, 32, 0.9, None, None),  # k % 16 == 0: another Triton specialisation
+        (0.8, 40, None, None, None),  # no top-p
+        (0.8, 40, torch.full((4,), 0.9, device=DEVICE), None, None),  # top-p: a tensor
+        (0.8, 40, 0.9, 0.05, None),  # min-p: a scalar
+        (0.8, 40, 0.9, mp_rows, None),  # min-p: a tensor
+        (0.8, 40, 0.9, None, slot()),  # fingerprint slot
+    ]
+    for t, k, p, mp, fp in cases:
+        expect = plan_free(monkeypatch, x, t, k, p, mp)
+        assert torch.equal(ref.bits(tp.target_probs(x, t, k, p, mp, backend="tpguard", fingerprint_out=fp)),
+                           ref.bits(expect)), (t, k, p, mp)
+    assert len(rp.plans()) == len(cases)
+    assert all(key[0] == "target_probs" for key, _ in rp.plans())
+    # what the launches do not depend on shares a plan: float values, an int of the same class
+    tp.target_probs(x, 1.7, 7, 0.3, backend="tpguard")
+    tp.target_probs(x, 0.8, 40, 0.9, 0.2, backend="tpguard")
+    assert len(rp.plans()) == len(cases)
+    # the renorms' plans live in the same cache, under their own op names
+    from tpguard.kernels import renorm as tk
+
+    tk.top_k_renorm(torch.softmax(x.nan_to_num(), -1), 40, backend="tpguard")
+    assert len(rp.plans()) == len(cases) + 1 and rp.plans()[-1][0][0] == "top_k"
+
+
+@cpu_or_all
+def test_plan_limits_apply(plans, monkeypatch):
+    x = plan_logits()
+    monkeypatch.setenv("TPGUARD_RENORM_PLANS", "2")
+    for rows in (1, 2, 3):
+        tp.target_probs(x[:rows], 0.8, 40, 0.9, backend="tpguard")
+    assert [key[1] for key, _ in rp.plans()] == [2, 3]  # rows 1 evicted
+    tp.target_probs(x[:2], 0.8, 40, 0.9, backend="tpguard")  # used: now the most recent
+    tp.target_probs(x, 0.8, 40, 0.9, backend="tpguard")
+    assert [key[1] for key, _ in rp.plans()] == [2, 4]
+    one = rp.plans()[-1][1].nbytes
+    monkeypatch.setenv("TPGUARD_RENORM_PLAN_MB", repr(one / (1 << 20)))  # room for one such plan
+    tp.target_probs(x[:3], 0.8, 40, 0.9, backend="tpguard")
+    assert [key[1] for key, _ in rp.plans()] == [3] and rp.plan_bytes() <= one
+    # the bracket passes' workspace, larger than the cap alone: used once, not kept
+    out = tp.target_probs(x, 0.8, None, 0.9, backend="tpguard")
+    assert torch.equal(ref.bits(out), ref.bits(plan_free(monkeypatch, x, 0.8, None, 0.9)))
+    assert [key[1] for key, _ in rp.plans()] == [3]
+    rp.clear_plans()
+    assert rp.plans() == [] and rp.plan_bytes() == 0
+
+
+@pytest.mark.skipif(not INTERPRET, reason="stubs the interpreter's launches")
+def test_fused_op_does_no_other_torch_work(plans, monkeypatch):
+    # a plan replays only Triton launches: a torch kernel per call (a zeros, a fill_, a copy_) would be
+    # lost, so the recording refuses such a run. Here the op's host code alone, with the
+    # interpreter's launches stubbed (as tests/test_renorm_plan.py does for the renorms).
+    import triton.runtime.interpreter as interp
+
+    monkeypatch.setattr(interp.InterpretedFunction, "__getitem__", lambda self, grid: (lambda *a, **k: None))
+    x = plan_logits()
+    for kind in PLAN_KINDS:
+        for fp in (None, slot()):
+            t, k, p, mp = plan_params(kind)
+            c = tp.temperature_scale(t, 4, x.device)
+            k, p, mp = kernel_args(4, k, p, mp)
+            rp.run(tp.PLAN_OP, x, k, p, SMALL, fp, min_p=mp, scale=c)
+            plan = rp.plans()[-1][1]
+            work = dl._TorchWork()
+            with work.mode:
+                tp.PLAN_OP.launch([x, None, k, p, fp, mp, c], SMALL, plan.ws)
+            assert work.seen == [], (kind, fp is not None, work.seen)
+
+
+@pytest.mark.skipif(DEVICE != "cuda" or not dl.enabled(), reason="direct launches need CUDA")
+def test_direct_launches_on_gpu(plans, monkeypatch):
+    """The fused op's plans on a GPU (as tests/test_renorm_plan.py's test_direct_launches_on_gpu for
+    the renorms): recorded launches, checked once, then direct launches (and a plan graph where one
+    pays: <= TPGUARD_RENORM_GRAPH_ROWS rows and >= 5 launches) with the plan-free call's bits."""
+    import triton
+
+    cases = [(torch.float32, kind, with_fp) for kind in PLAN_KINDS for with_fp in (False, True)]
+    cases += [(torch.bfloat16, "top_p", False), (torch.bfloat16, "scalar", True)]  # float32 out of bf16 in
+    for dtype, kind, with_fp in cases:
+        x = plan_logits(vocab=20000).to(dtype)
+        params = plan_params(kind)
+        fp, fp_free = (slot(), slot()) if with_fp else (None, None)
+        expect = plan_free(monkeypatch, x, *params, fingerprint_out=fp_free)
+        outs = [tp.target_probs(x, *params, backend="tpguard", fingerprint_out=fp) for _ in range(4)]
+        for out in outs:
+            assert torch.equal(ref.bits(out), ref.bits(expect)), (dtype, kind)
+            assert out.dtype == torch.float32 and out.shape == x.shape
+        assert len({out.data_ptr() for out in outs}) == len(outs)
+        if with_fp:
+            assert int(fp) == int(fp_free)
+        plan = rp.plans()[-1][1]
+        assert plan.spec is tp.PLAN_OP and plan.state == "on", (dtype, kind, plan.refusal)
+        if renorm_graph.worth_graph(4, len(plan.direct.launches)):  # replays a graph from its third call
+            assert plan.graphs is not None and plan.graphs.state == "on", (kind, plan.graphs and plan.graphs.refusal)
+        other = plan_params(kind, other=True)  # new scalar values (without a slot: this plan's, or a new one)
+        for _ in range(3):
+            assert torch.equal(ref.bits(tp.target_probs(x, *other, backend="tpguard")),
+                               ref.bits(plan_free(monkeypatch, x, *other))), (dtype, kind)
+        # the trimmed templates: addresses, no tensors, no hook chains to call
+        for launch in plan.direct.launches:
+            assert not launch_trim() or not any(isinstance(a, torch.Tensor) for a in launch.template), launch.name
+        if launch_trim() and triton.__version__ == "3.6.0":  # the GPU machine's: its C launch, called directly
+            assert all(launch.run is not launch.compiled.run for launch in plan.direct.launches), dl.LAUNCHERS
+    # one tensor as top-p and min-p, then two: each role its own slot
+    rp.clear_plans()
+    x = plan_logits(vocab=20000)
+    p = torch.tensor([0.9, 0.05, 0.5, 0.2], device=DEVICE)
+    mp = torch.tensor([0.1, 0.0, 0.3, 0.05], device=DEVICE)
+    for top_p, min_p in ((p, p), (p, mp), (mp, p), (p, p)):
+        expect = plan_free(monkeypatch, x, 0.8, None, top_p, min_p)
+        for _ in range(2):
+            assert torch.equal(ref.bits(tp.target_probs(x, 0.8, None, top_p, min_p, backend="tpguard")),
+                               ref.bits(expect))
+    ((_, plan),) = rp.plans()
+    assert plan.state == "on", plan.refusal
