@@ -1,19 +1,18 @@
-"""Shared set-up of the renorm kernel test modules (imported first, before triton): the Triton
-interpreter on CPU, the device, and the small block shapes that push small vocabularies through
-every path of the kernels (gather path, bracket passes, whole-row fallbacks)."""
+"""Shared constants of the renorm kernel test modules: the device, the interpreter, and the small
+block shapes that push small vocabularies through every path of the kernels (gather path, bracket
+passes, whole-row fallbacks). TRITON_INTERPRET is set (or not) by conftest.py, before any import."""
 
 from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+from tpguard.config import interpreting
+from tpguard.kernels.renorm_config import RenormConfig
 
-from tpguard.kernels.renorm_config import RenormConfig  # noqa: E402
-
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+INTERPRET = interpreting()
 DEVICE = "cuda" if (not INTERPRET and torch.cuda.is_available()) else "cpu"
 if DEVICE == "cpu" and not INTERPRET:  # raised while the importing test module is collected: it is skipped
     pytest.skip("Triton needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)

@@ -5,12 +5,11 @@ flashinfer's place is taken by the drop-in (kernels/flashinfer_api.py), which ha
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+import pytest
+import torch
+from renorm_setup import DEVICE
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from tpguard.bench import kernels as bench  # noqa: E402
+from tpguard.bench import kernels as bench
 
 
 def bench_options(monkeypatch, *args) -> dict:

@@ -4,17 +4,14 @@ tpguard's kernels (Triton interpreter) show none, over repeated calls and batch 
 from __future__ import annotations
 
 import io
-import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
 
-import pytest  # noqa: E402
+from tpguard.determinism import DeterminismRow, main, measure, print_table
+from tpguard.config import interpreting
 
-from tpguard.determinism import DeterminismRow, main, measure, print_table  # noqa: E402
-from tpguard.config import interpreting  # noqa: E402
-
-# tpguard's kernels on CPU tensors need the interpreter; gpu/check.sh exports TRITON_INTERPRET=0 for its GPU
-# test runs (there the table runs on CUDA: `python -m tpguard.determinism --device cuda`, docs/benchmarks.md)
+# tpguard's kernels on CPU tensors need the interpreter (conftest.py sets it where there is no CUDA);
+# on a GPU machine the table runs on CUDA: `python -m tpguard.determinism --device cuda`, docs/benchmarks.md
 INTERPRETER = interpreting()
 NO_INTERPRETER = "TRITON_INTERPRET=0 in the environment: tpguard's kernels cannot run on CPU"
 

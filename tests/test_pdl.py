@@ -11,14 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from renorm_setup import DEVICE, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+import pytest
+import torch
+from renorm_setup import DEVICE, SMALL
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from tpguard.kernels import pdl, renorm_plan as rp  # noqa: E402
-from tpguard.kernels.renorm_config import default_config, pdl_args, pdl_mode  # noqa: E402
-from tpguard.kernels.renorm_workspace import shapes_for  # noqa: E402
+from tpguard.kernels import pdl, renorm_plan as rp
+from tpguard.kernels.renorm_config import default_config, pdl_args, pdl_mode
+from tpguard.kernels.renorm_workspace import shapes_for
 
 DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 

@@ -7,18 +7,17 @@ boundaries so that full chunks, partial tails and one-chunk rows are all written
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, GPU_ALL, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+import pytest
+import torch
+from renorm_setup import DEVICE, GPU_ALL, SMALL
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from tpguard import fingerprint as fp_host  # noqa: E402
-from tpguard.kernels import reference as ref  # noqa: E402
-from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm  # noqa: E402
-from tpguard.kernels.renorm_config import default_config  # noqa: E402
-from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton  # noqa: E402
-from tpguard.kernels.renorm_top_p import top_p_renorm_triton  # noqa: E402
-from tpguard.kernels.renorm_min_p import min_p_renorm_triton  # noqa: E402
+from tpguard import fingerprint as fp_host
+from tpguard.kernels import reference as ref
+from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm
+from tpguard.kernels.renorm_config import default_config
+from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton
+from tpguard.kernels.renorm_top_p import top_p_renorm_triton
+from tpguard.kernels.renorm_min_p import min_p_renorm_triton
 
 DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 

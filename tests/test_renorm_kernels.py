@@ -1,6 +1,6 @@
 """tpguard's Triton renorm kernels against the torch references (kernels/reference.py).
 
-On CPU the kernels run under the Triton interpreter (set below, before triton is imported);
+On CPU the kernels run under the Triton interpreter (conftest.py sets it);
 on a CUDA machine with TRITON_INTERPRET=0 the same tests run on the GPU. Small block shapes
 (SMALL) push small vocabularies through every path of the kernels: the gather path, the
 bracket passes, the whole-row fallback after a bracket overflow (TINY_CAP) or a sampling miss
@@ -12,22 +12,21 @@ from __future__ import annotations
 import functools
 from unittest import mock
 
-from renorm_setup import DEVICE, GPU_ALL, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+import pytest
+import torch
+import triton
+import triton.language as tl
+from renorm_setup import DEVICE, GPU_ALL, SMALL
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from tpguard.kernels import reference as ref  # noqa: E402
-from tpguard.kernels.radix_select import (bin_shift, kth_largest_block, mass_cutoff_block,  # noqa: E402
+from tpguard.kernels import reference as ref
+from tpguard.kernels.radix_select import (bin_shift, kth_largest_block, mass_cutoff_block,
                                           mass_cutoff_block_bins, search_start)
-from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm  # noqa: E402
-from tpguard.kernels.renorm_min_p import min_p_renorm_triton  # noqa: E402
-from tpguard.kernels.renorm_config import default_config  # noqa: E402
-from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton  # noqa: E402
-from tpguard.kernels.renorm_top_p import top_p_renorm_triton  # noqa: E402
-from tpguard.kernels.renorm_top_p_select import kth_largest_split  # noqa: E402
+from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm
+from tpguard.kernels.renorm_min_p import min_p_renorm_triton
+from tpguard.kernels.renorm_config import default_config
+from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton
+from tpguard.kernels.renorm_top_p import top_p_renorm_triton
+from tpguard.kernels.renorm_top_p_select import kth_largest_split
 
 DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 

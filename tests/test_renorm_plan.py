@@ -9,14 +9,13 @@ check the workspace reuse and the keys; the direct launches are checked where CU
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, GPU_ALL, INTERPRET, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+import pytest
+import torch
+import triton
+from renorm_setup import DEVICE, GPU_ALL, INTERPRET, SMALL
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import triton  # noqa: E402
-
-from tpguard.kernels import direct_launch as dl  # noqa: E402
-from tpguard.kernels import renorm_plan as rp  # noqa: E402
+from tpguard.kernels import direct_launch as dl
+from tpguard.kernels import renorm_plan as rp
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
 

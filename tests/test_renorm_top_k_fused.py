@@ -9,19 +9,18 @@ launch whose CTAs wait on their row's select (test_one_launch_on_gpu at the benc
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+import pytest
+import torch
+from renorm_setup import DEVICE, SMALL
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from tpguard.kernels import reference as ref  # noqa: E402
-from tpguard.kernels import renorm_top_k_fused as fused  # noqa: E402
-from tpguard.kernels.renorm import top_k_renorm, top_k_top_p_renorm  # noqa: E402
-from tpguard.kernels.renorm_config import default_config  # noqa: E402
-from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton  # noqa: E402
-from tpguard.kernels.renorm_top_k_select import workspace_flags  # noqa: E402
-from tpguard.kernels.renorm_workspace import SYNC_WORDS, shapes_for, workspace_for  # noqa: E402
-from test_renorm_kernels import assert_matches, make_rows, special_rows  # noqa: E402
+from tpguard.kernels import reference as ref
+from tpguard.kernels import renorm_top_k_fused as fused
+from tpguard.kernels.renorm import top_k_renorm, top_k_top_p_renorm
+from tpguard.kernels.renorm_config import default_config
+from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton
+from tpguard.kernels.renorm_top_k_select import workspace_flags
+from tpguard.kernels.renorm_workspace import SYNC_WORDS, shapes_for, workspace_for
+from test_renorm_kernels import assert_matches, make_rows, special_rows
 
 DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 

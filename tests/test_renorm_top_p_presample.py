@@ -6,16 +6,15 @@ the fingerprint slot, determinism and batch invariance. CPU under the Triton int
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, GPU_ALL, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+import pytest
+import torch
+from renorm_setup import DEVICE, GPU_ALL, SMALL
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from tpguard import fingerprint as fp_host  # noqa: E402
-from tpguard.kernels import reference as ref  # noqa: E402
-from tpguard.kernels.renorm_config import default_config  # noqa: E402
-from tpguard.kernels.renorm_workspace import shapes_for, workspace_for  # noqa: E402
-from tpguard.kernels.renorm_top_p import top_p_renorm_triton  # noqa: E402
+from tpguard import fingerprint as fp_host
+from tpguard.kernels import reference as ref
+from tpguard.kernels.renorm_config import default_config
+from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
+from tpguard.kernels.renorm_top_p import top_p_renorm_triton
 
 DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 

@@ -8,12 +8,11 @@ the capture path itself needs CUDA (test_captured_call_splits_on_gpu).
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+import pytest
+import torch
+from renorm_setup import DEVICE, SMALL
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from tpguard.kernels import renorm, renorm_plan as rp, row_split  # noqa: E402
+from tpguard.kernels import renorm, renorm_plan as rp, row_split
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
 VOCAB = 700

@@ -10,15 +10,14 @@ ulp. Under the Triton interpreter on CPU: small vocabularies, a few rows, both b
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, GPU_ALL, SMALL  # noqa: I001 - first: sets TRITON_INTERPRET before triton
+import pytest
+import torch
+from renorm_setup import DEVICE, GPU_ALL, SMALL
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from tpguard import fingerprint as fp_host  # noqa: E402
-from tpguard.kernels import reference as ref  # noqa: E402
-from tpguard.kernels import target_probs as tp  # noqa: E402
-from tpguard.kernels.renorm_config import default_config  # noqa: E402
+from tpguard import fingerprint as fp_host
+from tpguard.kernels import reference as ref
+from tpguard.kernels import target_probs as tp
+from tpguard.kernels.renorm_config import default_config
 
 DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 

@@ -1,0 +1,25 @@
+"""Shared set-up of a test run: the Triton interpreter where there is no CUDA, and torch's threads
+shared between pytest-xdist's workers.
+
+Triton picks the interpreter when a kernel is decorated (`@triton.jit` reads TRITON_INTERPRET), and
+tpguard's kernel modules read it at import (tpguard.config.interpreting()): so it is set here,
+before any test module is imported, for the whole process. Without CUDA the kernels run under the
+interpreter on CPU tensors; with CUDA and TRITON_INTERPRET unset (or 0) they are compiled, the
+kernel tests run on the GPU and the tests that need the interpreter on CPU tensors skip, saying so.
+An explicit TRITON_INTERPRET is left as it is. The tests' helper modules (multiproc, renorm_setup,
+sglang_zygote) are on sys.path through pyproject's `pythonpath`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def pytest_configure(config):
+    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set in pytest-xdist's workers
+    if workers > 1:  # the cores are shared between the workers, torch's threads too
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
