@@ -1,5 +1,5 @@
-"""Shared set-up of a test run: the Triton interpreter where there is no CUDA, and torch's threads
-shared between pytest-xdist's workers.
+"""Shared set-up of a test run: the Triton interpreter where there is no CUDA (triton_interpreter.py
+makes it faster), and torch's threads shared between pytest-xdist's workers.
 
 Triton picks the interpreter when a kernel is decorated (`@triton.jit` reads TRITON_INTERPRET), and
 tpguard's kernel modules read it at import (tpguard.config.interpreting()): so it is set here,
@@ -16,10 +16,14 @@ import os
 
 import torch
 
+import triton_interpreter
+
 
 def pytest_configure(config):
     if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        triton_interpreter.patch_language_once_per_launch()
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set in pytest-xdist's workers
     if workers > 1:  # the cores are shared between the workers, torch's threads too
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))

@@ -168,6 +168,10 @@ def zygote_main(preload: tuple[str, ...], scenarios: dict[str, Callable], plain:
     """The zygote's loop: import `preload` once, then one JSON request per stdin line."""
     out = os.fdopen(os.dup(1), "w")  # answers go to a private copy of stdout
     os.dup2(2, 1)  # anything else printed lands on stderr
+    if os.environ.get("TRITON_INTERPRET") == "1":  # sglang's and tpguard's kernels in the ranks
+        import triton_interpreter
+
+        triton_interpreter.patch_language_once_per_launch()
     for mod in preload:
         importlib.import_module(mod)
     out.write(json.dumps({"ready": True}) + "\n")
