@@ -38,9 +38,6 @@ def torchrun(trace: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-pytestmark = pytest.mark.xdist_group("replay")  # one worker makes the module's runs, once
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("replay")

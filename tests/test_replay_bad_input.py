@@ -29,9 +29,6 @@ def launch(trace: Path, *args: str) -> None:
     assert p.returncode == 1, (p.stdout[-2000:], p.stderr[-2000:])
 
 
-pytestmark = pytest.mark.xdist_group("replay_bad_input")  # one worker makes the module's dumps, once
-
-
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
     """Two runs' dumps: target_probs planted at step 1 (run a), accept_len at step 1 (run b)."""

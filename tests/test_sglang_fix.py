@@ -190,8 +190,6 @@ if __name__ == "__main__" and "--zygote" in sys.argv:
 if reason := sglang_zygote.missing():  # not importing sglang here: the zygote does, once
     pytest.skip(reason, allow_module_level=True)
 
-pytestmark = pytest.mark.xdist_group("sglang_fix")  # one zygote: sglang imported once, by one worker
-
 
 @pytest.fixture(scope="module")
 def zygote():

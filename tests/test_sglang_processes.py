@@ -20,8 +20,6 @@ import sglang_zygote
 if reason := sglang_zygote.missing():
     pytest.skip(reason, allow_module_level=True)
 
-pytestmark = pytest.mark.xdist_group("sglang_processes")  # the probe runs once, in one worker
-
 PROBE = r"""
 import json, os, sys
 import sglang
