@@ -34,6 +34,7 @@ def test_grid_arguments(monkeypatch):
     assert a["impls"] == bench.IMPLS and a["ops"] == bench.OPS
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU stand-in of the timer; on a GPU run the bench itself")
 def test_grid_tables_on_cpu(monkeypatch, capsys):
     from tpguard.kernels import flashinfer_api

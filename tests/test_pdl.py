@@ -66,6 +66,7 @@ def test_split_parts_launch_as_the_whole_call():
     assert pdl_args(cfg, shapes_for(200, 4096, cfg), torch.device("cpu")) == {"PDL": pdl.OFF}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [1, 2] if DEVICE == "cuda" else [1])  # (CPU: PDL is off, one mode is enough)
 @pytest.mark.parametrize("op", rp.OPS)
 def test_pdl_same_bits(op, mode):
@@ -174,6 +175,7 @@ def test_pdl_check_rules():
     assert pc.check_sequence(ok[:1] + [(K, (), {"PDL": dep})])  # a dependent without the attribute
 
 
+@pytest.mark.slow
 def test_pdl_kernels_wait_before_memory():
     """Every launch of every op (scalar and per-row parameters, with and without the fingerprint
     slot) under pdl=1 and pdl=2, compiled for sm_90a by Triton's ptxas: the rules hold; and the

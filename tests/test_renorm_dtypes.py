@@ -93,7 +93,7 @@ def test_kernel_matches_reference(dtype, op, cfg, vocab, rows, kind):
 
 
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-@pytest.mark.parametrize("cfg, vocab", [("small", 300), ("default", 2100)])
+@pytest.mark.parametrize("cfg, vocab", [pytest.param("small", 300, marks=pytest.mark.slow), ("default", 2100)])
 def test_special_rows(dtype, cfg, vocab):
     x = special_rows(vocab, dtype)
     c = CONFIGS[cfg]
@@ -101,6 +101,7 @@ def test_special_rows(dtype, cfg, vocab):
         assert_matches(launch(x, *params, config=c), reference(x, *params), dtype)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_per_row_parameters_and_ties(dtype):
     # bfloat16 has 8 significant bits: ties at the cutoff are everywhere, and every tied entry is kept
@@ -136,6 +137,7 @@ def test_fingerprint_out_is_the_returned_tensors(dtype, backend):
             assert fp_host.to_unsigned(int(slot)) != fp_host.fingerprint(out.float())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_repeated_calls_and_batch_invariance(dtype):
     rows = make_rows(2, 600, "flat", seed=9, dtype=dtype)
@@ -149,6 +151,7 @@ def test_repeated_calls_and_batch_invariance(dtype):
             assert torch.equal(ref.bits(got), ref.bits(alone)), op
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_one_launch_top_k_same_bits_as_three(dtype):
     # <= fused_rows rows take the one-launch top-k (renorm_top_k_fused.py): the same bits as the three launches

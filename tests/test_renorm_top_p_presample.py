@@ -53,7 +53,8 @@ def assert_same(out, default, expect):
     assert torch.equal(ref.bits(out), ref.bits(default)), "not the default pipeline's bits"
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", [pytest.param(v, marks=pytest.mark.slow) if v in ("miss", "overflow", "streaming")
+                                     else v for v in VARIANTS])
 def test_same_bits_as_the_default_pipeline(variant):
     pre, base = VARIANTS[variant]
     vocab = 5000 if variant == "default" else 1500
@@ -64,6 +65,7 @@ def test_same_bits_as_the_default_pipeline(variant):
     assert (ws.plan[:, 0] == 2).all()  # every p < 1 row takes the bracket
 
 
+@pytest.mark.slow
 def test_every_resolve_path_is_taken():
     x = torch.cat([make_rows(2, 1500, 1.0, seed=4), make_rows(2, 1500, 8.0, seed=5)])
     paths = set()
@@ -87,6 +89,7 @@ def test_every_resolve_path_is_taken():
     assert {"hit", "below", "overflow"} <= paths
 
 
+@pytest.mark.slow
 def test_special_rows_per_row_p_and_16_bit():
     x = make_rows(7, 700, 2.0, seed=6).cpu()
     x[0] = 0.0

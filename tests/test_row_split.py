@@ -55,6 +55,7 @@ def test_no_streams_made_during_capture(monkeypatch):
     assert row_split.side_streams(dev, 2, create=False) == ["s0", "s1"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU path of run_split (parts in order)")
 @pytest.mark.parametrize("op", rp.OPS)
 @pytest.mark.parametrize("parts", [2, 3])

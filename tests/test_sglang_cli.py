@@ -37,6 +37,7 @@ def test_serve_sets_the_environment_and_execs(tmp_path):
     assert env["SGLANG_PLUGINS"] == "other,tpguard"  # a whitelist must not drop the plugin
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--mode", "bogus", "--", "true"], "TPGUARD must be one of off|on|audit"),
     (["--on-divergence", "explode", "--", "true"], "TPGUARD_ON_DIVERGENCE must be one of"),

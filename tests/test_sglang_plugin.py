@@ -313,6 +313,8 @@ if __name__ == "__main__" and "--zygote" in sys.argv:
 if reason := sglang_zygote.missing():  # not importing sglang here: the zygote does, once
     pytest.skip(reason, allow_module_level=True)
 
+pytestmark = pytest.mark.slow  # sglang imported by a process of its own
+
 
 @pytest.fixture(scope="module")
 def zygote():

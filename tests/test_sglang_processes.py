@@ -20,6 +20,8 @@ import sglang_zygote
 if reason := sglang_zygote.missing():
     pytest.skip(reason, allow_module_level=True)
 
+pytestmark = pytest.mark.slow  # sglang imported by a process of its own
+
 PROBE = r"""
 import json, os, sys
 import sglang

@@ -98,6 +98,7 @@ def test_kernel_is_the_references_renorm_of_its_weights(params, cfg, vocab, dtyp
     assert_near_reference(out, ref.target_probs_reference(logits, c, top_k, top_p, min_p))
 
 
+@pytest.mark.slow
 def test_special_rows():
     vocab = 300
     x = make_logits(6, vocab, 2.0, seed=1).cpu()
@@ -139,6 +140,7 @@ def test_equals_sglangs_composition_up_to_rounding():
         assert_near_reference(out, staged)
 
 
+@pytest.mark.slow
 def test_repeated_calls_batch_invariance_and_fingerprint():
     logits = make_logits(5, 700, 2.0, seed=3, dtype=torch.bfloat16)
     c = tp.temperature_scale(0.9, 5, logits.device)
@@ -185,6 +187,7 @@ def _sampling_info(top_ks, top_ps, temperatures, need_top_k=True, need_top_p=Tru
         need_min_p_sampling=False, vocab_size=0, device="cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("need_top_k, need_top_p", [(True, True), (True, False), (False, True)])
 def test_verify_target_probs_matches_sglang_without_ties(need_top_k, need_top_p):
     dflash_utils = pytest.importorskip("sglang.srt.speculative.dflash_utils", reason="sglang 0.5.23 is not installed")
@@ -203,6 +206,7 @@ def test_verify_target_probs_matches_sglang_without_ties(need_top_k, need_top_p)
         torch.testing.assert_close(mine, theirs, rtol=2e-6, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_verify_target_probs_one_tie_rule_on_both_steps():
     """A tie at the k-th value: sglang's sparse path keeps exactly k (by position), its dense path on
     CPU too; the replacement keeps every tied entry, on its sparse and dense arguments alike."""
@@ -226,6 +230,7 @@ def test_verify_target_probs_one_tie_rule_on_both_steps():
     assert capped.reshape(-1).tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
 
 
+@pytest.mark.slow
 def test_routing_exposes_the_replacement_with_its_output_hook():
     from tpguard.hooks import sglang_renorm
 

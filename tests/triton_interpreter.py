@@ -23,21 +23,24 @@ def patch_language_once_per_launch() -> None:
     if patch is None or getattr(patch, "once_per_launch", False) or scope_type is None \
             or not isinstance(getattr(scope_type(), "_changes", None), list):
         return
-    launches = []  # (scope, ids of the language modules it patched) of the launches running now
+    # the launches running now: (scope, ids of the language modules patched, helpers seen) each
+    launches = []
 
     def languages(fn) -> set:
         return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
 
     def patch_once(fn):
         if launches:  # a helper called inside a launch
-            scope, patched = launches[-1]
-            new = languages(fn)
-            if not new <= patched:
-                scope._changes.extend(patch(fn)._changes)  # undone with the launch's own
-                patched |= new
+            scope, patched, seen = launches[-1]
+            if fn not in seen:
+                seen.add(fn)
+                new = languages(fn)
+                if not new <= patched:
+                    scope._changes.extend(patch(fn)._changes)  # undone with the launch's own
+                    patched |= new
             return scope_type()
         scope = patch(fn)
-        entry = (scope, languages(fn))
+        entry = (scope, languages(fn), set())
         restore = scope.restore
 
         def restore_and_end():
