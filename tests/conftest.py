@@ -1,5 +1,6 @@
 """Shared set-up of a test run: the Triton interpreter where there is no CUDA (triton_interpreter.py
-makes it faster), and torch's threads shared between pytest-xdist's workers.
+makes it faster); under pytest-xdist, torch's threads shared between the workers and the modules
+with the most slow tests handed out first.
 
 Triton picks the interpreter when a kernel is decorated (`@triton.jit` reads TRITON_INTERPRET), and
 tpguard's kernel modules read it at import (tpguard.config.interpreting()): so it is set here,
@@ -13,6 +14,7 @@ sglang_zygote) are on sys.path through pyproject's `pythonpath`.
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import torch
 
@@ -27,3 +29,13 @@ def pytest_configure(config):
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set in pytest-xdist's workers
     if workers > 1:  # the cores are shared between the workers, torch's threads too
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def pytest_collection_modifyitems(config, items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    # xdist hands out whole modules (--dist loadfile) in collection order: the longest first, so that
+    # the run does not end on one long module while the other workers wait (a module's slow tests
+    # stand for its length; within a module the order stays)
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])
