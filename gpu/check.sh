@@ -9,7 +9,8 @@
 #
 # Phases (PHASES=a,b,...; default: all six in this order). One device call may last 600 s, so run
 # them in groups; the times are what they took on one H200 (two for the NCCL parts):
-#   tests        the GPU test files (GPU_TESTS), pytest -n 8 (pytest-xdist from .whl)        ~300-400 s
+#   tests        the whole suite, as on CPU: python -m pytest tests (-n 8 --dist load with pytest-xdist
+#                from .whl); the kernel tests on the GPU, the interpreter's skip, saying why   ~300-400 s
 #   kernels      bench kernels (the renorm table beside flashinfer, batch sizes, top_k sweep), the determinism table
 #                (1,000 calls at 8 rows, 300 at 256), host time per eager call; with 2 GPUs the
 #                cross-GPU bytes check                                  ~400 s, +100 s for flashinfer's JIT
@@ -98,19 +99,16 @@ json.dump(env, open(sys.argv[1], "w"), indent=1)
 PY
 say "$(python3 -c "import json; e=json.load(open('$RES/env.json')); print('env:', '; '.join(f'{k} {v}' for k, v in e.items()))" 2>&1)"
 NGPU=$(python3 -c "import json; print(json.load(open('$RES/env.json')).get('gpus', 0))" 2>/dev/null || echo 0)
-XDIST=; python3 -c "import xdist" 2> /dev/null && XDIST="-n 8"
+# Tests spread one by one (--dist load, not pyproject's loadfile): a kernel test module compiles
+# hundreds of kernels here, too many for one worker.
+XDIST=; python3 -c "import xdist" 2> /dev/null && XDIST="-n 8 --dist load"
 
 # --- phases ---------------------------------------------------------------------------------------
-# The GPU test files (the others are CPU-only: the interpreter-only tests skip under TRITON_INTERPRET=0).
-GPU_TESTS=${GPU_TESTS:-"tests/test_renorm_kernels.py tests/test_renorm_reference.py tests/test_renorm_write_fp.py
-  tests/test_renorm_plan.py tests/test_renorm_top_k_fused.py tests/test_row_split.py tests/test_pdl.py
-  tests/test_fingerprint.py tests/test_gpu_guard_graphs.py tests/test_heal_copy.py tests/test_determinism.py"}
-
 tests() {
   local d=$RES/tests; mkdir -p $d
   # shellcheck disable=SC2086
-  TPGUARD_RENORM_GPU_TESTS=all within 560 python3 -m pytest -q -rfE -p no:cacheprovider $XDIST \
-    --junitxml=$d/junit.xml $GPU_TESTS > $d/pytest.log 2>&1
+  TPGUARD_RENORM_GPU_TESTS=all within 560 python3 -m pytest tests $XDIST -q -rfE -p no:cacheprovider \
+    --junitxml=$d/junit.xml > $d/pytest.log 2>&1
   say "tests rc=$? $(tail -1 $d/pytest.log)"; grep -hE "^(FAILED|ERROR)" $d/pytest.log | cut -c1-200 | tee -a "$SUMMARY"
   table tests
 }

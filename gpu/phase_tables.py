@@ -57,7 +57,7 @@ def measured_with(env: dict, command: str, gpus: int = 1) -> str:
 # --- tests -------------------------------------------------------------------------------------------
 
 def tests(d: Path, env: dict) -> str:
-    out = measured_with(env, "TPGUARD_RENORM_GPU_TESTS=all pytest -n 8 GPU_TESTS (gpu/check.sh)")
+    out = measured_with(env, "TPGUARD_RENORM_GPU_TESTS=all python -m pytest tests -n 8 --dist load (gpu/check.sh)")
     try:
         root = ET.parse(d / "junit.xml").getroot()
     except (OSError, ET.ParseError):

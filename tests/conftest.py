@@ -1,11 +1,41 @@
-"""Test session set-up: Triton's CPU interpreter unless the environment says otherwise.
+"""Shared set-up of a test run: the Triton interpreter where there is no CUDA (triton_interpreter.py
+makes it faster); under pytest-xdist, torch's threads shared between the workers and the modules
+with the most slow tests handed out first.
 
-Triton picks the interpreter when it decorates a kernel (at import), so this runs before any test
-module is collected. gpu/check.sh exports TRITON_INTERPRET=0 for its GPU runs: then the kernels
-compile for CUDA and the interpreter-only tests skip."""
+Triton picks the interpreter when a kernel is decorated (`@triton.jit` reads TRITON_INTERPRET), and
+tpguard's kernel modules read it at import (tpguard.config.interpreting()): so it is set here,
+before any test module is imported, for the whole process. Without CUDA the kernels run under the
+interpreter on CPU tensors; with CUDA and TRITON_INTERPRET unset (or 0) they are compiled, the
+kernel tests run on the GPU and the tests that need the interpreter on CPU tensors skip, saying so.
+An explicit TRITON_INTERPRET is left as it is. The tests' helper modules (multiproc, renorm_setup,
+sglang_zygote) are on sys.path through pyproject's `pythonpath`.
+"""
+
+from __future__ import annotations
 
 import os
+from collections import Counter
+
+import torch
+
+import triton_interpreter
 
 
 def pytest_configure(config):
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        triton_interpreter.patch_language_once_per_launch()
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set in pytest-xdist's workers
+    if workers > 1:  # the cores are shared between the workers, torch's threads too
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def pytest_collection_modifyitems(config, items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    # xdist hands out whole modules (--dist loadfile) in collection order: the longest first, so that
+    # the run does not end on one long module while the other workers wait (a module's slow tests
+    # stand for its length; within a module the order stays)
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])

@@ -1,7 +1,6 @@
-"""Shared set-up of the renorm kernel test modules: the device (CPU under the Triton interpreter,
-which tests/conftest.py turns on unless the environment says otherwise), and the small block shapes
-that push small vocabularies through every path of the kernels (gather path, bracket passes,
-whole-row fallbacks)."""
+"""Shared constants of the renorm kernel test modules: the device, the interpreter, and the small
+block shapes that push small vocabularies through every path of the kernels (gather path, bracket
+passes, whole-row fallbacks). TRITON_INTERPRET is set (or not) by conftest.py, before any import."""
 
 from __future__ import annotations
 

@@ -26,9 +26,27 @@ import time
 import traceback
 from collections.abc import Callable
 
-# TRITON_INTERPRET must be set before triton is imported (sglang imports it).
-ZYGOTE_ENV = {"TRITON_INTERPRET": "1", "SGLANG_PLUGINS": "tpguard", "PYTHONWARNINGS": "ignore"}
+# The scenarios are CPU tests (gloo, CPU tensors), on a GPU machine too: no GPU for sglang, whose
+# CUDA paths import its compiled kernels, and sglang's Triton kernels under the interpreter
+# (TRITON_INTERPRET must be set before triton is imported: sglang imports it).
+ZYGOTE_ENV = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", "SGLANG_PLUGINS": "tpguard",
+              "PYTHONWARNINGS": "ignore"}
 CLEARED = ("TPGUARD", "SGLANG_SPEC_TP_SYNC")  # prefixes a scenario's env starts without
+
+
+def missing() -> str | None:
+    """Why real sglang cannot run here with tpguard's plugin (a module-level skip), or None."""
+    from importlib.metadata import PackageNotFoundError, entry_points, version
+
+    try:
+        found = version("sglang")
+    except PackageNotFoundError:
+        found = None
+    if found != "0.5.23":
+        return f"sglang 0.5.23 is not installed (found: {found}; scripts/setup.sh)"
+    if not any(ep.name == "tpguard" for ep in entry_points(group="sglang.srt.plugins")):
+        return "tpguard is not installed (pip install -e .): sglang's load_plugins() finds it by its entry point"
+    return None
 
 
 def count_collectives() -> dict:
@@ -150,6 +168,10 @@ def zygote_main(preload: tuple[str, ...], scenarios: dict[str, Callable], plain:
     """The zygote's loop: import `preload` once, then one JSON request per stdin line."""
     out = os.fdopen(os.dup(1), "w")  # answers go to a private copy of stdout
     os.dup2(2, 1)  # anything else printed lands on stderr
+    if os.environ.get("TRITON_INTERPRET") == "1":  # sglang's and tpguard's kernels in the ranks
+        import triton_interpreter
+
+        triton_interpreter.patch_language_once_per_launch()
     for mod in preload:
         importlib.import_module(mod)
     out.write(json.dumps({"ready": True}) + "\n")

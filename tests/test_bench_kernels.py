@@ -5,12 +5,11 @@ flashinfer's place is taken by the drop-in (kernels/flashinfer_api.py), which ha
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE  # noqa: I001 - the shared set-up first
+import pytest
+import torch
+from renorm_setup import DEVICE
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from tpguard.bench import kernels as bench  # noqa: E402
+from tpguard.bench import kernels as bench
 
 
 def bench_options(monkeypatch, *args) -> dict:
@@ -35,6 +34,7 @@ def test_grid_arguments(monkeypatch):
     assert a["impls"] == bench.IMPLS and a["ops"] == bench.OPS
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU stand-in of the timer; on a GPU run the bench itself")
 def test_grid_tables_on_cpu(monkeypatch, capsys):
     from tpguard.kernels import flashinfer_api

@@ -7,11 +7,11 @@ import io
 
 import pytest
 
-from tpguard.config import interpreting
 from tpguard.determinism import DeterminismRow, main, measure, print_table
+from tpguard.config import interpreting
 
-# tpguard's kernels on CPU tensors need the interpreter; gpu/check.sh exports TRITON_INTERPRET=0 for its GPU
-# test runs (there the table runs on CUDA: `python -m tpguard.determinism --device cuda`, docs/benchmarks.md)
+# tpguard's kernels on CPU tensors need the interpreter (conftest.py sets it where there is no CUDA);
+# on a GPU machine the table runs on CUDA: `python -m tpguard.determinism --device cuda`, docs/benchmarks.md
 INTERPRETER = interpreting()
 NO_INTERPRETER = "TRITON_INTERPRET=0 in the environment: tpguard's kernels cannot run on CPU"
 
@@ -29,6 +29,7 @@ def test_emulated_atomic_differs_between_calls():
         assert r.max_ulp >= 1 and r.deterministic is False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not INTERPRETER, reason=NO_INTERPRETER)
 def test_reference_and_tpguard_kernels_are_deterministic_and_batch_invariant():
     rows = measure(n_calls=3, device="cpu", rows=2, vocab=1024, kernels=["tpguard", "torch"])
@@ -58,6 +59,7 @@ def test_main_bad_device_is_one_line(capsys):
     assert err.startswith("tpguard determinism:") and err.count("\n") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not INTERPRETER, reason=NO_INTERPRETER)
 def test_16_bit_probabilities():
     """bfloat16 input: tpguard's kernels and the reference deterministic (ulps of bfloat16), the emulated atomics

@@ -65,6 +65,7 @@ def _harness_runs(rank, world, runs, root):
         run_harness(opts)
 
 
+@pytest.mark.slow
 def test_two_harness_runs_sharing_a_run_id_are_refused(tmp_path):
     """Two real harness runs with one --run-id: another seed, another algo. Mixing their files is
     exit 2 naming the header fields; each run alone reads as before."""
@@ -376,6 +377,7 @@ def _cpu_seconds(fn, repeat=3) -> float:
     return best
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["compact", "spaced", "other"])
 def test_any_layout_reads_within_3x_of_json_loads(tmp_path, layout):
     """A trace as a standard `json.dumps` writes it (and any other valid layout) reads within 3x
@@ -403,6 +405,7 @@ def test_bench_diagnose_covers_both_layouts():
 
 # --- python -m tpguard ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_python_m_tpguard_is_the_tpguard_command(tmp_path):
     write_synthetic_trace(tmp_path, 30, diverge_at=10)
     for args in (["diagnose", str(tmp_path)], ["diagnose", str(tmp_path), "--json"], ["diagnose"],

@@ -28,6 +28,8 @@ from multiproc import free_port
 from tpguard.diagnose import diagnose, render_text
 from tpguard.trace import read_trace
 
+pytestmark = pytest.mark.slow  # ranks killed, frozen and timed out, through the launcher
+
 LONG = ["--steps", "100000", "--renorm", "torch", "--no-progress"]
 _started: list[subprocess.Popen] = []
 

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import inspect
 
-from renorm_setup import DEVICE  # noqa: I001 - the shared set-up first
+import pytest
+import torch
+from renorm_setup import DEVICE
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from tpguard import fingerprint as fp_host  # noqa: E402
-from tpguard.kernels import flashinfer_api as fi  # noqa: E402
-from tpguard.kernels import reference as ref  # noqa: E402
-from tpguard.kernels.renorm import TIE_RULE, top_k_renorm, top_p_renorm  # noqa: E402
+from tpguard import fingerprint as fp_host
+from tpguard.kernels import flashinfer_api as fi
+from tpguard.kernels import reference as ref
+from tpguard.kernels.renorm import TIE_RULE, top_k_renorm, top_p_renorm
 
 
 def probs_rows(rows: int, vocab: int, scale: float = 2.0, seed: int = 0, dtype=torch.float32) -> torch.Tensor:

@@ -23,11 +23,10 @@ import sys
 import types
 from pathlib import Path
 
-from renorm_setup import DEVICE  # noqa: I001 - the shared set-up first
+import pytest
+from renorm_setup import DEVICE
 
-import pytest  # noqa: E402
-
-from tpguard.kernels import flashinfer_api  # noqa: E402
+from tpguard.kernels import flashinfer_api
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = Path(os.environ.get("TPGUARD_FLASHINFER_TESTS", ROOT / ".gpu" / "flashinfer" / "test_sampling.py"))

@@ -51,6 +51,7 @@ def _first(trace_dir):
     return None if f is None else (f["step"], f["quantity"], f["culprit_ranks"])
 
 
+@pytest.mark.slow
 def test_every_injection_named_exactly_two_ranks(tmp_path):
     # One run per quantity (3 steps, injected at step 2), all inside one pair of rank processes.
     scenarios = [(q, ["--steps", "3", "--renorm", "torch", "--inject", f"{q}@2:{i % 2}"])
@@ -64,6 +65,7 @@ def test_every_injection_named_exactly_two_ranks(tmp_path):
             assert s[q]["divergences"] == 1 and s[q]["exit_code"] == 1
 
 
+@pytest.mark.slow
 def test_every_injection_named_exactly_four_ranks_and_healed(tmp_path):
     # One eagle run, every quantity injected on a different rank at its own step; heal keeps the
     # ranks together, so each divergence stands alone and the outputs end identical.
@@ -80,6 +82,7 @@ def test_every_injection_named_exactly_four_ranks_and_healed(tmp_path):
         assert s["all"]["actions"] == {"healed": len(plan)}
 
 
+@pytest.mark.slow
 def test_emulated_atomic_diverges_deterministic_never_heal_reconverges(tmp_path):
     base = ["--steps", "8", "--logits", "flat", "--top-p", "0.9"]
     scenarios = []
@@ -111,6 +114,7 @@ def test_abort_stops_every_rank_with_exit_3(tmp_path):
     assert _divergences(tmp_path) == [(2, "coins", [3], [0, 1, 2], "aborted")]
 
 
+@pytest.mark.slow
 def test_no_guard_divergence_hangs_and_the_deadline_names_the_rank(tmp_path):
     res = spawn_ranks(["--steps", "40", "--renorm", "torch", "--inject", "bonus@5:1", "--no-guard",
                        "--no-progress", "--timeout", "3"], 2, timeout=120, capture=True)
@@ -119,6 +123,7 @@ def test_no_guard_divergence_hangs_and_the_deadline_names_the_rank(tmp_path):
     assert "Traceback" not in res.outputs[0] + res.outputs[1]
 
 
+@pytest.mark.slow
 def test_with_the_guard_the_divergence_is_named_before_the_hang(tmp_path):
     res = spawn_ranks(["--steps", "40", "--renorm", "torch", "--inject", "bonus@5:1", "--trace", str(tmp_path),
                        "--no-progress", "--timeout", "3"], 2, timeout=120, capture=True)
@@ -160,6 +165,7 @@ def test_launcher_hands_its_ranks_the_options_it_parsed():
     assert to_argv(HarnessOptions()) == [] and parse_options([]) == HarnessOptions()
 
 
+@pytest.mark.slow
 def test_tpguard_launch_returns_the_workers_exit_code(tmp_path):
     p = _cli("-m", "tpguard.cli", "launch", "--nproc-per-node", "2", "--steps", "4", "--logits", "flat",
              "--renorm", "emulated-atomic", "--on-divergence", "abort", "--no-progress", "--trace", str(tmp_path))
@@ -168,6 +174,7 @@ def test_tpguard_launch_returns_the_workers_exit_code(tmp_path):
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 def test_demo_runs_and_tells_the_story(capsys):
     from tpguard.commands.demo import run_demo
 

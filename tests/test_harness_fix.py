@@ -34,6 +34,7 @@ def _switch_events(trace_dir, world):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_renorm_switched_in_lockstep_then_clean(tmp_path, world):
     scenarios = [("record", ATOMIC), ("fix", [*ATOMIC, "--on-divergence", "fix"])]
@@ -51,6 +52,7 @@ def test_renorm_switched_in_lockstep_then_clean(tmp_path, world):
     assert j["divergent_steps"] == 1 and [s["step"] for s in j["switches"]] == [sw["step"]]
 
 
+@pytest.mark.slow
 def test_decision_cause_switches_the_broadcast_on(tmp_path):
     scenarios = [("fix", ["--steps", "8", "--renorm", "torch", "--inject", "accept_len@2:1",
                           "--on-divergence", "fix"])]

@@ -7,19 +7,17 @@ boundaries so that full chunks, partial tails and one-chunk rows are all written
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, GPU_ALL, SMALL  # noqa: I001 - the shared set-up first
+import pytest
+import torch
+from renorm_setup import DEVICE, GPU_ALL, SMALL
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from tpguard import fingerprint as fp_host  # noqa: E402
-from tpguard.kernels.fingerprint_reference import fingerprint_reference  # noqa: E402
-from tpguard.kernels import reference as ref  # noqa: E402
-from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm  # noqa: E402
-from tpguard.kernels.renorm_config import default_config  # noqa: E402
-from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton  # noqa: E402
-from tpguard.kernels.renorm_top_p import top_p_renorm_triton  # noqa: E402
-from tpguard.kernels.renorm_min_p import min_p_renorm_triton  # noqa: E402
+from tpguard import fingerprint as fp_host
+from tpguard.kernels import reference as ref
+from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm
+from tpguard.kernels.renorm_config import default_config
+from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton
+from tpguard.kernels.renorm_top_p import top_p_renorm_triton
+from tpguard.kernels.renorm_min_p import min_p_renorm_triton
 
 DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 
@@ -95,7 +93,7 @@ def test_kernel_matches_reference(dtype, op, cfg, vocab, rows, kind):
 
 
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-@pytest.mark.parametrize("cfg, vocab", [("small", 300), ("default", 2100)])
+@pytest.mark.parametrize("cfg, vocab", [pytest.param("small", 300, marks=pytest.mark.slow), ("default", 2100)])
 def test_special_rows(dtype, cfg, vocab):
     x = special_rows(vocab, dtype)
     c = CONFIGS[cfg]
@@ -103,6 +101,7 @@ def test_special_rows(dtype, cfg, vocab):
         assert_matches(launch(x, *params, config=c), reference(x, *params), dtype)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_per_row_parameters_and_ties(dtype):
     # bfloat16 has 8 significant bits: ties at the cutoff are everywhere, and every tied entry is kept
@@ -137,6 +136,7 @@ def test_fingerprint_out_is_the_returned_tensors(dtype, backend):
             assert fp_host.to_unsigned(int(slot)) != fp_host.fingerprint_tensor(out.float())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_repeated_calls_and_batch_invariance(dtype):
     rows = make_rows(2, 600, "flat", seed=9, dtype=dtype)
@@ -150,6 +150,7 @@ def test_repeated_calls_and_batch_invariance(dtype):
             assert torch.equal(ref.bits(got), ref.bits(alone)), op
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_one_launch_top_k_same_bits_as_three(dtype):
     # <= fused_rows rows take the one-launch top-k (renorm_top_k_fused.py): the same bits as the three launches

@@ -1,6 +1,6 @@
 """tpguard's Triton renorm kernels against the torch references (kernels/reference.py).
 
-On CPU the kernels run under the Triton interpreter (set below, before triton is imported);
+On CPU the kernels run under the Triton interpreter (conftest.py sets it);
 on a CUDA machine with TRITON_INTERPRET=0 the same tests run on the GPU. Small block shapes
 (SMALL) push small vocabularies through every path of the kernels: the gather path, the
 bracket passes, the whole-row fallback after a bracket overflow (TINY_CAP) or a sampling miss
@@ -12,22 +12,21 @@ from __future__ import annotations
 import functools
 from unittest import mock
 
-from renorm_setup import DEVICE, GPU_ALL, SMALL  # noqa: I001 - the shared set-up first
+import pytest
+import torch
+import triton
+import triton.language as tl
+from renorm_setup import DEVICE, GPU_ALL, SMALL
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from tpguard.kernels import reference as ref  # noqa: E402
-from tpguard.kernels.radix_select import (bin_shift, kth_largest_block, mass_cutoff_block,  # noqa: E402
+from tpguard.kernels import reference as ref
+from tpguard.kernels.radix_select import (bin_shift, kth_largest_block, mass_cutoff_block,
                                           mass_cutoff_block_bins, search_start)
-from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm  # noqa: E402
-from tpguard.kernels.renorm_min_p import min_p_renorm_triton  # noqa: E402
-from tpguard.kernels.renorm_config import default_config  # noqa: E402
-from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton  # noqa: E402
-from tpguard.kernels.renorm_top_p import top_p_renorm_triton  # noqa: E402
-from tpguard.kernels.renorm_top_p_select import kth_largest_split  # noqa: E402
+from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm
+from tpguard.kernels.renorm_min_p import min_p_renorm_triton
+from tpguard.kernels.renorm_config import default_config
+from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton
+from tpguard.kernels.renorm_top_p import top_p_renorm_triton
+from tpguard.kernels.renorm_top_p_select import kth_largest_split
 
 DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 
@@ -113,6 +112,7 @@ def test_top_p_whole_row_fallbacks(cfg):
         assert_matches(top_p_renorm_triton(x, p, config=cfg), ref.top_p_renorm_reference(x, p))
 
 
+@pytest.mark.slow
 def test_bracket_pass_and_register_options_match_reference():
     # RenormConfig's options (docs/design-renorm.md): the bracket pass's own chunk and prefetch, the tau list
     # compacted only for peaky rows, no register caps; every combination must keep the
@@ -139,6 +139,7 @@ def test_bracket_pass_and_register_options_match_reference():
                    ref.top_k_top_p_renorm_reference(odd, 10, 0.7))
 
 
+@pytest.mark.slow
 def test_group32_select_w8_shapes():
     # the sweep's "group32" variant shape (groups of 32, 8-warp selects) at small sizes
     cfg = SMALL.replace(group=32, sample_stride=32, select_warps=8, reg=256, compact_sub=64)
@@ -148,6 +149,7 @@ def test_group32_select_w8_shapes():
     assert_matches(min_p_renorm_triton(x, 0.1, config=cfg), ref.min_p_renorm_reference(x, 0.1))
 
 
+@pytest.mark.slow
 def test_streaming_sub_blocks():
     x = make_rows(2, 900, "flat", seed=14)
     assert_matches(top_p_renorm_triton(x, 0.9, config=STREAMING), ref.top_p_renorm_reference(x, 0.9))
@@ -170,6 +172,7 @@ def plans(monkeypatch, module):
     return seen
 
 
+@pytest.mark.slow
 def test_every_path_is_taken(monkeypatch):
     import tpguard.kernels.renorm_top_k as tk_mod
     import tpguard.kernels.renorm_top_p as tp_mod
@@ -235,6 +238,7 @@ def _bracket_select_run(batch: str, changes: tuple = ()):
     return x, p, out, ws
 
 
+@pytest.mark.slow
 def test_bracket_select_register_searches():
     # both register-search paths of bracket_select are taken and match the reference
     for batch in ("default", "gather"):
@@ -250,6 +254,7 @@ def test_bracket_select_register_searches():
             assert (m_hi >= ws.target).all() and (n_gather <= GATHER_BLOCK.bracket_reg).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tps_split", [1, 0])  # the sample bracket's split and one-block branches
 def test_bracket_hi_samples_no_miss_near_tau(tps_split):
     # docs/design-renorm.md, "Top-p: where the estimate's rounds went": cutoffs just below tau have a handful of
@@ -291,6 +296,7 @@ def _bracket_copy_out(x, lo, hi, cap, mode, cfg=DEFAULT_CONFIG):
     return mhi, cnt, slots
 
 
+@pytest.mark.slow
 def test_bracket_copy_same_slots():
     # the bracket pass alone: the chunk-wide scan stored from a view in the load's layout (2)
     # writes the same slots, counts and masses as the group prefix + in-group scan (0) for the
@@ -337,6 +343,7 @@ def _bin_shift(lo: int, hi: int, bins: int) -> int:
     return sum(((hi - 1 - lo) >> s) >= bins for s in range(31))
 
 
+@pytest.mark.slow
 def test_bracket_bins_same_cutoff_and_bits():
     # the bracket pass sums its entries' mass per sub-bracket; bracket_select picks the bin holding
     # the cutoff from those exact masses and searches only its entries: the same params and output
@@ -431,6 +438,7 @@ def test_bins_search_at_bin_starts():
             assert ok == 1 and int(t1) == e and (t2, m2) == (t1, m1), (span, e, out)
 
 
+@pytest.mark.slow
 def test_bracket_bins_fallbacks():
     # when the bins cannot be used the default search runs: a bin over its window (bins_window), an
     # inexact bracket (exact_span), an overflowing chunk: the same bits
@@ -464,9 +472,10 @@ def test_bracket_bins_fallbacks():
         top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bracket_bins=12))
 
 
-@pytest.mark.parametrize("cfg", ["default", "small"])
-@pytest.mark.parametrize("vocab, kind", [(100, "flat"), (1000, "peaky"), (3000, "flat")])
-def test_top_k_top_p(cfg, vocab, kind):
+@pytest.mark.parametrize("vocab, kind, cfg", [
+    pytest.param(vocab, kind, cfg, marks=pytest.mark.slow) if cfg == "small" and vocab >= 1000 else (vocab, kind, cfg)
+    for vocab, kind in ((100, "flat"), (1000, "peaky"), (3000, "flat")) for cfg in ("default", "small")])
+def test_top_k_top_p(vocab, kind, cfg):
     x = make_rows(6, vocab, kind, seed=vocab)
     k = torch.tensor([1, 5, 40, vocab - 1, vocab, 1 << 30], dtype=torch.int64, device=DEVICE)
     p = torch.tensor([0.9, 0.5, 0.9, 0.95, 0.9, 0.3], device=DEVICE)
@@ -485,9 +494,9 @@ def test_min_p(cfg, vocab, mp, kind):
     assert_matches(min_p_renorm_triton(x, mp, config=CONFIGS[cfg]), ref.min_p_renorm_reference(x, mp))
 
 
-@pytest.mark.parametrize("cfg", ["default", "small"])
-@pytest.mark.parametrize("vocab", [64, 2100])
-def test_special_rows(cfg, vocab):
+@pytest.mark.parametrize("vocab, cfg", [(64, "default"), (64, "small"), (2100, "default"),
+                                        pytest.param(2100, "small", marks=pytest.mark.slow)])
+def test_special_rows(vocab, cfg):
     x = special_rows(vocab)
     c = CONFIGS[cfg]
     assert_matches(top_k_renorm_triton(x, 3, config=c), ref.top_k_renorm_reference(x, 3))
@@ -506,6 +515,7 @@ def test_per_row_parameters():
     assert_matches(min_p_renorm_triton(x, mp, config=SMALL), ref.min_p_renorm_reference(x, mp))
 
 
+@pytest.mark.slow
 def test_rows_1_to_64():
     x = make_rows(64, 128, "flat", seed=5)
     assert_matches(top_k_renorm_triton(x, 40), ref.top_k_renorm_reference(x, 40))
@@ -547,6 +557,7 @@ def test_gpu_smoke_names_exist(request):
 
 # --- determinism and batch invariance -------------------------------------------------------
 
+@pytest.mark.slow
 def test_repeated_calls_are_bit_identical():
     x = make_rows(3, 1500, "flat", seed=8)
     runs = [
@@ -561,6 +572,7 @@ def test_repeated_calls_are_bit_identical():
             assert torch.equal(run().view(torch.int32), first.view(torch.int32))
 
 
+@pytest.mark.slow
 def test_batch_invariance():
     rows = make_rows(3, 1200, "flat", seed=9)
     others = make_rows(5, 1200, "peaky", seed=10)
@@ -613,6 +625,7 @@ def _top_p_plan_run(x, p, cfg):
 TPS_OPTIONS = ({"tps_shared": 0},)  # the two searches apart (the default, 1, shares their rounds)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vocab, cfg", [(40000, "default"), (700, "small")])
 def test_top_p_select_rounds_same_plan_and_bits(vocab, cfg):
     # docs/design-renorm.md, "Top-p: where the estimate's rounds went": the select kernel's sample-bracket
@@ -703,6 +716,7 @@ def test_tps_split_tau_search_exact(warps):
             assert out.tolist() == [want, want], (trial, k)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vocab, cfg, scalar_p", [(1280, "split", True), (1008, "split", False),
                                                   (40000, "default", False)])
 def test_tps_split_same_bits_bracket_holds_cutoff(vocab, cfg, scalar_p):

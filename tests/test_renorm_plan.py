@@ -9,15 +9,14 @@ check the workspace reuse and the keys; the direct launches are checked where CU
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, GPU_ALL, INTERPRET, SMALL  # noqa: I001 - the shared set-up first
+import pytest
+import torch
+import triton
+from renorm_setup import DEVICE, GPU_ALL, INTERPRET, SMALL
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import triton  # noqa: E402
-
-from tpguard.config import launch_trim  # noqa: E402
-from tpguard.kernels import direct_launch as dl  # noqa: E402
-from tpguard.kernels import renorm_plan as rp  # noqa: E402
+from tpguard.config import launch_trim
+from tpguard.kernels import direct_launch as dl
+from tpguard.kernels import renorm_plan as rp
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
 
@@ -71,8 +70,10 @@ def slot():
     return torch.zeros((), dtype=torch.int64, device=DEVICE)
 
 
-@pytest.mark.parametrize("op", rp.OPS)
-@pytest.mark.parametrize("tensor, with_fp", [(False, False), (True, True)], ids=["scalar", "tensor-fp"])
+@pytest.mark.parametrize("tensor, with_fp, op", [
+    pytest.param(tensor, with_fp, op, id=f"{'tensor-fp' if tensor else 'scalar'}-{op}",
+                 marks=[pytest.mark.slow] if op == "top_k_top_p" else [])
+    for op in rp.OPS for tensor, with_fp in ((False, False), (True, True))])
 def test_plan_gives_the_fresh_path_bits(op, tensor, with_fp):
     x = batch()
     k, p = params(op, tensor)
@@ -89,6 +90,7 @@ def test_plan_gives_the_fresh_path_bits(op, tensor, with_fp):
     assert len(rp.plans()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", rp.OPS)
 def test_new_parameters_on_the_same_plan(op):
     x = batch(1)
@@ -107,6 +109,7 @@ def test_new_parameters_on_the_same_plan(op):
     assert len(rp.plans()) == 2, [key for key, _ in rp.plans()]  # one per parameter kind
 
 
+@pytest.mark.slow
 def test_keys_separate_what_the_launches_depend_on():
     x = batch()
     k40, p = params("top_k_top_p", False)
@@ -132,6 +135,7 @@ def test_keys_separate_what_the_launches_depend_on():
     assert len(rp.plans()) == 2
 
 
+@pytest.mark.slow
 def test_lru_and_byte_cap(monkeypatch):
     x = batch()
     monkeypatch.setenv("TPGUARD_RENORM_PLANS", "2")

@@ -41,6 +41,12 @@ def test_words_resolve_on_cpu():
 
 
 def test_exact_backends_have_no_stand_ins(monkeypatch):
+    # triton imported (its own @triton.jit functions decorated) under the run's TRITON_INTERPRET, not
+    # the one set below: decorated without it, they fail this process's interpreted kernels later on
+    from tpguard.kernels.renorm_args import triton_available
+
+    triton_available()
+
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(reg.BackendUnavailable, match="TRITON_INTERPRET"):
         reg.get_backend("tpguard", "cpu", exact=True)

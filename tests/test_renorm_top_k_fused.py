@@ -9,19 +9,18 @@ launch whose CTAs wait on their row's select (test_one_launch_on_gpu at the benc
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, SMALL  # noqa: I001 - the shared set-up first
+import pytest
+import torch
+from renorm_setup import DEVICE, SMALL
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from tpguard.kernels import reference as ref  # noqa: E402
-from tpguard.kernels import renorm_top_k_fused as fused  # noqa: E402
-from tpguard.kernels.renorm import top_k_renorm, top_k_top_p_renorm  # noqa: E402
-from tpguard.kernels.renorm_config import default_config  # noqa: E402
-from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton  # noqa: E402
-from tpguard.kernels.renorm_top_k_select import workspace_flags  # noqa: E402
-from tpguard.kernels.renorm_workspace import SYNC_WORDS, shapes_for, workspace_for  # noqa: E402
-from test_renorm_kernels import assert_matches, make_rows, special_rows  # noqa: E402
+from tpguard.kernels import reference as ref
+from tpguard.kernels import renorm_top_k_fused as fused
+from tpguard.kernels.renorm import top_k_renorm, top_k_top_p_renorm
+from tpguard.kernels.renorm_config import default_config
+from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton
+from tpguard.kernels.renorm_top_k_select import workspace_flags
+from tpguard.kernels.renorm_workspace import SYNC_WORDS, shapes_for, workspace_for
+from test_renorm_kernels import assert_matches, make_rows, special_rows
 
 DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 
@@ -44,14 +43,19 @@ def run_both(x, k, p, cfg):
     return top_k_top_p_renorm_triton(x, k, p, cfg, workspace=ws), ws, top_k_top_p_renorm_triton(x, k, p, three)
 
 
-@pytest.mark.parametrize("cfg", ["default", "small"])
-@pytest.mark.parametrize("vocab, rows, k, p, kind", [
+SAME_BITS_CASES = [
     (100, 7, 1, None, "flat"), (100, 8, 40, 0.5, "peaky"), (1000, 5, 40, None, "peaky"),
     (3000, 3, 40, 0.9, "flat"), (2500, 2, 300, None, "flat"), (2500, 2, 300, "tensor", "flat"),
     (9000, 1, 40, None, "flat"), (9000, 8, 99, 1.0, "peaky"), (5000, 4, 4999, None, "flat"),
     (5000, 3, 5000, None, "flat"), (9000, 6, "tensor", None, "flat"), (700, 5, "tensor", None, "peaky"),
-])
-def test_same_bits_as_three_launches(cfg, vocab, rows, k, p, kind):
+]
+
+
+# (the small shapes at vocab >= 1000, 4 to 36 chunks a row, take seconds each under the interpreter)
+@pytest.mark.parametrize("vocab, rows, k, p, kind, cfg", [
+    pytest.param(*case, cfg, marks=pytest.mark.slow) if cfg == "small" and case[0] >= 1000 and case[1] > 1
+    else (*case, cfg) for case in SAME_BITS_CASES for cfg in ("default", "small")])
+def test_same_bits_as_three_launches(vocab, rows, k, p, kind, cfg):
     x = make_rows(rows, vocab, kind, seed=vocab + rows)
     if p == "tensor":
         p = torch.linspace(0.3, 1.0, rows, device=DEVICE)
@@ -64,6 +68,7 @@ def test_same_bits_as_three_launches(cfg, vocab, rows, k, p, kind):
     assert ws.sync.numel() == rows * SYNC_WORDS and not ws.sync.any()  # zero for the next call
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vocab", [300, 5000])
 def test_special_rows(vocab):
     """Zero, NaN, infinite, tied and one-entry rows: the three launches' handling, bit for bit."""
@@ -75,6 +80,7 @@ def test_special_rows(vocab):
         assert not ws.sync.any()
 
 
+@pytest.mark.slow
 def test_batch_invariant_and_repeatable():
     """A row's bits are the same alone, in a batch of 8 (one launch) and in a batch of 20 (three launches)."""
     x = torch.cat([make_rows(10, 6000, "flat", seed=5), make_rows(10, 6000, "peaky", seed=6)])

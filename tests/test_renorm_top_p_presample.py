@@ -6,16 +6,15 @@ the fingerprint slot, determinism and batch invariance. CPU under the Triton int
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, GPU_ALL, SMALL  # noqa: I001 - the shared set-up first
+import pytest
+import torch
+from renorm_setup import DEVICE, GPU_ALL, SMALL
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from tpguard import fingerprint as fp_host  # noqa: E402
-from tpguard.kernels import reference as ref  # noqa: E402
-from tpguard.kernels.renorm_config import default_config  # noqa: E402
-from tpguard.kernels.renorm_workspace import shapes_for, workspace_for  # noqa: E402
-from tpguard.kernels.renorm_top_p import top_p_renorm_triton  # noqa: E402
+from tpguard import fingerprint as fp_host
+from tpguard.kernels import reference as ref
+from tpguard.kernels.renorm_config import default_config
+from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
+from tpguard.kernels.renorm_top_p import top_p_renorm_triton
 
 DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 
@@ -54,7 +53,8 @@ def assert_same(out, default, expect):
     assert torch.equal(ref.bits(out), ref.bits(default)), "not the default pipeline's bits"
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", [pytest.param(v, marks=pytest.mark.slow) if v in ("miss", "overflow", "streaming")
+                                     else v for v in VARIANTS])
 def test_same_bits_as_the_default_pipeline(variant):
     pre, base = VARIANTS[variant]
     vocab = 5000 if variant == "default" else 1500
@@ -65,6 +65,7 @@ def test_same_bits_as_the_default_pipeline(variant):
     assert (ws.plan[:, 0] == 2).all()  # every p < 1 row takes the bracket
 
 
+@pytest.mark.slow
 def test_every_resolve_path_is_taken():
     x = torch.cat([make_rows(2, 1500, 1.0, seed=4), make_rows(2, 1500, 8.0, seed=5)])
     paths = set()
@@ -88,6 +89,7 @@ def test_every_resolve_path_is_taken():
     assert {"hit", "below", "overflow"} <= paths
 
 
+@pytest.mark.slow
 def test_special_rows_per_row_p_and_16_bit():
     x = make_rows(7, 700, 2.0, seed=6).cpu()
     x[0] = 0.0

@@ -19,6 +19,8 @@ import pytest
 from tpguard.cli import main as cli_main
 from tpguard.trace import read_trace
 
+pytestmark = pytest.mark.slow  # six harness runs, for the module
+
 CALLS = "12"
 QUICK = ["--no-progress", "--quiet", "--timeout", "60", "--dump"]
 DECISION_PLAN = [("coins", 1), ("accept_index", 2), ("accept_len", 3), ("bonus", 4), ("commit_lens", 5),

@@ -21,6 +21,8 @@ from safetensors.torch import load_file, save_file
 
 from tpguard.cli import main as cli_main
 
+pytestmark = pytest.mark.slow  # two harness runs, for the module
+
 
 def launch(trace: Path, *args: str) -> None:
     p = subprocess.run([sys.executable, "-m", "tpguard.cli", "launch", "--nproc-per-node", "2", "--steps", "2",

@@ -8,12 +8,11 @@ the capture path itself needs CUDA (test_captured_call_splits_on_gpu).
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, SMALL  # noqa: I001 - the shared set-up first
+import pytest
+import torch
+from renorm_setup import DEVICE, SMALL
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from tpguard.kernels import renorm, renorm_plan as rp, row_split  # noqa: E402
+from tpguard.kernels import renorm, renorm_plan as rp, row_split
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
 VOCAB = 700
@@ -56,12 +55,12 @@ def test_no_streams_made_during_capture(monkeypatch):
     assert row_split.side_streams(dev, 2, create=False) == ["s0", "s1"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU path of run_split (parts in order)")
 @pytest.mark.parametrize("op", rp.OPS)
-@pytest.mark.parametrize("parts", [2, 3])
-def test_parts_give_the_one_call_bits(op, parts, monkeypatch):
-    monkeypatch.setattr(row_split, "ALIGN_ROWS", 1)  # 7 rows in 2-3 parts (on a GPU: multiples of 4)
-    rows = 7
+def test_parts_give_the_one_call_bits(op, monkeypatch):
+    monkeypatch.setattr(row_split, "ALIGN_ROWS", 1)  # 7 rows in 3 parts (on a GPU: multiples of 4)
+    rows, parts = 7, 3  # a first, a middle and a last part
     x = batch(rows)
     k = torch.tensor([40, 3, 40, VOCAB, 1, 40, 700], dtype=torch.int32) if op in ("top_k", "top_k_top_p") else None
     p = torch.tensor([0.9, 0.5, 0.95, 1.0, 0.9, 0.3, 0.99]) / (9 if op == "min_p" else 1) \

@@ -10,7 +10,6 @@ loads: as on a GPU, two ranks' target probs then differ in the last bits on iden
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 
@@ -188,8 +187,10 @@ if __name__ == "__main__" and "--zygote" in sys.argv:
 # Tests
 # =============================================================================================
 
-if importlib.util.find_spec("sglang") is None:
-    pytest.skip("sglang 0.5.23 is not installed (scripts/setup.sh)", allow_module_level=True)
+if reason := sglang_zygote.missing():  # not importing sglang here: the zygote does, once
+    pytest.skip(reason, allow_module_level=True)
+
+pytestmark = pytest.mark.slow  # sglang imported by a process of its own
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ loader ran and whether tpguard installed its hooks, right after.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,8 +15,12 @@ import sys
 
 import pytest
 
-if importlib.util.find_spec("sglang") is None:
-    pytest.skip("sglang 0.5.23 is not installed (scripts/setup.sh)", allow_module_level=True)
+import sglang_zygote
+
+if reason := sglang_zygote.missing():
+    pytest.skip(reason, allow_module_level=True)
+
+pytestmark = pytest.mark.slow  # sglang imported by a process of its own
 
 PROBE = r"""
 import json, os, sys
@@ -59,7 +62,7 @@ for kind, entry in ENTRY.items():  # each kind in a process of its own, forked b
 @pytest.fixture(scope="module")
 def kinds() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TPGUARD", "SGLANG"))}
-    env.update({"TPGUARD": "on", "SGLANG_PLUGINS": "tpguard", "TRITON_INTERPRET": "1", "PYTHONWARNINGS": "ignore"})
+    env.update({**sglang_zygote.ZYGOTE_ENV, "TPGUARD": "on"})  # (CPU processes, as the zygote's)
     r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     found = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]

@@ -16,7 +16,6 @@ sglang's function replaced (before the plugin loads) by one with the same parame
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import pytest
@@ -260,8 +259,10 @@ if __name__ == "__main__" and "--zygote" in sys.argv:
 # Tests
 # =============================================================================================
 
-if importlib.util.find_spec("sglang") is None:  # not importing it here: the zygote does, once
-    pytest.skip("sglang 0.5.23 is not installed (scripts/setup.sh)", allow_module_level=True)
+if reason := sglang_zygote.missing():  # not importing sglang here: the zygote does, once
+    pytest.skip(reason, allow_module_level=True)
+
+pytestmark = pytest.mark.slow  # sglang imported by a process of its own
 
 
 @pytest.fixture(scope="module")

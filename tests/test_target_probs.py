@@ -14,22 +14,21 @@ torch work in the launches a plan records; on a GPU the recorded direct launches
 
 from __future__ import annotations
 
-from renorm_setup import DEVICE, GPU_ALL, INTERPRET, SMALL  # noqa: I001 - the shared set-up first
+import dataclasses
+import os
 
-import dataclasses  # noqa: E402
-import os  # noqa: E402
+import pytest
+import torch
+from renorm_setup import DEVICE, GPU_ALL, INTERPRET, SMALL
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from tpguard import fingerprint as fp_host  # noqa: E402
-from tpguard.config import launch_trim  # noqa: E402
-from tpguard.kernels import direct_launch as dl  # noqa: E402
-from tpguard.kernels import reference as ref  # noqa: E402
-from tpguard.kernels import renorm_graph  # noqa: E402
-from tpguard.kernels import renorm_plan as rp  # noqa: E402
-from tpguard.kernels import target_probs as tp  # noqa: E402
-from tpguard.kernels.renorm_config import RenormConfig, default_config  # noqa: E402
+from tpguard import fingerprint as fp_host
+from tpguard.config import launch_trim
+from tpguard.kernels import direct_launch as dl
+from tpguard.kernels import reference as ref
+from tpguard.kernels import renorm_graph
+from tpguard.kernels import renorm_plan as rp
+from tpguard.kernels import target_probs as tp
+from tpguard.kernels.renorm_config import RenormConfig, default_config
 
 DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 
@@ -110,6 +109,7 @@ def test_kernel_is_the_references_renorm_of_its_weights(params, cfg, vocab, dtyp
     assert_near_reference(out, ref.target_probs_reference(logits, c, top_k, top_p, min_p))
 
 
+@pytest.mark.slow
 def test_special_rows():
     vocab = 300
     x = make_logits(6, vocab, 2.0, seed=1).cpu()
@@ -151,6 +151,7 @@ def test_equals_sglangs_composition_up_to_rounding():
         assert_near_reference(out, staged)
 
 
+@pytest.mark.slow
 def test_repeated_calls_batch_invariance_and_fingerprint():
     logits = make_logits(5, 700, 2.0, seed=3, dtype=torch.bfloat16)
     c = tp.temperature_scale(0.9, 5, logits.device)
@@ -197,6 +198,7 @@ def _sampling_info(top_ks, top_ps, temperatures, need_top_k=True, need_top_p=Tru
         need_min_p_sampling=False, vocab_size=0, device="cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("need_top_k, need_top_p", [(True, True), (True, False), (False, True)])
 def test_verify_target_probs_matches_sglang_without_ties(need_top_k, need_top_p):
     dflash_utils = pytest.importorskip("sglang.srt.speculative.dflash_utils", reason="sglang 0.5.23 is not installed")
@@ -215,6 +217,7 @@ def test_verify_target_probs_matches_sglang_without_ties(need_top_k, need_top_p)
         torch.testing.assert_close(mine, theirs, rtol=2e-6, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_verify_target_probs_one_tie_rule_on_both_steps():
     """A tie at the k-th value: sglang's sparse path keeps exactly k (by position), its dense path on
     CPU too; the replacement keeps every tied entry, on its sparse and dense arguments alike."""
@@ -238,6 +241,7 @@ def test_verify_target_probs_one_tie_rule_on_both_steps():
     assert capped.reshape(-1).tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
 
 
+@pytest.mark.slow
 def test_routing_exposes_the_replacement_with_its_output_hook():
     from tpguard.hooks import sglang_renorm
 

@@ -1,0 +1,55 @@
+"""Triton's interpreter, faster for the tests (conftest.py, and the sglang zygote's ranks)."""
+
+from __future__ import annotations
+
+import inspect
+
+
+def patch_language_once_per_launch() -> None:
+    """Triton's interpreter patches triton.language when a kernel launches and undoes it when the
+    launch ends; it patches it again at every call of a @triton.jit helper inside the kernel (the
+    language modules the helper's globals name), which took about half of the kernel tests' time
+    and changes nothing for a module the launch patched already. Here a helper called inside a launch
+    patches only modules not yet patched in it (triton.language.core for triton's own helpers such
+    as tl.sum), and the launch's end undoes that too. Triton versions without these internals run
+    as they are."""
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    patch = getattr(interpreter, "_patch_lang", None)
+    scope_type = getattr(interpreter, "_LangPatchScope", None)
+    if patch is None or getattr(patch, "once_per_launch", False) or scope_type is None \
+            or not isinstance(getattr(scope_type(), "_changes", None), list):
+        return
+    # the launches running now: (scope, ids of the language modules patched, helpers seen) each
+    launches = []
+
+    def languages(fn) -> set:
+        return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+
+    def patch_once(fn):
+        if launches:  # a helper called inside a launch
+            scope, patched, seen = launches[-1]
+            if fn not in seen:
+                seen.add(fn)
+                new = languages(fn)
+                if not new <= patched:
+                    scope._changes.extend(patch(fn)._changes)  # undone with the launch's own
+                    patched |= new
+            return scope_type()
+        scope = patch(fn)
+        entry = (scope, languages(fn), set())
+        restore = scope.restore
+
+        def restore_and_end():
+            launches.remove(entry)
+            restore()
+
+        scope.restore = restore_and_end
+        launches.append(entry)
+        return scope
+
+    patch_once.once_per_launch = True
+    interpreter._patch_lang = patch_once
