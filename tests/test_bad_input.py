@@ -242,7 +242,7 @@ def test_cli_arguments(tmp_path, capsys):
     for args, text in [(["determinism", "--device", "bogus"], "--device"), (["determinism", "--rows", "-1"], "--rows"),
                        (["audit", "--vocab", "-5"], "--vocab"),  # `audit`: the command's hidden earlier name
                        (["serve", "--trace-dir", str(tmp_path / "file"), "--", "true"], "not a directory"),
-                       (["demo", "--steps", "x"], "valid integer"), (["demo", "--timeout", "inf"], "--timeout"),
+                       (["demo", "--steps", "x"], "valid int"), (["demo", "--timeout", "inf"], "--timeout"),
                        (["demo", "--out", str(tmp_path / "file")], "not a directory")]:
         rc, out, err = run_cli(args, capsys)
         one_line_error(rc, err, text=text)
@@ -258,7 +258,7 @@ def test_demo_out_holding_an_earlier_demo(tmp_path, capsys):
 
 @pytest.mark.parametrize("args,text", [
     (["bench", "diagnose", "--steps", "0"], "--steps"), (["bench", "diagnose", "--bogus"], "No such option"),
-    (["bench", "guard", "--bs", "x"], "valid integer"), (["bench", "kernels", "--rows", "x"], "Invalid value"),
+    (["bench", "guard", "--bs", "x"], "valid int"), (["bench", "kernels", "--rows", "x"], "Invalid value"),
     (["bench", "kernels", "--vocabs", "1,x"], "comma-separated int"), (["bench", "fingerprint", "--bogus"], "No such option"),
     (["bench", "fingerprint", "--shapes", "some"], "not one of all | main"),
 ])

@@ -24,12 +24,14 @@ from tpguard.diagnose import diagnose
 from tpguard.records import Header, StepRecord
 from tpguard.trace import TraceWriter
 
-TPGUARD = str(Path(sys.executable).with_name("tpguard"))
+# the installed command; where tpguard is on the path but not installed (the GPU check), `python -m tpguard`
+_SCRIPT = Path(sys.executable).with_name("tpguard")
+TPGUARD = [str(_SCRIPT)] if _SCRIPT.is_file() else [sys.executable, "-m", "tpguard"]
 SITE = "synthetic.verify"
 
 
 def tpguard(*args, cwd=None, env=None, python_m=False):
-    cmd = [sys.executable, "-m", "tpguard", *args] if python_m else [TPGUARD, *args]
+    cmd = [sys.executable, "-m", "tpguard", *args] if python_m else [*TPGUARD, *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=120,
                           env={**os.environ, **(env or {})})
 

@@ -176,7 +176,7 @@ def test_emulated_atomic_differs_between_calls_and_reference_does_not():
     (["--every", "2", "--inject", "coins@3:1"], 2, "not a checked step with --every 2"),
     (["--no-guard", "--on-divergence", "heal"], 2, "needs the guard"),
     (["--bogus"], 2, "No such option: --bogus"),
-    (["--steps", "x"], 2, "valid integer"),
+    (["--steps", "x"], 2, "valid int"),
     (["--algo", "medusa"], 2, "'medusa' is not one of dflash | eagle"),
 ])
 def test_bad_options_are_one_line_errors(argv, world, needle):

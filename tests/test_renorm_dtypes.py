@@ -13,6 +13,7 @@ from renorm_setup import DEVICE, GPU_ALL, SMALL
 
 from tpguard import fingerprint as fp_host
 from tpguard.kernels import reference as ref
+from tpguard.kernels.fingerprint_reference import fingerprint_reference
 from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm
 from tpguard.kernels.renorm_config import default_config
 from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton

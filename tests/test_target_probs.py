@@ -15,6 +15,7 @@ torch work in the launches a plan records; on a GPU the recorded direct launches
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 
 import pytest
@@ -245,6 +246,10 @@ def test_verify_target_probs_one_tie_rule_on_both_steps():
 def test_routing_exposes_the_replacement_with_its_output_hook():
     from tpguard.hooks import sglang_renorm
 
+    try:  # sglang's verify modules in this process (CPU CI: its light set-up; a GPU image may lack sgl_kernel)
+        importlib.import_module("sglang.srt.speculative.dflash_utils")
+    except ImportError as e:
+        pytest.skip(f"sglang's dflash_utils does not import here: {e}")
     seen = []
     routing = sglang_renorm.route("tpguard", on_output=seen.append)
     try:
@@ -484,7 +489,7 @@ def test_direct_launches_on_gpu(plans, monkeypatch):
     rp.clear_plans()
     x = plan_logits(vocab=20000)
     p = torch.tensor([0.9, 0.05, 0.5, 0.2], device=DEVICE)
-    mp = torch.tensor([0.1, 0.0, 0.3, 0.05], device=DEVICE)
+    mp = torch.tensor([0.1, 0.02, 0.3, 0.05], device=DEVICE)  # valid as a top-p too
     for top_p, min_p in ((p, p), (p, mp), (mp, p), (p, p)):
         expect = plan_free(monkeypatch, x, 0.8, None, top_p, min_p)
         for _ in range(2):
