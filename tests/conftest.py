@@ -25,7 +25,7 @@ def pytest_configure(config):
     if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
     if os.environ.get("TRITON_INTERPRET") == "1":
-        triton_interpreter.patch_language_once_per_launch()
+        triton_interpreter.speed_up()
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set in pytest-xdist's workers
     if workers > 1:  # the cores are shared between the workers, torch's threads too
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
