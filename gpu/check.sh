@@ -99,8 +99,8 @@ json.dump(env, open(sys.argv[1], "w"), indent=1)
 PY
 say "$(python3 -c "import json; e=json.load(open('$RES/env.json')); print('env:', '; '.join(f'{k} {v}' for k, v in e.items()))" 2>&1)"
 NGPU=$(python3 -c "import json; print(json.load(open('$RES/env.json')).get('gpus', 0))" 2>/dev/null || echo 0)
-# Tests spread one by one (--dist load, not pyproject's loadfile): a kernel test module compiles
-# hundreds of kernels here, too many for one worker.
+# Tests spread one by one (--dist load, not tests/conftest.py's loadfile): a kernel test module
+# compiles hundreds of kernels here, too many for one worker.
 XDIST=; python3 -c "import xdist" 2> /dev/null && XDIST="-n 8 --dist load"
 
 # --- phases ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Shared set-up of a test run: the Triton interpreter where there is no CUDA (triton_interpreter.py
-makes it faster); under pytest-xdist, torch's threads shared between the workers and the modules
-with the most slow tests handed out first.
+makes it faster); under pytest-xdist, a module's tests on one worker, torch's threads shared
+between the workers and the modules with the most slow tests handed out first.
 
 Triton picks the interpreter when a kernel is decorated (`@triton.jit` reads TRITON_INTERPRET), and
 tpguard's kernel modules read it at import (tpguard.config.interpreting()): so it is set here,
@@ -16,16 +16,26 @@ from __future__ import annotations
 import os
 from collections import Counter
 
+import pytest
 import torch
 
 import triton_interpreter
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    # with -n and no --dist: a module's tests on one worker (--dist loadfile), so that its module
+    # fixtures (the sglang zygote, the replay runs) are made once (pytest-xdist's own default, load,
+    # would make them on every worker)
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") == "no":
+        config.option.dist = "loadfile"
 
 
 def pytest_configure(config):
     if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
     if os.environ.get("TRITON_INTERPRET") == "1":
-        triton_interpreter.patch_language_once_per_launch()
+        triton_interpreter.speed_up()
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set in pytest-xdist's workers
     if workers > 1:  # the cores are shared between the workers, torch's threads too
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))

@@ -171,7 +171,7 @@ def zygote_main(preload: tuple[str, ...], scenarios: dict[str, Callable], plain:
     if os.environ.get("TRITON_INTERPRET") == "1":  # sglang's and tpguard's kernels in the ranks
         import triton_interpreter
 
-        triton_interpreter.patch_language_once_per_launch()
+        triton_interpreter.speed_up()
     for mod in preload:
         importlib.import_module(mod)
     out.write(json.dumps({"ready": True}) + "\n")
