@@ -90,6 +90,7 @@ def test_metrics_move_as_divergences_are_planted(tmp_path):
     assert checked == 6 and coins == 2
 
 
+@pytest.mark.slow
 def test_bounded_trace_keeps_every_divergence(tmp_path):
     plants = [("coins", s, 1) for s in (10, 150, 290)]
     run_ranks(_device_run, 2, 300, plants, "record", str(tmp_path),

@@ -104,6 +104,7 @@ def test_configs_agree():
         assert (top_value(x, cfg), top_value(y, cfg)) == want
 
 
+@pytest.mark.slow
 def test_chunks_sized_to_fill_the_gpu():
     """`fill_ctas_per_sm`: chunks of any whole number of tiles, so that the programs fill the SMs
     about once (the H200's 132 SMs x 8 CTAs at 256 x 163840: 32 chunks of 20 tiles, 1024 programs);
@@ -183,6 +184,7 @@ def test_fingerprint_many_chunked():
                        ref.fingerprint_many_reference(tensors))
 
 
+@pytest.mark.slow
 def test_fingerprint_many_chunks_sized_to_fill_the_gpu():
     """`fill_ctas_per_sm` on fingerprint_many's long rows: the table launch's chunks from the tiles of
     all its segments (the guard's full set: logits and probs in one wave), the per-segment launches'
@@ -285,6 +287,7 @@ def compiler_freedoms(monkeypatch):
     monkeypatch.setattr(builder, "create_masked_load", masked_load)
 
 
+@pytest.mark.slow
 def test_kernels_take_no_liberties(compiler_freedoms):
     """Multi-row tiles (short rows, long rows side by side) with reordering reshapes and undefined
     masked lanes: still the reference, so nothing depends on what the interpreter happens to do."""

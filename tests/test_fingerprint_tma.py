@@ -80,6 +80,7 @@ def test_padded_row_stride_takes_tma(tma_launches):
     assert_matches(view, SMALL_TMA, tma_launches, tma=True)
 
 
+@pytest.mark.slow
 def test_what_falls_back_to_the_ldg_kernel(tma_launches):
     cases = {
         "12004-byte rows: not 16-byte aligned": make((9, 3001), seed=3),

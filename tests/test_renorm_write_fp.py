@@ -181,6 +181,7 @@ def test_fill_fingerprint_for_paths_without_a_write_pass():
         assert fp_host.to_unsigned(int(slot[1])) == fp_host.fingerprint_tensor(out) and int(slot[0]) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["tpguard", "torch"])
 def test_public_api_fingerprint_out(backend):
     """Every public renorm honours `fingerprint_out` on both paths: the slot holds fingerprint(out)."""
