@@ -8,9 +8,9 @@ this replaces where it can (`usable`): the same partial lane sums ``[chunks, row
 Why: the ldg kernel keeps loads in flight by a manual register double buffer; here TMA copies each
 ``[8, 256]`` tile of 4-byte words into a 3-deep shared-memory ring (`tl.range(num_stages=3)`), so
 4 warps hash while the next tiles land. Measured (docs/design-fingerprint.md, one H200, 256 x 163840
-fp32, CUDA graph replays): lane launch 42.8 us vs 44.1, the whole `fingerprint_triton` call 45.7 vs
+fp32, CUDA graph replays): lane launch 42.8 us vs 44.1, `fingerprint_triton` as a whole 45.7 vs
 47.1 us (3.67 vs 3.57 TB/s); a plain TMA read of the tensor 39.8 us, the best plain ldg read 39.0. In
-the product: the call 45.8-47.2 us vs 48.4-48.9 with ldg loads.
+the product: 45.8-47.2 us per fingerprint vs 48.4-48.9 with ldg loads.
 
 Used by `fingerprint_triton` / `fingerprint_rows_triton` through `_hash_words` (kernels/fingerprint_lanes.py);
 not by `fingerprint_many_triton` (`KernelConfig.lane_tma`).
