@@ -80,13 +80,11 @@ def make_renorm(kind: str, backend: str, want_fingerprint: Callable[[], bool] | 
             if want_fingerprint is not None and want_fingerprint():
                 return call_with_fingerprint(drop_in, probs, param)
             return drop_in(probs, param)
-    elif backend == "flashinfer-det":
-        import flashinfer.sampling as fs
-
-        impl = fs.top_k_renorm_probs if kind == "top_k" else fs.top_p_renorm_probs
+    elif backend == "flashinfer-det":  # the registry's is_deterministic=True kernels (GPU only)
+        impl = getattr(renorm_registry.get_backend("flashinfer-det", "cuda", exact=True), kind)
 
         def fn(probs, param):
-            return impl(probs, param, is_deterministic=True)
+            return impl(probs, param)
     else:
         known = ", ".join(renorm_words.DETERMINISTIC_ORDER)
         raise ValueError(f"unknown renorm backend {backend!r} (known: {known})")

@@ -45,15 +45,16 @@ def kernel_for(probs: torch.Tensor, backend: str) -> str:
     return "tpguard"
 
 
-def check_probs(probs) -> None:
+def check_probs(probs, name: str = "probs") -> None:
+    """A [rows, vocab] float32 / float16 / bfloat16 tensor (the renorms' probs, target_probs' logits)."""
     if not isinstance(probs, torch.Tensor):
-        raise ValueError(f"probs must be a torch.Tensor, got {type(probs).__name__}")
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(probs).__name__}")
     if probs.dtype not in DTYPES:
-        raise ValueError(f"probs must be float32, float16 or bfloat16, got {probs.dtype}")
+        raise ValueError(f"{name} must be float32, float16 or bfloat16, got {probs.dtype}")
     if probs.dim() != 2:
-        raise ValueError(f"probs must be 2-D [rows, vocab], got shape {tuple(probs.shape)}")
+        raise ValueError(f"{name} must be 2-D [rows, vocab], got shape {tuple(probs.shape)}")
     if probs.shape[1] == 0:
-        raise ValueError("probs has an empty vocabulary (shape [rows, 0])")
+        raise ValueError(f"{name} has an empty vocabulary (shape [rows, 0])")
 
 
 def check_param(value, rows: int, name: str, integer: bool) -> None:

@@ -51,6 +51,7 @@ from tpguard.kernels import reference, renorm_plan
 from tpguard.kernels.renorm_args import (
     check_fingerprint_slot,
     check_param,
+    check_probs,
     check_range,
     check_top_k,
     check_top_p,
@@ -67,8 +68,6 @@ from tpguard.kernels.renorm_write_fp import write_pass
 
 Param = Union[int, float, torch.Tensor]
 LOG2E = 1.4426950408889634
-LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
 
 @triton.jit
 def _logit_max_kernel(logits_ptr, vocab, n_chunks, cmax_ptr, cbad_ptr, CHUNK: tl.constexpr):
@@ -271,14 +270,7 @@ PLAN_OP = renorm_plan.PlanOp("target_probs", _plan_launch, _plan_workspace,
 # --- public API ----------------------------------------------------------------------------------
 
 def _check(logits, temperature, top_k, top_p, min_p, validate: bool) -> None:
-    if not isinstance(logits, torch.Tensor):
-        raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    if logits.dtype not in LOGIT_DTYPES:
-        raise ValueError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be 2-D [rows, vocab], got shape {tuple(logits.shape)}")
-    if logits.shape[1] == 0:
-        raise ValueError("logits has an empty vocabulary (shape [rows, 0])")
+    check_probs(logits, "logits")
     rows = logits.shape[0]
     check_param(temperature, rows, "temperature", integer=False)
     check_range(temperature, "temperature", validate, 0.0, math.inf, lo_open=True)
