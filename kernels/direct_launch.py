@@ -88,11 +88,27 @@ def enabled() -> bool:
     return triton is not None and fast_launch() and not interpreting()
 
 
+# torch's C calls where it has them: torch.cuda.current_device() and is_current_stream_capturing()
+# check lazy initialisation in Python, ~1 us each, several times per eager call
+_GET_DEVICE = getattr(torch._C, "_cuda_getDevice", None)
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+
+def current_device() -> int:
+    """The current CUDA device's index (CUDA is initialised: a tensor of the call is on it)."""
+    return _GET_DEVICE() if _GET_DEVICE is not None else torch.cuda.current_device()
+
+
 def current_stream() -> int:
-    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if getter is not None:
-        return getter(torch.cuda.current_device())
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(current_device())
     return torch.cuda.current_stream().cuda_stream
+
+
+def capturing() -> bool:
+    """The current stream is capturing a CUDA graph."""
+    return bool(_CAPTURING()) if _CAPTURING is not None else torch.cuda.is_current_stream_capturing()
 
 
 def launch_hooks() -> tuple:
@@ -144,7 +160,7 @@ def sm_count(device: torch.device, off_gpu: int) -> int:
 def device_guard(device: torch.device):
     """Triton launches (and `current_stream`) are on the current device: make it the tensors' one
     (a context switch only when it is not already current: that costs host time on every eager call)."""
-    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+    if device.type != "cuda" or device.index is None or device.index == current_device():
         return _NO_GUARD
     return torch.cuda.device(device)
 

@@ -5,6 +5,7 @@ reference path needs none of the kernels (docs/kernels.md, "API").
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Union
 
@@ -21,6 +22,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # probabilities in; the
 BACKENDS = ("deterministic", "tpguard", "torch")
 
 
+@functools.lru_cache(maxsize=1)
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401

@@ -127,7 +127,7 @@ def plan_allowed(capturing: bool, max_plans: int | None = None) -> bool:
 
 
 def _capturing(probs: torch.Tensor) -> bool:
-    return probs.is_cuda and torch.cuda.is_current_stream_capturing()
+    return probs.is_cuda and dl.capturing()
 
 
 def _kind(value, vocab: int, integer: bool):

@@ -6,6 +6,7 @@ import math
 import os
 import re
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,7 +191,13 @@ def renorm_graph_rows() -> int:
 
 
 def _env_number(name: str, default: str, kind):
-    text = os.environ.get(name, "").strip() or default
+    return _parse_number(name, os.environ.get(name, ""), default, kind)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_number(name: str, raw: str, default: str, kind):
+    """The parse of one variable's text, cached: the renorm plans read their limits on every call."""
+    text = raw.strip() or default
     try:
         value = kind(text)
     except ValueError:
