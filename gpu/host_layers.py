@@ -1,0 +1,79 @@
+"""Host time of an eager renorm call, layer by layer (no sync in the loops): the public call, run_op,
+the plan cache (renorm_plan.run), the plan's own call, its direct launches, one launch, and the pieces
+of the cache lookup; flashinfer's default beside it (docs/design-renorm.md, "Host time").
+
+    python gpu/host_layers.py
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from tpguard.kernels import direct_launch as dl
+from tpguard.kernels import renorm as tk
+from tpguard.kernels import renorm_plan
+from tpguard.kernels.renorm_config import default_config
+
+from tpguard.bench.kernels import flashinfer_sampling
+from tpguard.bench.timing import time_host
+
+N = 2000
+CELLS = ((1, 32000, "top_k"), (64, 32000, "top_k"), (256, 32000, "top_k"), (1, 32000, "top_p"),
+         (64, 32000, "top_p"))
+
+
+def host(fn, n: int = N) -> float:
+    for _ in range(5):
+        fn()
+    return time_host(fn, n)
+
+
+def python_only(fn, n: int = N) -> float:
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
+    k, p = (40, None) if op == "top_k" else (None, 0.9)
+    public = (lambda: tk.top_k_renorm(x, 40, validate=False)) if op == "top_k" else \
+        (lambda: tk.top_p_renorm(x, 0.9, validate=False))
+    out = [("public call", host(public)), ("run_op", host(lambda: tk.run_op(op, x, k, p))),
+           ("renorm_plan.run", host(lambda: renorm_plan.run(op, x, k, p)))]
+    plan = next(plan for key, plan in renorm_plan.plans() if key[0] == op and key[1] == x.shape[0])
+    values = [x, None, k, p, None, None, None]
+    out.append((f"plan call (state {plan.state}, graphs {plan.graphs is not None})", host(lambda: plan(list(values)))))
+    if plan.direct is not None:
+        direct = list(values)
+        direct[1] = torch.empty_like(x)
+        stream = dl.current_stream()
+        out += [(f"direct launches ({len(plan.direct.launches)})", host(lambda: plan.direct(direct))),
+                ("one launch", host(lambda: plan.direct.launches[0].launch(stream, direct))),
+                ("accepts", python_only(lambda: plan.direct.accepts(direct)))]
+    cfg = default_config()
+    out += [("empty_like", host(lambda: torch.empty_like(x))), ("default_config", python_only(default_config)),
+            ("plan limits", python_only(renorm_plan.renorm_plan_limits)),
+            ("current_stream", python_only(dl.current_stream)), ("capturing", python_only(dl.capturing)),
+            ("device_guard", python_only(lambda: dl.device_guard(x.device))),
+            ("plan_key", python_only(lambda: renorm_plan.plan_key(op, x, k, p, cfg, None)))]
+    if fs is not None:
+        theirs = (lambda: fs.top_k_renorm_probs(x, 40)) if op == "top_k" else (lambda: fs.top_p_renorm_probs(x, 0.9))
+        out.append(("flashinfer default", host(theirs)))
+    return out
+
+
+def main() -> int:
+    fs = flashinfer_sampling()
+    for rows, vocab, op in CELLS:
+        print(f"\n{op} {rows} x {vocab}, us per call")
+        for name, us in layers(torch.softmax(torch.randn(rows, vocab, device="cuda"), -1), op, fs):
+            print(f"  {name:45s} {us:6.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
