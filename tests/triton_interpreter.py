@@ -9,6 +9,32 @@ import inspect
 def speed_up() -> None:
     patch_language_once_per_launch()
     remember_numpy_dtypes()
+    skip_discarded_overflow_checks()
+
+
+def skip_discarded_overflow_checks() -> None:
+    """Every integer +, - and * in a kernel first builds an int64 overflow check (casts, the op,
+    two compares, an and) that `device_assert` then drops, since the interpreter's options have
+    debug off: a third of the kernel tests' time. Here the check is not built when it would be
+    dropped; with debug on it is built and asserted as before."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    semantic = getattr(interpreter, "interpreter_semantic", None)
+    build = getattr(type(semantic), "binary_op_sanitize_overflow_impl", None)
+    options = getattr(getattr(semantic, "builder", None), "options", None)
+    if build is None or getattr(build, "skips_dropped", False) or not hasattr(options, "debug") \
+            or not hasattr(type(semantic), "device_assert"):
+        return
+
+    def sanitize(self, lhs, rhs, binary_op):
+        if self.builder.options.debug:  # device_assert asserts: build the check
+            return build(self, lhs, rhs, binary_op)
+        return None  # (device_assert would return at once: nothing built, nothing checked)
+
+    sanitize.skips_dropped = True
+    type(semantic).binary_op_sanitize_overflow_impl = sanitize
 
 
 def remember_numpy_dtypes() -> None:
