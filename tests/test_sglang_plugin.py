@@ -437,6 +437,15 @@ def test_doctor_finds_every_hook_point(zygote):
     assert any(line.startswith("tie rule:") and "DFlash sparse verify" in line for line in report["limits"])
 
 
+def test_doctor_with_a_bad_variable_is_still_the_full_report(zygote):
+    (r,) = zygote.run("doctor", {"TPGUARD_EVERY": "x"})
+    report = r["report"]
+    assert r["rc"] == 2 and "TPGUARD_EVERY" in report["env_problem"]
+    from tpguard.hooks.sglang_compat import HOOK_POINTS
+
+    assert report["versions"]["sglang"] == "0.5.23" and len(report["hooks"]) == len(HOOK_POINTS)
+
+
 def test_only_scheduler_processes_are_hooked(zygote):
     assert zygote.run("not_a_worker", {"TPGUARD": "on"}) == [{"hooked": False}]
     assert zygote.run("not_a_worker", {"TPGUARD": "on", "TPGUARD_ALL_PROCESSES": "1"}) == [{"hooked": True}]
