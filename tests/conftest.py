@@ -53,6 +53,24 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: -slow[item.path])
 
 
+@pytest.fixture(scope="session")
+def shared_zygote():
+    """The sglang zygote this worker's sglang test files share, started at the first call (importing
+    sglang takes ~10 s: once per worker, not once per file). Call it, then `.load(__file__, PLAIN)`."""
+    import sglang_zygote as sz
+
+    started = []
+
+    def get():
+        if not started:
+            started.append(sz.SharedZygote())
+        return started[0]
+
+    yield get
+    for z in started:
+        z.close()
+
+
 def pytest_unconfigure(config):
     # the process ends next: its objects need no collecting (with torch, Triton and sglang loaded,
     # the interpreter's final collection takes about 3 s of each worker's end)

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-import sglang_zygote  # noqa: E402 - tests/ is on sys.path (pytest and `python tests/x.py --zygote`)
+import sglang_zygote  # noqa: E402 - tests/ is on sys.path (pytest and the zygote)
 
 # sglang's Triton kernels run on CPU under the interpreter: sglang_zygote.ZYGOTE_ENV sets it.
 
@@ -301,10 +301,6 @@ PLAIN = {"doctor": plain_doctor, "not_a_worker": plain_not_a_worker,
 SCENARIOS = {k[len("scenario_"):]: v for k, v in dict(globals()).items() if k.startswith("scenario_")}
 
 
-if __name__ == "__main__" and "--zygote" in sys.argv:
-    sglang_zygote.zygote_main(PRELOAD, SCENARIOS, PLAIN, None)
-    sys.exit(0)
-
 
 # =============================================================================================
 # Tests
@@ -317,10 +313,8 @@ pytestmark = pytest.mark.slow  # sglang imported by a process of its own
 
 
 @pytest.fixture(scope="module")
-def zygote():
-    z = sglang_zygote.Zygote(__file__, PLAIN)
-    yield z
-    z.close()
+def zygote(shared_zygote):
+    return shared_zygote().load(__file__, PLAIN)
 
 
 def _diagnose(trace_dir):
