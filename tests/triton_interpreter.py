@@ -11,6 +11,33 @@ def speed_up() -> None:
     remember_numpy_dtypes()
     skip_discarded_overflow_checks()
     share_tensor_shapes()
+    broadcast_equal_shapes_at_once()
+
+
+def broadcast_equal_shapes_at_once() -> None:
+    """Two operands of one block shape: Triton's broadcast walks the dimensions and compares its
+    result with each operand's shape as tl.tuples (each comparison builds new ones), to return both
+    unchanged. Here equal dimensions return them at once; any other pair takes Triton's way."""
+    try:
+        from triton.language import core
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    semantic = getattr(interpreter, "interpreter_semantic", None)
+    broadcast = getattr(type(semantic), "broadcast_impl_value", None)
+    if broadcast is None or getattr(broadcast, "equal_at_once", False):
+        return
+    tl_tuple = core.tuple
+
+    def broadcast_impl_value(self, lhs, rhs):
+        lhs_ty, rhs_ty = lhs.type, rhs.type
+        if lhs_ty.is_block() and rhs_ty.is_block() and type(lhs_ty.shape) is tl_tuple \
+                and type(rhs_ty.shape) is tl_tuple and lhs_ty.shape.values == rhs_ty.shape.values:
+            return lhs, rhs
+        return broadcast(self, lhs, rhs)
+
+    broadcast_impl_value.equal_at_once = True
+    type(semantic).broadcast_impl_value = broadcast_impl_value
 
 
 def share_tensor_shapes() -> None:
