@@ -143,7 +143,8 @@ def _stalling_rank(rank, world, trace_dir, stall_after):
         for s in range(10):
             if rank == 1 and s == stall_after:
                 # stops reaching the guard (a hang elsewhere) until rank 0 has ended (at most 6 s)
-                while not os.path.exists(ended) and time.monotonic() - t0 < 6:
+                stalled = time.monotonic()
+                while not os.path.exists(ended) and time.monotonic() - stalled < 6:
                     time.sleep(0.05)
                 return ("stalled",)
             for name, tensor in make_step(s, rank).items():
