@@ -1,6 +1,7 @@
 """Shared set-up of a test run: the Triton interpreter where there is no CUDA (triton_interpreter.py
 makes it faster); under pytest-xdist, a module's tests on one worker, torch's threads shared
-between the workers and the modules with the most slow tests handed out first.
+between the workers and the modules with the most slow tests handed out first; no final garbage
+collection when a process ends.
 
 Triton picks the interpreter when a kernel is decorated (`@triton.jit` reads TRITON_INTERPRET), and
 tpguard's kernel modules read it at import (tpguard.config.interpreting()): so it is set here,
@@ -13,6 +14,7 @@ sglang_zygote) are on sys.path through pyproject's `pythonpath`.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections import Counter
 
@@ -49,3 +51,27 @@ def pytest_collection_modifyitems(config, items):
     # stand for its length; within a module the order stays)
     slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
     items.sort(key=lambda item: -slow[item.path])
+
+
+@pytest.fixture(scope="session")
+def shared_zygote():
+    """The sglang zygote this worker's sglang test files share, started at the first call (importing
+    sglang takes ~10 s: once per worker, not once per file). Call it, then `.load(__file__, PLAIN)`."""
+    import sglang_zygote as sz
+
+    started = []
+
+    def get():
+        if not started:
+            started.append(sz.SharedZygote())
+        return started[0]
+
+    yield get
+    for z in started:
+        z.close()
+
+
+def pytest_unconfigure(config):
+    # the process ends next: its objects need no collecting (with torch, Triton and sglang loaded,
+    # the interpreter's final collection takes about 3 s of each worker's end)
+    gc.freeze()

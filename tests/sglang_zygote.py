@@ -1,14 +1,17 @@
 """Running real sglang code on 2 gloo ranks, fast: a "zygote" process imports sglang once (it
 takes ~10 s) and forks the ranks of each scenario from there.
 
-A test file defines its scenarios (functions run on every rank with the real TP group), makes
-itself the zygote's program with
+A test file defines its scenarios (functions run on every rank with the real TP group) in
+SCENARIOS, with PRELOAD (the modules its zygote imports), PLAIN (one-process functions) and
+SERVER_ARGS, and runs them on the zygote its pytest worker shares with the other sglang test files
+(conftest.py's `shared_zygote` fixture: `shared_zygote().load(__file__, PLAIN)`). A file whose
+PRELOAD changes what sglang imports (the UNO tests' flashinfer stand-in) has a zygote of its own:
 
     if __name__ == "__main__" and "--zygote" in sys.argv:
         sglang_zygote.zygote_main(PRELOAD, SCENARIOS, PLAIN, SERVER_ARGS)
 
-and talks to it through `Zygote(__file__, PLAIN)`. Each rank loads tpguard through sglang's own
-`load_plugins()` (as a scheduler process does), then builds sglang's TP group over gloo.
+and `Zygote(__file__, PLAIN)`. Each rank loads tpguard through sglang's own `load_plugins()` (as a
+scheduler process does), then builds sglang's TP group over gloo.
 """
 
 from __future__ import annotations
@@ -163,41 +166,81 @@ def _fork_scenario(req: dict, scenarios: dict, plain: dict, server_args: dict | 
     return {"results": results}
 
 
-def zygote_main(preload: tuple[str, ...], scenarios: dict[str, Callable], plain: dict[str, Callable],
-                server_args: dict | None = None) -> None:
-    """The zygote's loop: import `preload` once, then one JSON request per stdin line."""
-    out = os.fdopen(os.dup(1), "w")  # answers go to a private copy of stdout
+def _begin() -> object:
+    """The zygote's start: its answer channel (a private copy of stdout), the interpreter's speed-up."""
+    out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything else printed lands on stderr
     if os.environ.get("TRITON_INTERPRET") == "1":  # sglang's and tpguard's kernels in the ranks
         import triton_interpreter
 
         triton_interpreter.speed_up()
-    for mod in preload:
-        importlib.import_module(mod)
+    return out
+
+
+def _serve(out, answer: Callable[[dict], dict]) -> None:
+    """One JSON request per stdin line, one answer each; then the end."""
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
     for line in sys.stdin:
         if not line.strip():
             continue
         try:
-            reply = _fork_scenario(json.loads(line), scenarios, plain, server_args)
+            reply = answer(json.loads(line))
         except Exception as e:  # noqa: BLE001
             reply = {"error": f"{type(e).__name__}: {e}"}
         out.write(json.dumps(reply) + "\n")
         out.flush()
+    # Nothing here needs tearing down: a normal exit would spend ~2.5 s of CPU collecting sglang's
+    # modules, so the zygote ends at once (its answers are flushed, its ranks waited for).
+    out.close()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def zygote_main(preload: tuple[str, ...], scenarios: dict[str, Callable], plain: dict[str, Callable],
+                server_args: dict | None = None) -> None:
+    """A test file's own zygote (`python TEST_FILE --zygote`): import `preload` once, then serve."""
+    out = _begin()
+    for mod in preload:
+        importlib.import_module(mod)
+    _serve(out, lambda req: _fork_scenario(req, scenarios, plain, server_args))
+
+
+def shared_main() -> None:
+    """The zygote test files share (SharedZygote): {"load": FILE} imports that test file as a module,
+    then its PRELOAD, here once; a scenario request names its file. A file's scenarios run as on a
+    zygote of its own, with the other files' modules imported too (sglang's and tpguard's, which a
+    rank imports anyway when its plugin loads)."""
+    out = _begin()
+    programs = {}
+
+    def answer(req: dict) -> dict:
+        if "load" in req:
+            module = importlib.import_module(os.path.splitext(os.path.basename(req["load"]))[0])
+            for mod in module.PRELOAD:
+                importlib.import_module(mod)
+            programs[req["load"]] = (module.SCENARIOS, getattr(module, "PLAIN", {}),
+                                     getattr(module, "SERVER_ARGS", None))
+            return {"loaded": req["load"]}
+        return _fork_scenario(req, *programs[req["file"]])
+
+    _serve(out, answer)
 
 
 class Zygote:
-    """The test side: starts `python TEST_FILE --zygote` and runs scenarios on it."""
+    """The test side: starts a zygote (by default `python TEST_FILE --zygote`) and runs scenarios on it."""
 
-    def __init__(self, test_file: str, plain_names=(), start_timeout: float = 300.0):
+    def __init__(self, test_file: str, plain_names=(), start_timeout: float = 300.0, argv=None):
         self.plain_names = set(plain_names)
+        self.file = None  # (a shared zygote's view names its file in each request)
         test_file = os.path.abspath(test_file)
+        tests = os.path.dirname(test_file)
         env = {k: v for k, v in os.environ.items() if not k.startswith(CLEARED)}
         env.update(ZYGOTE_ENV)
-        self.proc = subprocess.Popen([sys.executable, test_file, "--zygote"], stdin=subprocess.PIPE,
+        env["PYTHONPATH"] = os.pathsep.join([tests, *filter(None, [env.get("PYTHONPATH")])])
+        self.proc = subprocess.Popen(argv or [sys.executable, test_file, "--zygote"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=None, text=True, env=env,
-                                     cwd=os.path.dirname(os.path.dirname(test_file)))
+                                     cwd=os.path.dirname(tests))
         line = self._readline(start_timeout)
         if not line or not json.loads(line).get("ready"):
             self.close()
@@ -207,16 +250,24 @@ class Zygote:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         return self.proc.stdout.readline() if ready else ""
 
+    def _ask(self, req: dict, timeout: float) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        line = self._readline(timeout)
+        if not line:  # a late answer would be taken for the next request's: no more requests
+            self.proc.kill()
+        assert line, f"zygote gave no answer to {req}"
+        reply = json.loads(line)
+        assert "error" not in reply, reply["error"]
+        return reply
+
     def run(self, scenario: str, env: dict | None = None, world: int = 2, timeout: float = 60.0) -> list:
         if scenario in self.plain_names:
             world = 1
         req = {"scenario": scenario, "env": env or {}, "world": world, "timeout": timeout}
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        line = self._readline(timeout + 30)
-        assert line, f"zygote gave no answer for {scenario}"
-        reply = json.loads(line)
-        assert "error" not in reply, reply["error"]
+        if self.file:
+            req["file"] = self.file
+        reply = self._ask(req, timeout + 30)
         for rank, r in enumerate(reply["results"]):
             assert r["ok"], f"rank {rank} of {scenario}: {r['error']}\n{r.get('traceback', '')}"
         return [r["value"] for r in reply["results"]]
@@ -229,6 +280,22 @@ class Zygote:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+class SharedZygote(Zygote):
+    """One sglang import for several test files (conftest.py's `shared_zygote` fixture: one per
+    pytest worker): each file loads its scenarios once, then runs them through its own view."""
+
+    def __init__(self, start_timeout: float = 300.0):
+        super().__init__(__file__, (), start_timeout,
+                         argv=[sys.executable, "-c", "import sglang_zygote; sglang_zygote.shared_main()"])
+
+    def load(self, test_file: str, plain_names=(), timeout: float = 300.0) -> Zygote:
+        test_file = os.path.abspath(test_file)
+        self._ask({"load": test_file}, timeout)
+        view = Zygote.__new__(Zygote)  # (the running process, this file's requests)
+        view.proc, view.plain_names, view.file = self.proc, set(plain_names), test_file
+        return view
 
 
 # --- helpers for scenarios (they run in a rank, after load_plugins) ---------------------------

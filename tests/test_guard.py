@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -136,11 +137,15 @@ def _stalling_rank(rank, world, trace_dir, stall_after):
     from tpguard.guard import StepGuard
 
     guard = StepGuard(site="synthetic.verify", trace=trace_dir, run_id="t2", timeout_s=2.0)
+    ended = trace_dir + ".rank0-ended"  # beside the trace, not in it
     t0 = time.monotonic()
     try:
         for s in range(10):
             if rank == 1 and s == stall_after:
-                time.sleep(6)  # stops reaching the guard (a hang elsewhere)
+                # stops reaching the guard (a hang elsewhere) until rank 0 has ended (at most 6 s)
+                stalled = time.monotonic()
+                while not os.path.exists(ended) and time.monotonic() - stalled < 6:
+                    time.sleep(0.05)
                 return ("stalled",)
             for name, tensor in make_step(s, rank).items():
                 guard.record(name, tensor)
@@ -149,6 +154,8 @@ def _stalling_rank(rank, world, trace_dir, stall_after):
         return ("timeout", e.step, e.missing, e.last_step_by_rank, str(e), time.monotonic() - t0)
     finally:
         guard.close()
+        if rank == 0:
+            open(ended, "w").close()
     return ("finished",)
 
 

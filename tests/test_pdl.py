@@ -138,13 +138,19 @@ def _pdl_check(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=580)
 
 
+def _load_pdl_check():
+    """gpu/pdl_check.py as a module in this process (its rules and its refusal; it compiles nothing here)."""
+    spec = importlib.util.spec_from_file_location("pdl_check", PDL_CHECK)
+    pc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pc)
+    return pc
+
+
 def test_pdl_check_rules():
     """The SASS rules on opcode lists: a dependent waits before any global memory instruction
     (the write pass: before any store, its parameters loaded after), signals (late: after its last
     store), and is launched with the attribute; a first launch signals and does not wait."""
-    spec = importlib.util.spec_from_file_location("pdl_check", PDL_CHECK)
-    pc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pc)
+    pc = _load_pdl_check()
 
     dep, late, first = pdl.DEPENDENT, pdl.DEPENDENT_LATE, pdl.FIRST
     assert pc.check("k", dep, ["PREEXIT", "ACQBULK", "LDG.E", "STG.E"], True) == []
@@ -178,15 +184,17 @@ def test_pdl_check_rules():
 
 
 @pytest.mark.slow
-def test_pdl_kernels_wait_before_memory():
+def test_pdl_kernels_wait_before_memory(monkeypatch, capsys):
     """Every launch of every op (scalar and per-row parameters, with and without the fingerprint
     slot) under pdl=1 and pdl=2, compiled for sm_90a by Triton's ptxas: the rules hold; and the
-    check fails a compiled kernel that loads before its wait."""
-    r = _pdl_check("--self-test")
-    assert r.returncode == 0, r.stdout + r.stderr
-    bad = subprocess.run([sys.executable, str(PDL_CHECK)], capture_output=True, text=True,
-                         env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
-    assert bad.returncode == 2 and "without TRITON_INTERPRET" in bad.stderr and "Traceback" not in bad.stderr
+    check fails a compiled kernel that loads before its wait (its self-test, the run's first line)."""
     r = _pdl_check()
     assert r.returncode == 0 and "0 failing" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("self-test: ") and first.endswith("-> ok") and "'_load_then_wait': [\"global memory" in first
     assert "_bracket_select_kernel     PDL=3" in r.stdout and "_finalize_kernel" in r.stdout
+    # under the interpreter it refuses in one line (its kernels would not be compiled)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert _load_pdl_check().main([]) == 2
+    err = capsys.readouterr().err
+    assert "without TRITON_INTERPRET" in err and len(err.strip().splitlines()) == 1

@@ -1,4 +1,6 @@
-"""`tpguard replay` on dumps the real harness wrote (torchrun, gloo, 2 ranks, `--dump`).
+"""`tpguard replay` on dumps the real harness wrote (gloo, 2 and 4 ranks, `--dump`): through
+`tpguard launch` and torchrun for the emulated-atomic runs, through the ranks' own entry,
+`python -m tpguard.launch`'s main(), in shared rank processes for the others (tests/multiproc.py).
 
 Scenarios: the emulated-atomic renorm confirmed as the cause (torch and tpguard confirmed as
 fixes); a fault planted in target_probs under a deterministic renorm (reproduced nothing
@@ -15,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from multiproc import run_ranks
 
 from tpguard.cli import main as cli_main
 from tpguard.trace import read_trace
@@ -27,9 +30,9 @@ DECISION_PLAN = [("coins", 1), ("accept_index", 2), ("accept_len", 3), ("bonus",
                  ("out_tokens", 6)]
 
 
-def launch(trace: Path, *args: str, ranks: int = 2) -> subprocess.CompletedProcess:
-    """`tpguard launch --nproc-per-node N ...` (torch.distributed.run underneath)."""
-    return subprocess.run([sys.executable, "-m", "tpguard.cli", "launch", "--nproc-per-node", str(ranks), *args,
+def launch(trace: Path, *args: str) -> subprocess.CompletedProcess:
+    """`tpguard launch --nproc-per-node 2 ...` (torch.distributed.run underneath)."""
+    return subprocess.run([sys.executable, "-m", "tpguard.cli", "launch", "--nproc-per-node", "2", *args,
                            "--trace", str(trace), *QUICK], capture_output=True, text=True, timeout=300)
 
 
@@ -40,28 +43,44 @@ def torchrun(trace: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+def _rank_runs(rank, world, root, plan):
+    """Each (name, argv) run through `python -m tpguard.launch`'s main(), in this rank process (its
+    process group made by run_ranks): the exit codes."""
+    from tpguard.launch.__main__ import main
+
+    return {name: main([*args, "--trace", f"{root}/{name}", *QUICK]) for name, args in plan}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("replay")
-    plan = {
+    cli = {
         "atomic": (launch, ["--steps", "2", "--renorm", "emulated-atomic", "--logits", "flat", "--top-p", "0.9"]),
         "atomic-eagle": (torchrun, ["--steps", "2", "--algo", "eagle", "--renorm", "emulated-atomic", "--logits",
                                     "flat", "--mixed-params", "--seed", "3"]),
-        "probs-fault": (launch, ["--steps", "3", "--renorm", "torch", "--on-divergence", "heal",
-                                 "--inject", "target_probs@1:1", "--inject", "bonus@2:1"]),
-        "decisions-eagle": (launch, ["--steps", "8", "--algo", "eagle", "--renorm", "torch", "--on-divergence",
-                                     "heal", "--top-k", "50", *[a for q, s in DECISION_PLAN
-                                                                for a in ("--inject", f"{q}@{s}:1")],
-                                     "--inject", "rng_state@7:1"]),
-        "decisions-only": (launch, ["--steps", "2", "--renorm", "torch", "--quantities", "decisions",
-                                    "--inject", "accept_len@1:1"]),
-        "four-ranks": (lambda trace, *a: launch(trace, *a, ranks=4),
-                       ["--steps", "2", "--renorm", "torch", "--inject", "bonus@1:2"]),
     }
-    for name, (how, args) in plan.items():
+    # the torch-renorm runs share rank processes (a Python start with torch is most of a short run)
+    two_ranks = [
+        ("probs-fault", ["--steps", "3", "--renorm", "torch", "--on-divergence", "heal",
+                         "--inject", "target_probs@1:1", "--inject", "bonus@2:1"]),
+        ("decisions-eagle", ["--steps", "8", "--algo", "eagle", "--renorm", "torch", "--on-divergence",
+                             "heal", "--top-k", "50", *[a for q, s in DECISION_PLAN for a in ("--inject", f"{q}@{s}:1")],
+                             "--inject", "rng_state@7:1"]),
+        ("decisions-only", ["--steps", "2", "--renorm", "torch", "--quantities", "decisions",
+                            "--inject", "accept_len@1:1"]),
+    ]
+    four_ranks = [("four-ranks", ["--steps", "2", "--renorm", "torch", "--inject", "bonus@1:2"])]
+    codes = {}
+    for name, (how, args) in cli.items():
         p = how(root / name, *args)
-        # 1: diverged (record), 0: every divergence healed
+        codes[name] = p.returncode
         assert p.returncode in (0, 1), (name, p.returncode, p.stdout[-2000:], p.stderr[-2000:])
+    for world, plan in ((2, two_ranks), (4, four_ranks)):
+        by_rank = run_ranks(_rank_runs, world, str(root), plan, timeout=240)
+        assert all(r == by_rank[0] for r in by_rank), by_rank
+        codes.update(by_rank[0])
+    for name, code in codes.items():
+        assert code in (0, 1), (name, code)  # 1: diverged (record), 0: every divergence healed
         assert any((root / name / "dumps").glob("*.rank1.safetensors")), name
     return root
 

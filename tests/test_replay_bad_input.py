@@ -3,19 +3,19 @@
 Torn and garbage files, a missing rank (with and without the partial file a dying rank leaves),
 dumps of two runs mixed, renamed files, the same rank twice, dumps without the world size or
 without a replay context (what the SGLang plugin wrote before it passed one), bad arguments.
-The dumps come from the real harness (`tpguard launch`, 2 ranks, `--dump`).
+The dumps come from the real harness (2 ranks, `--dump`): `python -m tpguard.launch`'s main() in
+two rank processes that make both runs (tests/multiproc.py).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from multiproc import run_ranks
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -24,19 +24,20 @@ from tpguard.cli import main as cli_main
 pytestmark = pytest.mark.slow  # two harness runs, for the module
 
 
-def launch(trace: Path, *args: str) -> None:
-    p = subprocess.run([sys.executable, "-m", "tpguard.cli", "launch", "--nproc-per-node", "2", "--steps", "2",
-                        "--renorm", "torch", *args, "--trace", str(trace), "--dump", "--no-progress", "--quiet",
-                        "--timeout", "60"], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 1, (p.stdout[-2000:], p.stderr[-2000:])
+def _two_runs(rank, world, root):
+    """Runs a and b, one after the other in this rank process (its process group made by run_ranks)."""
+    from tpguard.launch.__main__ import main
+
+    common = ["--steps", "2", "--renorm", "torch", "--dump", "--no-progress", "--quiet", "--timeout", "60"]
+    return [main([*common, "--inject", inject, "--trace", f"{root}/{name}"])
+            for name, inject in (("a", "target_probs@1:1"), ("b", "accept_len@1:1"))]
 
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
     """Two runs' dumps: target_probs planted at step 1 (run a), accept_len at step 1 (run b)."""
     root = tmp_path_factory.mktemp("replay-bad")
-    launch(root / "a", "--inject", "target_probs@1:1")
-    launch(root / "b", "--inject", "accept_len@1:1")
+    assert run_ranks(_two_runs, 2, str(root), timeout=240) == [[1, 1], [1, 1]]  # 1: diverged (record)
     return root
 
 

@@ -111,5 +111,4 @@ def test_doctor_json_is_one_object():
     assert r.returncode == 0, r.stderr
     assert report["versions"]["sglang"] == "0.5.23"
     assert all(h["found"] or h["unavailable"] for h in report["hooks"])  # UNO needs flashinfer (GPU)
-    r = run_cli("doctor", "--json", env={**cpu, "TPGUARD_EVERY": "x"})
-    assert r.returncode == 2 and "TPGUARD_EVERY" in json.loads(r.stdout)["env_problem"]  # still the full report
+    # (a bad TPGUARD_* variable, exit 2 with the full report: test_sglang_plugin.py, in its zygote)

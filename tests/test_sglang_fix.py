@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-import sglang_zygote  # noqa: E402 - tests/ is on sys.path (pytest and `python tests/x.py --zygote`)
+import sglang_zygote  # noqa: E402 - tests/ is on sys.path (pytest and the zygote)
 from sglang_zygote import divergence_log, logits, plugin_stats, sampling_info
 
 SERVER_ARGS = {"device": "cpu", "sampling_backend": "pytorch", "speculative_use_rejection_sampling": True}
@@ -178,10 +178,6 @@ scenario_dflash_target_probs.before_plugins = _bind_atomic_renorm
 
 SCENARIOS = {k[len("scenario_"):]: v for k, v in dict(globals()).items() if k.startswith("scenario_")}
 
-if __name__ == "__main__" and "--zygote" in sys.argv:
-    sglang_zygote.zygote_main(PRELOAD, SCENARIOS, {}, SERVER_ARGS)
-    sys.exit(0)
-
 
 # =============================================================================================
 # Tests
@@ -194,10 +190,8 @@ pytestmark = pytest.mark.slow  # sglang imported by a process of its own
 
 
 @pytest.fixture(scope="module")
-def zygote():
-    z = sglang_zygote.Zygote(__file__, ())
-    yield z
-    z.close()
+def zygote(shared_zygote):
+    return shared_zygote().load(__file__)
 
 
 FIX = {"TPGUARD": "on", "TPGUARD_ON_DIVERGENCE": "fix"}

@@ -37,11 +37,10 @@ Like test_sglang_plugin.py: ranks are forked from one zygote process that import
 
 from __future__ import annotations
 
-import sys
 
 import pytest
 
-import sglang_zygote  # noqa: E402 - tests/ is on sys.path (pytest and `python tests/x.py --zygote`)
+import sglang_zygote  # noqa: E402 - tests/ is on sys.path (pytest and the zygote)
 
 # sglang's Triton kernels run on CPU under the interpreter: sglang_zygote.ZYGOTE_ENV sets it.
 
@@ -308,10 +307,6 @@ def scenario_dspark_accept_and_finalize(rank, world, tp):
 SCENARIOS = {k[len("scenario_"):]: v for k, v in dict(globals()).items() if k.startswith("scenario_")}
 
 
-if __name__ == "__main__" and "--zygote" in sys.argv:
-    sglang_zygote.zygote_main(PRELOAD, SCENARIOS, {}, SERVER_ARGS)
-    sys.exit(0)
-
 
 # =============================================================================================
 # Tests
@@ -324,10 +319,8 @@ pytestmark = pytest.mark.slow  # sglang imported by a process of its own
 
 
 @pytest.fixture(scope="module")
-def zygote():
-    z = sglang_zygote.Zygote(__file__, ())
-    yield z
-    z.close()
+def zygote(shared_zygote):
+    return shared_zygote().load(__file__)
 
 
 ON = {"TPGUARD": "on"}

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-import sglang_zygote  # noqa: E402 - tests/ is on sys.path (pytest and `python tests/x.py --zygote`)
+import sglang_zygote  # noqa: E402 - tests/ is on sys.path (pytest and the zygote)
 
 # sglang's Triton kernels run on CPU under the interpreter: sglang_zygote.ZYGOTE_ENV sets it.
 
@@ -301,10 +301,6 @@ PLAIN = {"doctor": plain_doctor, "not_a_worker": plain_not_a_worker,
 SCENARIOS = {k[len("scenario_"):]: v for k, v in dict(globals()).items() if k.startswith("scenario_")}
 
 
-if __name__ == "__main__" and "--zygote" in sys.argv:
-    sglang_zygote.zygote_main(PRELOAD, SCENARIOS, PLAIN, None)
-    sys.exit(0)
-
 
 # =============================================================================================
 # Tests
@@ -317,10 +313,8 @@ pytestmark = pytest.mark.slow  # sglang imported by a process of its own
 
 
 @pytest.fixture(scope="module")
-def zygote():
-    z = sglang_zygote.Zygote(__file__, PLAIN)
-    yield z
-    z.close()
+def zygote(shared_zygote):
+    return shared_zygote().load(__file__, PLAIN)
 
 
 def _diagnose(trace_dir):
@@ -435,6 +429,15 @@ def test_doctor_finds_every_hook_point(zygote):
     assert report["entry_point"] == "tpguard.hooks.sglang_plugin:register"
     assert any("folded accept" in line and "heal is refused" in line for line in report["limits"])
     assert any(line.startswith("tie rule:") and "DFlash sparse verify" in line for line in report["limits"])
+
+
+def test_doctor_with_a_bad_variable_is_still_the_full_report(zygote):
+    (r,) = zygote.run("doctor", {"TPGUARD_EVERY": "x"})
+    report = r["report"]
+    assert r["rc"] == 2 and "TPGUARD_EVERY" in report["env_problem"]
+    from tpguard.hooks.sglang_compat import HOOK_POINTS
+
+    assert report["versions"]["sglang"] == "0.5.23" and len(report["hooks"]) == len(HOOK_POINTS)
 
 
 def test_only_scheduler_processes_are_hooked(zygote):
