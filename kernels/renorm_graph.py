@@ -48,10 +48,10 @@ from tpguard.kernels.reference import bits
 # renorm_graph_rows, read when a plan decides) and GRAPH_MIN_LAUNCHES launches.
 GRAPH_MIN_LAUNCHES = 5
 GRAPHS_PER_PLAN = 4
-# the roles of a plan call's values (renorm_plan.py); MP (min-p) and C (the temperature scale) only in
+# the roles of a plan call's values (renorm_plan.py); MP (min-p) and T (the temperature) only in
 # the fused logits -> target probs op's calls (kernels/target_probs.py)
-PROBS, OUT, K, P, FP, MP, C = ROLES = tuple(range(7))
-PARAMS = (K, P, MP, C)  # a tensor parameter is copied in per call; a scalar one is baked into a graph
+PROBS, OUT, K, P, FP, MP, T = ROLES = tuple(range(7))
+PARAMS = (K, P, MP, T)  # a tensor parameter is copied in per call; a scalar one is baked into a graph
 
 
 def worth_graph(rows: int, launches: int) -> bool:

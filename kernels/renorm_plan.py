@@ -8,7 +8,7 @@ recorded once (kernels/direct_launch.py): a call then allocates `out` and calls 
 directly with probs, out, the parameters and the fingerprint slot substituted.
 An op is a `PlanOp` (its launches, its workspace, the kernel parameters its scalars arrive in): the
 four renorms' are here (`OPS`); kernels/target_probs.py hands its own (logits in, float32 out, with
-min-p and the temperature scale as two more parameters) to `run`.
+min-p and the temperature as two more parameters) to `run`.
 
 * Same bits as a fresh workspace: every workspace buffer a kernel reads is written earlier in
   the same call (renorm_passes.Workspace), so nothing is zeroed per call (tests poison it).
@@ -55,7 +55,7 @@ from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
 # small (0.1-3 MiB at <= 8 rows); the byte cap (256 MiB by default) bounds the large ones.
 OPS = ("top_k", "top_p", "top_k_top_p", "min_p")
 # roles of a call's values (direct_launch.LaunchSet): the tensors and scalars a plan substitutes:
-# PROBS, OUT, K, P, FP, MP, C (renorm_graph.ROLES; MP and C: the fused op's min-p and temperature scale)
+# PROBS, OUT, K, P, FP, MP, T (renorm_graph.ROLES; MP and T: the fused op's min-p and temperature)
 _PLANS: OrderedDict = OrderedDict()
 # One plan call at a time per process: the cache is shared, and recording swaps a compiled kernel's
 # launcher for a recorder (a second thread launching that kernel meanwhile would be swallowed).
@@ -143,12 +143,12 @@ def _kind(value, vocab: int, integer: bool):
     return "float"
 
 
-def plan_key(op, probs: torch.Tensor, k, p, cfg: RenormConfig, fp, mp=None, c=None) -> tuple:
-    """`op`: a renorm's name or a `PlanOp`; `mp`, `c`: the fused op's min-p and temperature scale."""
+def plan_key(op, probs: torch.Tensor, k, p, cfg: RenormConfig, fp, mp=None, t=None) -> tuple:
+    """`op`: a renorm's name or a `PlanOp`; `mp`, `t`: the fused op's min-p and temperature."""
     rows, vocab = probs.shape
     stream = dl.current_stream() if probs.is_cuda else None
     return (getattr(op, "name", op), rows, vocab, probs.dtype, cfg, probs.device, stream, _kind(k, vocab, True),
-            _kind(p, vocab, False), fp is not None, _kind(mp, vocab, False), _kind(c, vocab, False))
+            _kind(p, vocab, False), fp is not None, _kind(mp, vocab, False), _kind(t, vocab, False))
 
 
 def _tensors(ws):
@@ -317,20 +317,20 @@ def _float(value):
 
 
 def run(op, probs: torch.Tensor, top_k=None, top_p=None, config: RenormConfig | None = None,
-        fingerprint_out: torch.Tensor | None = None, *, min_p=None, scale=None) -> torch.Tensor:
+        fingerprint_out: torch.Tensor | None = None, *, min_p=None, temperature=None) -> torch.Tensor:
     """The Triton op `op` (a renorm's name, one of OPS, or a `PlanOp`: kernels/target_probs.py's)
     through its cached plan; the fresh-workspace path during CUDA graph capture, with plans off,
     and for empty batches. `top_k`: an int (clamped to [1, vocab]) or an int32 [rows] tensor;
-    `top_p` (also min-p's parameter for the renorm min_p), the fused op's `min_p` and `scale` (its
-    temperature scale): floats or float32 [rows] tensors; all on probs' device (renorm.py and
+    `top_p` (also min-p's parameter for the renorm min_p), the fused op's `min_p` and `temperature`:
+    floats or float32 [rows] tensors; all on probs' device (renorm.py and
     target_probs.py prepare them)."""
     spec = RENORM_OPS[op] if isinstance(op, str) else op
     with dl.device_guard(probs.device):  # the launches, the stream in the key: probs' device
-        return _run(spec, probs, top_k, top_p, config or default_config(), fingerprint_out, min_p, scale)
+        return _run(spec, probs, top_k, top_p, config or default_config(), fingerprint_out, min_p, temperature)
 
 
 def _run(spec: PlanOp, probs: torch.Tensor, top_k, top_p, cfg: RenormConfig, fingerprint_out, min_p,
-         scale) -> torch.Tensor:
+         temperature) -> torch.Tensor:
     rows, vocab = probs.shape
     capturing = _capturing(probs)
     # a captured call's rows in parts on side streams (kernels/row_split.py); the streams are made
@@ -345,11 +345,11 @@ def _run(spec: PlanOp, probs: torch.Tensor, top_k, top_p, cfg: RenormConfig, fin
                                    probs, (top_k, top_p), parts, streams)
     max_plans, max_bytes = renorm_plan_limits()
     if rows == 0 or not plan_allowed(capturing, max_plans):
-        return spec.launch([probs, None, top_k, top_p, fingerprint_out, min_p, scale], cfg, None)
+        return spec.launch([probs, None, top_k, top_p, fingerprint_out, min_p, temperature], cfg, None)
     top_k, top_p = _scalars(probs, top_k, top_p)
-    min_p, scale = _float(min_p), _float(scale)
-    key = plan_key(spec, probs, top_k, top_p, cfg, fingerprint_out, min_p, scale)
-    values = [probs, None, top_k, top_p, fingerprint_out, min_p, scale]
+    min_p, temperature = _float(min_p), _float(temperature)
+    key = plan_key(spec, probs, top_k, top_p, cfg, fingerprint_out, min_p, temperature)
+    values = [probs, None, top_k, top_p, fingerprint_out, min_p, temperature]
     with _LOCK:
         plan = _PLANS.get(key)
         if plan is None:

@@ -40,6 +40,7 @@ workspace and Triton's launches per call, as `target_probs_triton` alone does).
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -60,7 +61,7 @@ from tpguard.kernels.renorm_args import (
     kernel_for,
 )
 from tpguard.kernels.renorm_config import RenormConfig, default_config, reg_cap
-from tpguard.kernels.renorm_graph import C, FP, K, MP, P, PROBS
+from tpguard.kernels.renorm_graph import FP, K, MP, P, PROBS, T
 from tpguard.kernels.renorm_passes import launch_bracket, store_chunk_stats
 from tpguard.kernels.renorm_top_k_select import select_launch_args, top_k_select_row, workspace_flags
 from tpguard.kernels.renorm_workspace import Shapes, Workspace, shapes_for, workspace_for
@@ -68,6 +69,9 @@ from tpguard.kernels.renorm_write_fp import write_pass
 
 Param = Union[int, float, torch.Tensor]
 LOG2E = 1.4426950408889634
+# log2(e) as float64 bits: the kernels build the float64 constant from them (a float literal in a
+# Triton kernel is float32)
+LOG2E_BITS = tl.constexpr(struct.unpack("<q", struct.pack("<d", LOG2E))[0])
 
 @triton.jit
 def _logit_max_kernel(logits_ptr, vocab, n_chunks, cmax_ptr, cbad_ptr, CHUNK: tl.constexpr):
@@ -82,13 +86,22 @@ def _logit_max_kernel(logits_ptr, vocab, n_chunks, cmax_ptr, cbad_ptr, CHUNK: tl
 
 
 @triton.jit
+def scale_of_temperature(t):
+    """c = fp32(log2(e) / fp64(t)) for a float32 temperature t: `temperature_scale`'s value (a float64
+    division rounds to nearest, as IEEE's and torch's do; then one rounding to float32)."""
+    log2e = tl.full([], LOG2E_BITS, tl.int64).to(tl.float64, bitcast=True)
+    return (log2e / tl.cast(t, tl.float64)).to(tl.float32)  # tl.cast: t may be a scalar argument
+
+
+@triton.jit
 def _softmax_stats_kernel(logits_ptr, w_ptr, vocab, n_chunks, n_groups, n_samples, cmax_ptr, cbad_ptr,
-                          c_ptr, c_val, mp_ptr, mp_val, chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr,
-                          chunk_mp_ptr, HAS_C_ARR: tl.constexpr, HAS_MP_ARR: tl.constexpr,
+                          t_ptr, t_val, mp_ptr, mp_val, chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr,
+                          chunk_mp_ptr, HAS_T_ARR: tl.constexpr, HAS_MP_ARR: tl.constexpr,
                           WITH_MIN_P: tl.constexpr, CHUNK: tl.constexpr, CH_BLOCK: tl.constexpr,
                           G: tl.constexpr, SG: tl.constexpr, WRITE_SAMPLE: tl.constexpr):
     """Pass 2: the weights w = exp2((x - M) * c) of one chunk (0 on a NaN row), stored to w_ptr,
-    and their row stats; with min-p the chunk's float64 mass of w >= fp32(max(w) * min_p)."""
+    and their row stats; with min-p the chunk's float64 mass of w >= fp32(max(w) * min_p). c comes
+    from the row's temperature here (one division per program), not from a host-side tensor op."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     ch = tl.arange(0, CH_BLOCK)
@@ -96,10 +109,10 @@ def _softmax_stats_kernel(logits_ptr, w_ptr, vocab, n_chunks, n_groups, n_sample
     m = tl.max(tl.load(cmax_ptr + row * n_chunks + ch, mask=chm, other=float("-inf")), axis=0)
     n_bad = tl.sum(tl.load(cbad_ptr + row * n_chunks + ch, mask=chm, other=0), axis=0)
     bad = (n_bad > 0) | (m == float("-inf"))  # NaN / +inf anywhere, or nothing finite: a NaN row
-    if HAS_C_ARR:
-        c = tl.load(c_ptr + row)
+    if HAS_T_ARR:
+        c = scale_of_temperature(tl.load(t_ptr + row))
     else:
-        c = c_val
+        c = scale_of_temperature(t_val)
     gi = tl.arange(0, CHUNK // G)
     col = tl.arange(0, G)
     offs = chunk * CHUNK + gi[:, None] * G + col[None, :]
@@ -149,15 +162,22 @@ def _row_values(value, rows: int, device, dtype):
 
 
 def temperature_scale(temperature: Param, rows: int, device) -> Union[float, torch.Tensor]:
-    """c = fp32(log2(e) / fp32(T)) as the kernels use it: a float for a scalar T, else a float32
-    [rows] tensor (T as float32, as SGLang holds temperatures; the quotient in float64, rounded once;
-    the reference uses the same values)."""
+    """c = fp32(log2(e) / fp32(T)): a float for a scalar T, else a float32 [rows] tensor (T as float32,
+    as SGLang holds temperatures; the quotient in float64, rounded once). The reference's scale; the
+    stats kernel computes the same value from T itself (`scale_of_temperature`)."""
     if isinstance(temperature, torch.Tensor):
         t = temperature.detach().reshape(-1).to(device=device, dtype=torch.float32).double()
         c = (LOG2E / t).float()
         return (c.expand(rows) if c.numel() == 1 else c).contiguous()
-    t32 = float(torch.tensor(float(temperature), dtype=torch.float32))
-    return float(torch.tensor(LOG2E / t32, dtype=torch.float32))
+    return _fp32(LOG2E / _fp32(float(temperature)))
+
+
+def _fp32(x: float) -> float:
+    """x rounded to float32 (to nearest even), as a Python float: no tensor for a scalar."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", x))[0]
+    except OverflowError:  # beyond float32's range: rounds to an infinity
+        return math.copysign(math.inf, x)
 
 
 @dataclass
@@ -185,28 +205,28 @@ def fused_workspace(s: Shapes, cfg: RenormConfig, device, top_k, top_p, min_p) -
         chunk_mp=torch.empty(n if min_p is not None else 1, dtype=torch.float64, device=device))
 
 
-def _launch_weights(logits, c, min_p, s, ws, cfg, w, chunk_mp, with_sample, cmax, cbad):
+def _launch_weights(logits, temperature, min_p, s, ws, cfg, w, chunk_mp, with_sample, cmax, cbad):
     rows, vocab = logits.shape
     _logit_max_kernel[(rows, s.n_chunks)](logits, vocab, s.n_chunks, cmax, cbad, CHUNK=s.chunk,
                                           num_warps=cfg.pass_warps)
-    has_c, has_mp = isinstance(c, torch.Tensor), isinstance(min_p, torch.Tensor)
+    has_t, has_mp = isinstance(temperature, torch.Tensor), isinstance(min_p, torch.Tensor)
     _softmax_stats_kernel[(rows, s.n_chunks)](
         logits, w, vocab, s.n_chunks, s.n_groups, s.n_samples, cmax, cbad,
-        c if has_c else cmax, 0.0 if has_c else c, min_p if has_mp else cmax,
+        temperature if has_t else cmax, 1.0 if has_t else _fp32(temperature), min_p if has_mp else cmax,
         0.0 if (has_mp or min_p is None) else float(min_p),
         ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp, chunk_mp,
-        HAS_C_ARR=has_c, HAS_MP_ARR=has_mp, WITH_MIN_P=min_p is not None, CHUNK=s.chunk, CH_BLOCK=s.ch_block,
+        HAS_T_ARR=has_t, HAS_MP_ARR=has_mp, WITH_MIN_P=min_p is not None, CHUNK=s.chunk, CH_BLOCK=s.ch_block,
         G=cfg.group, SG=cfg.sample_stride, WRITE_SAMPLE=with_sample, num_warps=cfg.pass_warps,
     )
 
 
-def target_probs_triton(logits: torch.Tensor, c, top_k=None, top_p=None, min_p=None,
+def target_probs_triton(logits: torch.Tensor, temperature, top_k=None, top_p=None, min_p=None,
                         config: Optional[RenormConfig] = None,
                         fingerprint_out: Optional[torch.Tensor] = None,
                         workspace: Optional[FusedWorkspace] = None) -> torch.Tensor:
-    """Triton logits -> target probs (no input checks: see `target_probs`). `c`: the temperature
-    scale (`temperature_scale`); `top_k` an int or an int32 [rows] tensor (None: no top-k), `top_p`
-    and `min_p` floats or float32 [rows] tensors (None: off), all on the logits' device.
+    """Triton logits -> target probs (no input checks: see `target_probs`). `temperature`: a float
+    or a float32 [rows] tensor (the kernel computes `temperature_scale`'s c from it); `top_k` an int
+    or an int32 [rows] tensor (None: no top-k), `top_p` and `min_p` floats or float32 [rows] tensors (None: off), all on the logits' device.
     `workspace`: a `fused_workspace` of these shapes, config and parameter kinds, reused across calls
     (renorm_plan.py); None: a fresh one. float32 [rows, vocab] out."""
     cfg = (config or default_config()).replace(pdl=0)  # the write pass reads the stats pass's output
@@ -223,7 +243,7 @@ def target_probs_triton(logits: torch.Tensor, c, top_k=None, top_p=None, min_p=N
     with_bracket = workspace_flags(vocab, k, top_p)[1]
     fws = fused_workspace(s, cfg, logits.device, top_k, top_p, min_p) if workspace is None else workspace
     ws = fws.renorm
-    _launch_weights(logits, c, min_p, s, ws, cfg, out, fws.chunk_mp, with_bracket, fws.cmax, fws.cbad)
+    _launch_weights(logits, temperature, min_p, s, ws, cfg, out, fws.chunk_mp, with_bracket, fws.cmax, fws.cbad)
     args, blocks = select_launch_args(out, k, p, s, ws, cfg)
     has_mp = isinstance(min_p, torch.Tensor)
     _target_select_kernel[(rows,)](
@@ -236,7 +256,7 @@ def target_probs_triton(logits: torch.Tensor, c, top_k=None, top_p=None, min_p=N
     return out
 
 
-def softmax_weights_triton(logits: torch.Tensor, c, config: Optional[RenormConfig] = None) -> torch.Tensor:
+def softmax_weights_triton(logits: torch.Tensor, temperature, config: Optional[RenormConfig] = None) -> torch.Tensor:
     """The kernel's weights w = exp2((x - M) * c) alone (passes 1-2; 0 on NaN rows): what the
     renorm stages of `target_probs_triton` run on (tests compare them with the reference's)."""
     cfg = config or default_config()
@@ -247,13 +267,13 @@ def softmax_weights_triton(logits: torch.Tensor, c, config: Optional[RenormConfi
         ws = workspace_for(s, cfg, logits.device, True, False)
         cmax = torch.empty(rows * s.n_chunks, dtype=torch.float32, device=logits.device)
         cbad = torch.empty(rows * s.n_chunks, dtype=torch.int32, device=logits.device)
-        _launch_weights(logits, c, None, s, ws, cfg, w, ws.chunk_sum, True, cmax, cbad)
+        _launch_weights(logits, temperature, None, s, ws, cfg, w, ws.chunk_sum, True, cmax, cbad)
     return w
 
 
 def _plan_launch(values, cfg, ws, out=None):
     """`target_probs_triton` on a plan call's values (renorm_plan.PlanOp.launch; no `out`: no row split)."""
-    return target_probs_triton(values[PROBS], values[C], values[K], values[P], values[MP], cfg, values[FP],
+    return target_probs_triton(values[PROBS], values[T], values[K], values[P], values[MP], cfg, values[FP],
                                workspace=ws)
 
 
@@ -262,9 +282,9 @@ def _plan_workspace(rows, vocab, cfg, device, values):
 
 
 # the fused op in the call plans (renorm_plan.py): logits in, float32 out; scalar parameters arrive in
-# the select kernel's k_val and p_val, the stats and select kernels' mp_val, the stats kernel's c_val
+# the select kernel's k_val and p_val, the stats and select kernels' mp_val, the stats kernel's t_val
 PLAN_OP = renorm_plan.PlanOp("target_probs", _plan_launch, _plan_workspace,
-                             ((K, "k_val"), (P, "p_val"), (MP, "mp_val"), (C, "c_val")), out_dtype=torch.float32)
+                             ((K, "k_val"), (P, "p_val"), (MP, "mp_val"), (T, "t_val")), out_dtype=torch.float32)
 
 
 # --- public API ----------------------------------------------------------------------------------
@@ -299,13 +319,13 @@ def target_probs(logits: torch.Tensor, temperature: Param = 1.0, top_k: Optional
         check_fingerprint_slot(fingerprint_out, logits.device)
     rows = logits.shape[0]
     if kernel_for(logits, backend) == "tpguard":
-        c = temperature_scale(temperature, rows, logits.device)
+        t = _row_values(temperature, rows, logits.device, torch.float32)
         k = device_top_k(top_k, logits) if top_k is not None else None
         p = _row_values(top_p, rows, logits.device, torch.float32)
         mp = _row_values(min_p, rows, logits.device, torch.float32)
         # through its call plan (renorm_plan.py): cached workspace, direct launches on a GPU
         return renorm_plan.run(PLAN_OP, logits.contiguous(), k, p, fingerprint_out=fingerprint_out, min_p=mp,
-                               scale=c)
+                               temperature=t)
     out = reference.target_probs_reference(logits, temperature_scale(temperature, rows, logits.device),
                                            top_k, top_p, min_p)
     if fingerprint_out is not None:  # the torch path honours it too: fingerprint(out), one extra read

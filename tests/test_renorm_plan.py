@@ -262,19 +262,19 @@ def test_graph_buffers_follow_the_recorded_roles():
     from tpguard.kernels import renorm_graph as rg
 
     x = torch.randn(4, 100).bfloat16()
-    k, c = torch.tensor([3, 5, 7, 9], dtype=torch.int32), torch.rand(4)
-    values = [x, None, k, 0.9, None, 0.05, c]
-    recorded = dl.LaunchSet([], tensor_roles=((rg.PROBS, 0), (rg.OUT, 0), (rg.K, 4), (rg.C, 8)))
+    k, t = torch.tensor([3, 5, 7, 9], dtype=torch.int32), torch.rand(4)
+    values = [x, None, k, 0.9, None, 0.05, t]
+    recorded = dl.LaunchSet([], tensor_roles=((rg.PROBS, 0), (rg.OUT, 0), (rg.K, 4), (rg.T, 8)))
     graphs = rg.PlanGraphs("target_probs", recorded, values, torch.float32)
     b = graphs.bufs
-    assert [r for r in rg.ROLES if b[r] is not None] == [rg.PROBS, rg.OUT, rg.K, rg.C]
+    assert [r for r in rg.ROLES if b[r] is not None] == [rg.PROBS, rg.OUT, rg.K, rg.T]
     assert (b[rg.PROBS].dtype, b[rg.OUT].dtype, b[rg.OUT].shape) == (torch.bfloat16, torch.float32, x.shape)
-    assert [b[r].data_ptr() % 16 for r in (rg.PROBS, rg.OUT, rg.K, rg.C)] == [0, 0, 4, 8]
+    assert [b[r].data_ptr() % 16 for r in (rg.PROBS, rg.OUT, rg.K, rg.T)] == [0, 0, 4, 8]
     mine = graphs._values(values)
     assert mine[rg.P] == 0.9 and mine[rg.MP] == 0.05 and mine[rg.FP] is None
-    assert all(mine[r] is b[r] for r in (rg.PROBS, rg.OUT, rg.K, rg.C))
+    assert all(mine[r] is b[r] for r in (rg.PROBS, rg.OUT, rg.K, rg.T))
     graphs._copy_in(values)
-    assert torch.equal(b[rg.PROBS], x) and torch.equal(b[rg.K], k) and torch.equal(b[rg.C], c)
+    assert torch.equal(b[rg.PROBS], x) and torch.equal(b[rg.K], k) and torch.equal(b[rg.T], t)
     assert graphs.nbytes >= x.numel() * (2 + 4)
 
 

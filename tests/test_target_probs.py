@@ -20,6 +20,8 @@ import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from renorm_setup import DEVICE, GPU_ALL, INTERPRET, SMALL
 
 from tpguard import fingerprint as fp_host
@@ -100,11 +102,12 @@ def test_kernel_is_the_references_renorm_of_its_weights(params, cfg, vocab, dtyp
     logits = make_logits(rows, vocab, 3.0, seed=vocab, dtype=dtype)
     logits[3, 5] = float("-inf")
     top_k, top_p, min_p = PARAMS[params]
-    c = tp.temperature_scale(torch.tensor([0.7, 1.0, 1.3, 0.5]), rows, logits.device)
-    w = tp.softmax_weights_triton(logits, c, config=CONFIGS[cfg])
+    t = on_device(torch.tensor([0.7, 1.0, 1.3, 0.5]))
+    c = tp.temperature_scale(t, rows, logits.device)  # the reference's; the kernel computes c from t
+    w = tp.softmax_weights_triton(logits, t, config=CONFIGS[cfg])
     w_ref, bad = ref.softmax_weights_reference(logits, c)
     assert ulp_gap(w, w_ref) <= W_ULPS
-    out = tp.target_probs_triton(logits, c, *kernel_args(rows, top_k, top_p, min_p), config=CONFIGS[cfg])
+    out = tp.target_probs_triton(logits, t, *kernel_args(rows, top_k, top_p, min_p), config=CONFIGS[cfg])
     assert out.dtype == torch.float32
     assert torch.equal(ref.bits(out), ref.bits(ref.joint_renorm_reference(w, bad, top_k, top_p, min_p)))
     assert_near_reference(out, ref.target_probs_reference(logits, c, top_k, top_p, min_p))
@@ -126,8 +129,8 @@ def test_special_rows():
         if isinstance(top_k, torch.Tensor):
             top_k, top_p, min_p = torch.tensor([3, 10**6, 40, 7, 5, 2]), torch.tensor([0.9, 0.5, 1.0, 0.3, 0.6, 0.5]), \
                 torch.tensor([0.0, 0.1, 0.01, 0.5, 0.3, 1.0])
-        out = tp.target_probs_triton(x, c, *kernel_args(6, top_k, top_p, min_p), config=SMALL)
-        w = tp.softmax_weights_triton(x, c, config=SMALL)
+        out = tp.target_probs_triton(x, 1.0, *kernel_args(6, top_k, top_p, min_p), config=SMALL)
+        w = tp.softmax_weights_triton(x, 1.0, config=SMALL)
         _, bad = ref.softmax_weights_reference(x, c)
         expect = ref.joint_renorm_reference(w, bad, top_k, top_p, min_p)
         assert torch.equal(torch.isnan(out), torch.isnan(expect)) and torch.isnan(out[:3]).all()
@@ -156,8 +159,7 @@ def test_equals_sglangs_composition_up_to_rounding():
 def test_repeated_calls_batch_invariance_and_fingerprint():
     logits = make_logits(5, 700, 2.0, seed=3, dtype=torch.bfloat16)
     c = tp.temperature_scale(0.9, 5, logits.device)
-    run = lambda x, **kw: tp.target_probs_triton(x, tp.temperature_scale(0.9, x.shape[0], x.device), 30, 0.9, 0.01,
-                                                 config=SMALL, **kw)
+    run = lambda x, **kw: tp.target_probs_triton(x, 0.9, 30, 0.9, 0.01, config=SMALL, **kw)
     first = run(logits)
     assert torch.equal(ref.bits(run(logits)), ref.bits(first))
     assert torch.equal(ref.bits(run(logits[2:4])), ref.bits(first[2:4]))
@@ -166,6 +168,35 @@ def test_repeated_calls_batch_invariance_and_fingerprint():
     out = run(logits, fingerprint_out=slot)
     assert torch.equal(ref.bits(out), ref.bits(first)) and fp_host.to_unsigned(int(slot)) == fp_host.fingerprint_tensor(out.cpu())
     assert c == tp.temperature_scale(torch.tensor(0.9), 1, logits.device).item()
+
+
+@triton.jit
+def _scale_kernel(t_ptr, c_ptr, n, t_val, HAS_T_ARR: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    inside = offs < n
+    if HAS_T_ARR:
+        c = tp.scale_of_temperature(tl.load(t_ptr + offs, mask=inside, other=1.0))
+    else:
+        c = tp.scale_of_temperature(t_val) + tl.zeros([BLOCK], tl.float32)
+    tl.store(c_ptr + offs, c, mask=inside)
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning")
+def test_kernel_scale_is_temperature_scale():
+    """The stats kernel computes c = fp32(log2(e) / fp64(T)) from each row's temperature (no host-side
+    tensor ops per call): bit for bit `temperature_scale`'s value (the reference's), for temperature
+    tensors and scalars, over twelve decades and at the edges."""
+    g = torch.Generator().manual_seed(11)
+    t = torch.cat([torch.exp(torch.empty(4000).uniform_(-14.0, 14.0, generator=g)),
+                   torch.tensor([0.5, 0.7, 0.8, 0.9, 1.0, 1.3, 2.0, 3.0, 1e-30, 3e38, float("inf"), 0.0])]).float()
+    c = torch.empty_like(t, device=DEVICE)
+    _scale_kernel[(1,)](t.to(DEVICE), c, t.numel(), 1.0, HAS_T_ARR=True, BLOCK=4096 * 2)
+    assert torch.equal(ref.bits(c.cpu()), ref.bits(tp.temperature_scale(t, t.numel(), "cpu")))
+    for value in (0.8, 0.7, 1.0, 1.7, 1e-3, 123.456):
+        one = torch.empty(16, device=DEVICE)
+        _scale_kernel[(1,)](one, one, 16, value, HAS_T_ARR=False, BLOCK=16)
+        assert one[0].item() == tp.temperature_scale(value, 1, "cpu") == tp.temperature_scale(
+            torch.tensor(value), 1, "cpu").item()
 
 
 def test_public_api_backends_and_bad_input():
@@ -269,14 +300,14 @@ def test_gpu_bench_shapes(dtype):
     rows, vocab = 8, 163840
     logits = torch.cat([make_logits(4, vocab, 1.0, 41, dtype), make_logits(4, vocab, 5.0, 42, dtype)])
     c = tp.temperature_scale(0.8, rows, logits.device)
-    w = tp.softmax_weights_triton(logits, c)
+    w = tp.softmax_weights_triton(logits, 0.8)
     w_ref, bad = ref.softmax_weights_reference(logits, c)
     assert ulp_gap(w, w_ref) <= W_ULPS
     for top_k, top_p, min_p in ((40, 0.9, None), (None, 0.9, None), (None, 0.95, 0.01), (1024, None, 0.05)):
-        out = tp.target_probs_triton(logits, c, top_k, top_p, min_p)
+        out = tp.target_probs_triton(logits, 0.8, top_k, top_p, min_p)
         assert torch.equal(ref.bits(out), ref.bits(ref.joint_renorm_reference(w, bad, top_k, top_p, min_p)))
-        assert torch.equal(ref.bits(tp.target_probs_triton(logits, c, top_k, top_p, min_p)), ref.bits(out))
-        alone = tp.target_probs_triton(logits[5:6], tp.temperature_scale(0.8, 1, logits.device), top_k, top_p, min_p)
+        assert torch.equal(ref.bits(tp.target_probs_triton(logits, 0.8, top_k, top_p, min_p)), ref.bits(out))
+        alone = tp.target_probs_triton(logits[5:6], 0.8, top_k, top_p, min_p)
         assert torch.equal(ref.bits(alone), ref.bits(out[5:6]))
 
 
@@ -441,13 +472,12 @@ def test_fused_op_does_no_other_torch_work(plans, monkeypatch):
     for kind in PLAN_KINDS:
         for fp in (None, slot()):
             t, k, p, mp = plan_params(kind)
-            c = tp.temperature_scale(t, 4, x.device)
             k, p, mp = kernel_args(4, k, p, mp)
-            rp.run(tp.PLAN_OP, x, k, p, SMALL, fp, min_p=mp, scale=c)
+            rp.run(tp.PLAN_OP, x, k, p, SMALL, fp, min_p=mp, temperature=t)
             plan = rp.plans()[-1][1]
             work = dl._TorchWork()
             with work.mode:
-                tp.PLAN_OP.launch([x, None, k, p, fp, mp, c], SMALL, plan.ws)
+                tp.PLAN_OP.launch([x, None, k, p, fp, mp, t], SMALL, plan.ws)
             assert work.seen == [], (kind, fp is not None, work.seen)
 
 
