@@ -112,11 +112,6 @@ class RenormConfig:
     # chunks per CTA of the one-launch kernel (same chunk sums); 0: the fewest that fit the grid on the GPU
     # at one CTA per SM (renorm_top_k_fused.chunks_per_cta)
     fused_per_cta: int = 0
-    # top-p with one read before the write (kernels/renorm_top_p_presample.py; docs/kernels.md, "A faster
-    # top-p"): 1 = the bracket from a 1/32 sample taken first, the row stats and the bracket's copy-out in
-    # one pass; 0 = the default pipeline (renorm_top_p.py). Same cutoffs. Not measured yet: off
-    top_p_presample: int = 0
-    presample_block: int = 8  # consecutive entries per sample block (one 32-byte sector of float32)
 
     def replace(self, **changes) -> "RenormConfig":
         return dataclasses.replace(self, **changes)

@@ -31,7 +31,6 @@ import triton.language as tl
 from tpguard.kernels.pdl import pdl_enter, pdl_exit, pdl_signal, pdl_wait
 from tpguard.kernels.radix_select import (
     bin_shift,
-    kth_largest_block,
     list_groups_block,
     mass_cutoff_any,
     mass_cutoff_bits,
@@ -85,8 +84,7 @@ def store_chunk_stats(x, n_bad, row, chunk, n_chunks, n_groups, n_samples,
                       CHUNK: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, WRITE_SAMPLE: tl.constexpr):
     """The row stats of one chunk held as a [CHUNK // G, G] block of non-negative values (padding
     0): its float64 sum, group maxima and samples, and `n_bad` (its non-finite count); what
-    `row_stats_chunk` stores, for passes that compute the values themselves (target_probs.py,
-    renorm_top_p_presample.py)."""
+    `row_stats_chunk` stores, for passes that compute the values themselves (target_probs.py)."""
     gi = tl.arange(0, CHUNK // G)
     col = tl.arange(0, G)
     mass = tl.sum(tl.sum(x.to(tl.float64), axis=1), axis=0)
@@ -157,7 +155,7 @@ def bracket_chunk(x, row, chunk, n_chunks, status, lo, hi, mhi_ptr, cnt_ptr, slo
     """The bracket pass's work on one chunk of a FULL row (status >= 2), held as a [CHUNK // G, G]
     block of non-negative values: the float64 mass of the entries >= hi, the entries in [lo, hi)
     copied out in order (CAP slots) and their count, and (status 2, BINS) their mass per
-    sub-bracket. Shared by the bracket pass and the one-read top-p pass (renorm_top_p_presample.py)."""
+    sub-bracket (the bracket pass's body)."""
     b = x.to(tl.int32, bitcast=True)
     mhi = tl.sum(tl.sum(tl.where(b >= hi, x.to(tl.float64), 0.0), axis=1), axis=0)
     inside = (b >= lo) & (b < hi)
@@ -243,12 +241,9 @@ def bracket_resolve(row, status, lo, hi, target_ptr, probs_ptr, vocab, n_chunks,
                     cand_ptr, list_cap, gmax_ptr, gid_ptr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
                     CAP: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr, G: tl.constexpr, COPY: tl.constexpr,
                     EXACT_SPAN: tl.constexpr, bmass_ptr=None, BINS: tl.constexpr = 0, BIN_W: tl.constexpr = 0,
-                    BIN_STEP: tl.constexpr = 4096, LOW_TAU: tl.constexpr = 0):
+                    BIN_STEP: tl.constexpr = 4096):
     """bracket_select's (cutoff bits, kept mass) of a FULL row (status 2: top-p, its target mass at
-    target_ptr[row]; 3: min-p, whose cutoff is hi and whose kept mass the bracket pass summed). LOW_TAU > 0 (renorm_top_p_presample.py, whose
-    brackets come from samples alone and can end far below a peaky row's cutoff): when the bracket is
-    too low, first the LOW_TAU groups with the largest maxima (and every group above hi), as the
-    top-p select does."""
+    target_ptr[row]; 3: min-p, whose cutoff is hi and whose kept mass the bracket pass summed)."""
     ch = tl.arange(0, CH_BLOCK)
     chm = ch < n_chunks
     m_hi = tl.sum(tl.load(mhi_ptr + row * n_chunks + ch, mask=chm, other=0.0), axis=0)
@@ -310,19 +305,9 @@ def bracket_resolve(row, status, lo, hi, target_ptr, probs_ptr, vocab, n_chunks,
             gb = tl.load(gmax_ptr + row * n_groups + gidx, mask=gidx < n_groups, other=0.0)
             gb = gb.to(tl.int32, bitcast=True)
             gid_row = gid_ptr + row * n_groups
-            low = hi
-            if LOW_TAU > 0:
-                # the LOW_TAU largest groups first (a peaky row's cutoff lies among them)
-                tau = tl.maximum(tl.maximum(kth_largest_block(gb, LOW_TAU, 0, 0, 8), 1), hi)
-                n_tau = list_groups_block(gid_row, gb, gidx, tau)
-                tl.debug_barrier()
-                m_tau = upper_mass_any(src, gid_row, n_tau * G, vocab, tau, 0, 1.0, True, False, G, SUB, REG)
-                if m_tau >= target:
-                    low = tau
-                tl.debug_barrier()
-            n_sel = list_groups_block(gid_row, gb, gidx, low)
+            n_sel = list_groups_block(gid_row, gb, gidx, hi)
             tl.debug_barrier()
-            first, t0 = search_start(low, tl.max(gb, axis=0))
+            first, t0 = search_start(hi, tl.max(gb, axis=0))
             t, kept = mass_cutoff_any(src, gid_row, n_sel * G, vocab, target, 0.0, 0, 1.0, first, t0,
                                       True, False, G, SUB, REG)
         else:

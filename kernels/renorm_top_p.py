@@ -26,7 +26,6 @@ from tpguard.kernels.radix_select import reciprocal_f32
 from tpguard.kernels.renorm_args import fill_fingerprint
 from tpguard.kernels.renorm_config import RenormConfig, default_config, pdl_args, reg_cap
 from tpguard.kernels.renorm_passes import launch_bracket, launch_row_stats
-from tpguard.kernels.renorm_top_p_presample import top_p_renorm_presample
 from tpguard.kernels.renorm_top_p_select import sample_blocks, top_p_plan
 from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
 from tpguard.kernels.renorm_write_fp import write_pass
@@ -112,8 +111,6 @@ def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[Renor
     shapes and config, reused across calls (renorm_plan.py); None: a fresh one. `out`: a contiguous
     float32 tensor of probs' shape to write (renorm_plan's row split: a row slice of the whole output)."""
     cfg = config or default_config()
-    if cfg.top_p_presample:  # the one-read variant (renorm_top_p_presample.py)
-        return top_p_renorm_presample(probs, top_p, cfg, fingerprint_out, workspace, out)
     rows, vocab = probs.shape
     out = torch.empty_like(probs) if out is None else out
     if rows == 0:

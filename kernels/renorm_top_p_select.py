@@ -1,6 +1,5 @@
 """The per-row top-p plan (Triton device functions), shared by the top-p select kernel
-(renorm_top_p.py), the one-read top-p (renorm_top_p_presample.py) and the top-k + top-p select
-(renorm_top_k_select.py): `top_p_plan` finds a row's cutoff among its largest groups or hands a
+(renorm_top_p.py) and the top-k + top-p select (renorm_top_k_select.py): `top_p_plan` finds a row's cutoff among its largest groups or hands a
 bracket [lo, hi) estimated from the row's samples (`sample_bracket`) to the bracket passes. The
 method: renorm_top_p.py's module doc; reference: kernels/reference.py (``top_p_renorm_reference``).
 """
