@@ -320,6 +320,8 @@ def target_probs(logits: torch.Tensor, temperature: Param = 1.0, top_k: Optional
     rows = logits.shape[0]
     if kernel_for(logits, backend) == "tpguard":
         t = _row_values(temperature, rows, logits.device, torch.float32)
+        if not isinstance(t, torch.Tensor):  # the value the stats kernel gets (float32): a plan's
+            t = _fp32(float(t))  # recorded launch substitutes the call's value and checks it matches
         k = device_top_k(top_k, logits) if top_k is not None else None
         p = _row_values(top_p, rows, logits.device, torch.float32)
         mp = _row_values(min_p, rows, logits.device, torch.float32)

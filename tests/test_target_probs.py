@@ -373,6 +373,31 @@ def slot() -> torch.Tensor:
     return torch.zeros((), dtype=torch.int64, device=DEVICE)
 
 
+def test_a_plan_holds_the_scalar_temperature_the_kernel_gets(plans, monkeypatch):
+    """A plan's recorded launches (GPU) substitute each call's scalars and refuse to record when a kernel
+    got another value than the call's: a scalar temperature must reach the plan as the stats kernel takes
+    it (float32), not as the caller wrote it."""
+    held, given = [], []
+    run, stats = rp.run, tp._softmax_stats_kernel
+
+    def plan_run(*args, **kwargs):
+        held.append(kwargs["temperature"])
+        return run(*args, **kwargs)
+
+    class Stats:  # the real kernel, its scalar argument t_val noted
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                given.append(args[9])  # (logits, w, vocab, n_chunks, n_groups, n_samples, cmax, cbad, t_ptr, t_val, ...)
+                return stats[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(rp, "run", plan_run)
+    monkeypatch.setattr(tp, "_softmax_stats_kernel", Stats())
+    tp.target_probs(plan_logits(), 0.8, 40, 0.9, backend="tpguard")
+    assert held and held == given[:1], (held, given)
+    assert held[0] != 0.8  # 0.8 is no float32
+
+
 @cpu_or_all
 @pytest.mark.parametrize("kind, with_fp", [("scalar", False), ("tensor", True), ("top_p", True), ("mixed", False)])
 def test_plan_gives_the_plan_free_bits(kind, with_fp, plans, monkeypatch):
