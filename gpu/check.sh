@@ -10,7 +10,8 @@
 # Phases (PHASES=a,b,...; default: all six in this order). One device call may last 600 s, so run
 # them in groups; the times are what they took on one H200 (two for the NCCL parts):
 #   tests        the whole suite, as on CPU: python -m pytest tests (-n 8 --dist load with pytest-xdist
-#                from .whl); the kernel tests on the GPU, the interpreter's skip, saying why   ~300-400 s
+#                from .whl); the kernel tests on the GPU, the interpreter's skip, saying why   ~300 s,
+#                ~510 s with flashinfer's own renorm tests (.gpu/flashinfer/test_sampling.py)
 #   kernels      bench kernels (the renorm table beside flashinfer, batch sizes, top_k sweep), the determinism table
 #                (1,000 calls at 8 rows, 300 at 256), host time per eager call; with 2 GPUs the
 #                cross-GPU bytes check                                  ~400 s, +100 s for flashinfer's JIT
@@ -31,7 +32,9 @@
 #
 # .whl/: slim flashinfer-python 0.7.2.post1 + apache-tvm-ffi + the pure-Python / cp312 wheels that
 #        sglang 0.5.23's hooked modules import, pytest-xdist (gpu/fetch_wheels.sh)
-# .gpu/: sglang_py.zip (sglang 0.5.23's Python modules); flashinfer-jit/sampling.so if there (flashinfer's
+# .gpu/: sglang_py.zip (sglang 0.5.23's Python modules); flashinfer/test_sampling.py if there (flashinfer's
+#        tests/utils/test_sampling.py, or its renorm functions: tests/test_flashinfer_own.py runs them);
+#        flashinfer-jit/sampling.so if there (flashinfer's
 #        sampling module built on an H200: no ~100 s JIT; the kernels phase returns it as $OUT/sampling.so
 #        when it had to build it and a slot is free: copy it to .gpu/flashinfer-jit/)
 set -u -o pipefail

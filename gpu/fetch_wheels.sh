@@ -3,7 +3,8 @@
 #   .whl/  slim flashinfer-python 0.7.2.post1 (sampling sources only: the full wheel is 62 MB and
 #          the whole carried tree must stay under 64 MiB), apache-tvm-ffi, and the cp312 wheels
 #          that sglang 0.5.23's hooked modules import beyond the machine's image
-#   .gpu/  sglang_py.zip: sglang 0.5.23's Python modules without its Rust .so files
+#   .gpu/  sglang_py.zip: sglang 0.5.23's Python modules without its Rust .so files; flashinfer/test_sampling.py:
+#          flashinfer's own sampling tests (tests/utils/test_sampling.py at its release tag)
 # flashinfer's sampling module is JIT-built on the GPU machine at first use (~100 s); copy the
 # built sampling.so back into .gpu/flashinfer-jit/ to skip that on later calls (gpu/check.sh returns it
 # as $OUT/sampling.so; flashinfer 0.7.2.post1 loads it from flashinfer/data/aot/sampling/ as an AOT module).
@@ -56,4 +57,13 @@ python3 -m pip download -q --no-deps "${PIP_PLAT[@]}" -d .whl jiter==0.19.0 msgs
   pydantic-core==2.50.5 annotated-types typing-inspection
 # pytest-xdist: gpu/check.sh's tests phase runs the GPU tests 8 at a time when it is there
 python3 -m pip download -q --no-deps "${PIP_PLAT[@]}" -d .whl pytest-xdist==3.8.0 execnet==2.1.2
+# flashinfer's own sampling tests (tests/test_flashinfer_own.py runs its renorm functions): not in its wheel
+# or sdist; from its repository at the release tag, when this machine can reach GitHub (else they skip)
+mkdir -p .gpu/flashinfer
+if curl -fsSL -o /tmp/tpguard-fetch/test_sampling.py \
+    https://raw.githubusercontent.com/flashinfer-ai/flashinfer/v0.7.2.post1/tests/utils/test_sampling.py; then
+  mv /tmp/tpguard-fetch/test_sampling.py .gpu/flashinfer/test_sampling.py
+else
+  echo "flashinfer's tests/utils/test_sampling.py not fetched: tests/test_flashinfer_own.py skips without it"
+fi
 du -sh .whl .gpu
