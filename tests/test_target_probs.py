@@ -387,7 +387,8 @@ def test_a_plan_holds_the_scalar_temperature_the_kernel_gets(plans, monkeypatch)
     class Stats:  # the real kernel, its scalar argument t_val noted
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                given.append(args[9])  # (logits, w, vocab, n_chunks, n_groups, n_samples, cmax, cbad, t_ptr, t_val, ...)
+                # (logits, w, vocab, n_chunks, n_groups, n_samples, cmax, cbad, t_ptr, t_val, ...)
+                given.append(args[9])
                 return stats[grid](*args, **kwargs)
             return launch
 
