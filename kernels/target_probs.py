@@ -87,10 +87,11 @@ def _logit_max_kernel(logits_ptr, vocab, n_chunks, cmax_ptr, cbad_ptr, CHUNK: tl
 
 @triton.jit
 def scale_of_temperature(t):
-    """c = fp32(log2(e) / fp64(t)) for a float32 temperature t: `temperature_scale`'s value (a float64
-    division rounds to nearest, as IEEE's and torch's do; then one rounding to float32)."""
+    """c = fp32(log2(e) / fp64(fp32(t))): `temperature_scale`'s value (a float64 division rounds to
+    nearest, as IEEE's and torch's do; then one rounding to float32). t is rounded to float32 here, so a
+    scalar argument arrives as the caller wrote it (the interpreter holds a Python float as float64)."""
     log2e = tl.full([], LOG2E_BITS, tl.int64).to(tl.float64, bitcast=True)
-    return (log2e / tl.cast(t, tl.float64)).to(tl.float32)  # tl.cast: t may be a scalar argument
+    return (log2e / tl.cast(tl.cast(t, tl.float32), tl.float64)).to(tl.float32)  # tl.cast: a scalar too
 
 
 @triton.jit
@@ -212,7 +213,7 @@ def _launch_weights(logits, temperature, min_p, s, ws, cfg, w, chunk_mp, with_sa
     has_t, has_mp = isinstance(temperature, torch.Tensor), isinstance(min_p, torch.Tensor)
     _softmax_stats_kernel[(rows, s.n_chunks)](
         logits, w, vocab, s.n_chunks, s.n_groups, s.n_samples, cmax, cbad,
-        temperature if has_t else cmax, 1.0 if has_t else _fp32(temperature), min_p if has_mp else cmax,
+        temperature if has_t else cmax, 1.0 if has_t else float(temperature), min_p if has_mp else cmax,
         0.0 if (has_mp or min_p is None) else float(min_p),
         ws.chunk_sum, ws.chunk_bad, ws.gmax, ws.gsamp, chunk_mp,
         HAS_T_ARR=has_t, HAS_MP_ARR=has_mp, WITH_MIN_P=min_p is not None, CHUNK=s.chunk, CH_BLOCK=s.ch_block,
@@ -320,8 +321,6 @@ def target_probs(logits: torch.Tensor, temperature: Param = 1.0, top_k: Optional
     rows = logits.shape[0]
     if kernel_for(logits, backend) == "tpguard":
         t = _row_values(temperature, rows, logits.device, torch.float32)
-        if not isinstance(t, torch.Tensor):  # the value the stats kernel gets (float32): a plan's
-            t = _fp32(float(t))  # recorded launch substitutes the call's value and checks it matches
         k = device_top_k(top_k, logits) if top_k is not None else None
         p = _row_values(top_p, rows, logits.device, torch.float32)
         mp = _row_values(min_p, rows, logits.device, torch.float32)
