@@ -34,8 +34,8 @@
 #        sglang 0.5.23's hooked modules import, pytest-xdist (gpu/fetch_wheels.sh)
 # .gpu/: sglang_py.zip (sglang 0.5.23's Python modules); flashinfer/test_sampling.py if there (flashinfer's
 #        tests/utils/test_sampling.py, or its renorm functions: tests/test_flashinfer_own.py runs them);
-#        flashinfer-jit/sampling.so if there (flashinfer's
-#        sampling module built on an H200: no ~100 s JIT; the kernels phase returns it as $OUT/sampling.so
+#        flashinfer-jit/sampling.so if there (flashinfer's sampling module built on an H200: no ~100 s
+#        JIT; the kernels phase returns it as $OUT/sampling.so
 #        when it had to build it and a slot is free: copy it to .gpu/flashinfer-jit/)
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}; RES=${RES:-/tmp/res}; mkdir -p "$OUT" "$RES"
