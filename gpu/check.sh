@@ -12,7 +12,7 @@
 #   tests        the whole suite, as on CPU: python -m pytest tests (-n 8 --dist load with pytest-xdist
 #                from .whl); the kernel tests on the GPU, the interpreter's skip, saying why   ~300 s,
 #                ~510 s with flashinfer's own renorm tests (.gpu/flashinfer/test_sampling.py); on an H100
-#                host over 545 s with a cold Triton cache, 186 s warm (a second call on the same machine);
+#                host over 543 s with a cold Triton cache, 186 s warm (a second call on the same machine);
 #                TESTS="tests/test_a.py ..." runs those files instead of tests/
 #   kernels      bench kernels (the renorm table beside flashinfer, batch sizes, top_k sweep), the determinism table
 #                (1,000 calls at 8 rows, 300 at 256), host time per eager call; with 2 GPUs the
