@@ -18,7 +18,8 @@ over the data, no host sync. By concept:
 * fingerprint_segments.py: many tensors' segment table and its kernels;
 * fingerprint_plan.py: many tensors' launch plan (`ManyPlan`) and plan cache;
 * direct_launch.py: the plans' recorded launches (`OutLaunch`) and their one check against Triton's.
-* interpreter_fix.py: Triton < 3.8's CPU interpreter under NumPy >= 2.4 (installed by fingerprint_hash.py).
+* interpreter_fix.py: two faults of Triton's CPU interpreter (installed by fingerprint_hash.py and
+  renorm_passes.py).
 
 Measured on an H200 the loop is bound by loads in flight, not by issue: the one-tensor default
 `SINGLE_TENSOR_CONFIG` reads 256 x 163840 fp32 in 45.8-47.2 us through TMA (48.4-48.9 with ldg

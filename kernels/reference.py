@@ -28,7 +28,9 @@ functions: the same kept set, values within 2 ulp, in practice bit-identical):
 * **Normalisation**: the kept mass ``S`` is summed in float64 (exact to far below float32's
   resolution), ``r = fp32(1 / S)``, and each kept entry is ``fp32(x * r)``: within 1 ulp of the
   exact quotient. flashinfer multiplies by an approximate reciprocal of a float32 sum and SGLang's
-  torch path divides by a float32 sum; both land within 2 ulp of these values.
+  torch path divides by a float32 sum; both land within 2 ulp of these values. A kept mass below
+  2^-128 (rows scaled far below a distribution) overflows ``r`` to inf: the kept entries come back
+  inf (the kernels agree, but for top-k + top-p, whose kernel gives NaN entries, not a NaN row).
 * All running sums (``total``, upper masses) are float64, so two implementations that add in a
   different order agree on the cutoff except when ``P`` falls within ~1e-16 relative of a
   running mass (a tie at the cutoff, in the wide sense).

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tpguard.kernels import interpreter_fix
 from tpguard.kernels.pdl import pdl_enter, pdl_exit, pdl_signal, pdl_wait
 from tpguard.kernels.radix_select import (
     bin_shift,
@@ -41,6 +42,8 @@ from tpguard.kernels.radix_select import (
 )
 from tpguard.kernels.renorm_config import RenormConfig, pdl_args, reg_cap
 from tpguard.kernels.renorm_workspace import Shapes, Workspace
+
+interpreter_fix.install()  # bfloat16 <-> float32 casts of subnormals under the interpreter
 
 # Row status written by the select kernels.
 STATUS_DONE = 1

@@ -4,10 +4,11 @@
 Cutoff ``t`` = the largest value whose upper mass ``sum(x[x >= t])`` reaches ``p * sum(x)``.
 
 Per row (select kernel below, after the row-stats pass of renorm_passes.py):
-* tau = the ``tau_groups``-th largest group max; the groups whose max is >= tau hold every entry
-  >= tau, so the exact upper mass M(>= tau) is read from them (the entries >= tau, about
-  tau_groups of them, are copied out). If M(>= tau) >= P the cutoff is among those entries:
-  exact radix search over them in registers, done (peaky rows).
+* tau = the ``tau_groups``-th largest group max (at most ``tau_groups_short`` on short rows:
+  `top_p_tau_groups`); the groups whose max is >= tau hold every entry >= tau, so the exact upper
+  mass M(>= tau) is read from them (the entries >= tau, about that many, are copied out). If
+  M(>= tau) >= P the cutoff is among those entries: exact radix search over them in registers,
+  done (peaky rows).
 * Otherwise (flat rows) the cutoff is below tau: a bracket [lo, hi) for it is estimated from the
   sampled entries (ratio estimator of the mass in [t, tau), z standard deviations each side) and
   handed to the bracket passes, which verify it exactly and fall back to a whole-row search.
@@ -24,7 +25,7 @@ import triton.language as tl
 from tpguard.kernels.pdl import pdl_enter, pdl_exit
 from tpguard.kernels.radix_select import reciprocal_f32
 from tpguard.kernels.renorm_args import fill_fingerprint
-from tpguard.kernels.renorm_config import RenormConfig, default_config, pdl_args, reg_cap
+from tpguard.kernels.renorm_config import RenormConfig, default_config, pdl_args, reg_cap, top_p_tau_groups
 from tpguard.kernels.renorm_passes import launch_bracket, launch_row_stats
 from tpguard.kernels.renorm_top_p_select import sample_blocks, top_p_plan
 from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
@@ -129,7 +130,7 @@ def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[Renor
     ns_main, ns_rem = sample_blocks(s.n_samples, s.ns_block, cfg.tps_split, threads)
     ng_rem = sample_blocks(s.n_groups, s.ng_block, cfg.tps_split, threads)[1]
     blocks = dict(HAS_P_ARR=has_arr, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
-                  NS_BLOCK=ns_main, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
+                  NS_BLOCK=ns_main, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=top_p_tau_groups(cfg, s.n_groups),
                   CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), TPS_SHARED=bool(cfg.tps_shared),
                   NS_REM=ns_rem, NG_REM=ng_rem, HI_SAMPLES=cfg.bracket_hi_samples,
                   **pdl_args(cfg, s, probs.device, late=True))

@@ -1,5 +1,5 @@
-"""`tpguard bench kernels --grid` (tpguard/bench/kernels.py): its argument handling, and its tables
-built end to end on CPU under the Triton interpreter. Timing needs a GPU, so here the timer is a
+"""`tpguard bench kernels --grid` and `--configs` (tpguard/bench/kernels.py): their argument handling,
+and their tables built end to end on CPU under the Triton interpreter. Timing needs a GPU, so here the timer is a
 stand-in that runs each call once (the kernels really run) and returns a fixed number, and
 flashinfer's place is taken by the drop-in (kernels/flashinfer_api.py), which has its names."""
 
@@ -59,3 +59,37 @@ def test_grid_tables_on_cpu(monkeypatch, capsys):
     renorm_rows = [r for r in rows if "top_p_tpguard_us" in r]
     assert len(renorm_rows) == 2 and all(r["top_k_differ"] == (0, 0) for r in renorm_rows)
     assert calls["n"] == 2 * (3 * 2 + 3)  # per dtype: 3 ops x 2 implementations, 3 target-probs paths
+
+
+def test_configs_arguments_and_bad_overrides(monkeypatch, capsys):
+    a = bench_options(monkeypatch, "--configs", "|tau_groups_short=0", "--grid-rows", "1,64")
+    assert a["configs"] == ["", "tau_groups_short=0"] and a["grid_rows"] == (1, 64) and a["vocabs"] == (32000,)
+    assert a["ops"] == ("top_p",) and a["dtypes"] == ("fp32", "bf16") and "grid" not in a
+    monkeypatch.undo()
+    from tpguard.cli import main as cli_main
+
+    for args, msg in ((("--configs", "tau_groups=x"), "--configs: tau_groups='x': expected int"),
+                      (("--configs", "nope=1"), "--configs: unknown field 'nope'"),
+                      (("--configs", "", "--dtypes", "fp8"), "unknown dtype 'fp8'"),
+                      (("--configs", "", "--ops", "top_q"), "unknown op 'top_q'")):
+        assert cli_main(["bench", "kernels", *args]) == 2
+        err = capsys.readouterr().err.strip()
+        assert msg in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU stand-in of the timer; on a GPU run the bench itself")
+def test_config_table_on_cpu(monkeypatch, capsys):
+    seen = []
+
+    def one_call(fn, iters):
+        seen.append(fn())
+        return 10.0 + len(seen)
+
+    monkeypatch.setattr(bench, "graph_or_none", one_call)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "cpu (interpreter)")
+    rows = bench.config_table(["", "tau_groups=2,tau_groups_short=0"], grid_rows=(2,), vocabs=(300,),
+                              logits=("peaky",), dtypes=("bf16",), ops=("top_p", "top_k"), iters=1, device=DEVICE)
+    out = capsys.readouterr().out
+    assert "| op | dtype | rows | vocab | logits | defaults | tau_groups=2,tau_groups_short=0 |" in out
+    assert "| top_p | bf16 | 2 | 300 | peaky | 11.0 | 12.0 |" in out and "!" not in out.split("\n", 1)[1]
+    assert [r["differ"] for r in rows] == [[False, False], [False, False]] and len(seen) == 4

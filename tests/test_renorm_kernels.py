@@ -23,7 +23,7 @@ from tpguard.kernels.radix_select import (bin_shift, kth_largest_block, mass_cut
                                           mass_cutoff_block_bins, search_start)
 from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm
 from tpguard.kernels.renorm_min_p import min_p_renorm_triton
-from tpguard.kernels.renorm_config import default_config
+from tpguard.kernels.renorm_config import default_config, top_p_tau_groups
 from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton
 from tpguard.kernels.renorm_top_p import top_p_renorm_triton
 from tpguard.kernels.renorm_top_p_select import kth_largest_split
@@ -198,6 +198,23 @@ def test_top_p_default_shapes_above_tau_groups():
     # 16 * 1024 entries sit in the tau groups: a flat row of 40,000 takes the bracket passes
     x = make_rows(2, 40000, "flat", seed=11)
     assert_matches(top_p_renorm_triton(x, 0.9), ref.top_p_renorm_reference(x, 0.9))
+
+
+def test_short_rows_fewer_tau_groups_same_bits():
+    # rows of <= 1024 groups search at most tau_groups_short (256) tau groups: at vocab 12000 (375 groups) 256
+    # instead of all 375, so rows take other paths (status: 1 = among the tau groups, >= 2 = the bracket passes)
+    # and come to the same bits
+    assert top_p_tau_groups(DEFAULT_CONFIG, 375) == min(DEFAULT_CONFIG.tau_groups, 256)
+    assert top_p_tau_groups(DEFAULT_CONFIG, 5120) == DEFAULT_CONFIG.tau_groups
+    assert top_p_tau_groups(DEFAULT_CONFIG.replace(tau_groups_short=0), 375) == DEFAULT_CONFIG.tau_groups
+    x = torch.cat([make_rows(2, 12000, "flat", seed=81), make_rows(2, 12000, "peaky", seed=82)])
+    p = torch.tensor([0.9, 0.5, 0.9, 0.99], device=DEVICE)
+    short, ws_short = _top_p_workspace_run(x, p, DEFAULT_CONFIG)
+    every, ws_every = _top_p_workspace_run(x, p, DEFAULT_CONFIG.replace(tau_groups_short=0))
+    assert_matches(short, ref.top_p_renorm_reference(x, p))
+    assert torch.equal(ref.bits(short), ref.bits(every))
+    status = ws_short.plan.view(-1, 4)[:, 0].cpu(), ws_every.plan.view(-1, 4)[:, 0].cpu()
+    assert not torch.equal(status[0] >= 2, status[1] >= 2), status
 
 
 # --- bracket_select's register searches; the copy-out option (docs/design-renorm.md): bracket_copy ---

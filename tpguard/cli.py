@@ -188,6 +188,11 @@ def bench_kernels(
     dtypes: Optional[str] = typer.Option(None, "--dtypes", callback=comma_list(), show_default=False,
                                          help="dtypes of --grid (default fp32,bf16)"),
     no_fused: bool = typer.Option(False, "--no-fused", help="--grid without the logits -> target probs table"),
+    configs: Optional[str] = typer.Option(None, "--configs", metavar="A|B|...", show_default=False,
+                                          help="only: tpguard's --ops (default top_p) under these RenormConfig "
+                                               "overrides ('|'-separated, '' the defaults), us from a CUDA graph, "
+                                               "bits checked against the first (--grid-rows, --vocabs default "
+                                               "32000, --logits, --dtypes)"),
 ):
     """Renorm kernels: tpguard vs flashinfer (default, deterministic) vs torch (docs/benchmarks.md)."""
     from tpguard.bench import kernels
@@ -196,7 +201,7 @@ def bench_kernels(
         rows=rows, vocabs=vocabs, logits=logits, iters=iters, repeats=repeats, top_p=top_p, top_k=top_k,
         min_p=min_p, batch_sizes=batch_sizes, top_ks=top_ks, impls=impls, ops=ops, graphs=graphs,
         json_path=json_path, quick=quick, host_profile=host_profile, grid=grid, grid_rows=grid_rows,
-        dtypes=dtypes, no_fused=no_fused)) or 0)
+        dtypes=dtypes, no_fused=no_fused, configs=None if configs is None else configs.split("|"))) or 0)
 
 
 @bench_app.command("fingerprint")

@@ -22,6 +22,11 @@ flashinfer's default: us per call over ``--iters`` back-to-back calls (the media
 batches: device time unless the host is slower), the ratio, and the calls of ``--repeats`` that
 differ from the first; then logits -> target probs: tpguard's fused kernel (kernels/target_probs.py)
 vs softmax + tpguard's top-k + top-p renorms vs softmax + flashinfer's (SGLang's default path).
+
+``--configs "A|B|..."`` prints a config comparison instead: tpguard's ops (``--ops``, default top-p) under
+each ``RenormConfig`` override (``TPGUARD_RENORM_CONFIG``'s ``field=value,...``; ``''``: the defaults),
+per rows x vocab x logits x dtype, us of one call replayed from a CUDA graph (device time), and every
+output checked bit for bit against the first config's ("!" marks a difference).
 Without CUDA it prints a note and exits 0 (the Triton interpreter is far too slow to time).
 """
 
@@ -378,6 +383,50 @@ def grid(grid_rows=GRID_ROWS, vocabs=GRID_VOCABS, logits=("flat", "peaky"), dtyp
     return results + fused_rows
 
 
+def config_table(configs: Sequence[str], grid_rows=GRID_ROWS, vocabs=(32000,), logits=("flat", "peaky"),
+                 dtypes=GRID_DTYPES, ops=("top_p",), iters=30, top_p=0.9, top_k=40, min_p=0.1, seed=0,
+                 device="cuda") -> list[dict]:
+    """us from a CUDA graph of tpguard's `ops` under each config override of `configs`, side by side,
+    outputs compared bit for bit with the first config's (module doc, ``--configs``)."""
+    from tpguard.config import replace_from_text
+    from tpguard.kernels import renorm_plan
+    from tpguard.kernels.renorm_config import RenormConfig
+
+    cfgs = [replace_from_text(RenormConfig(), text, "--configs") for text in configs]
+    params = {"top_p": (None, top_p), "top_k": (top_k, None), "top_k_top_p": (top_k, top_p), "min_p": (None, min_p)}
+    names = [text or "defaults" for text in configs]
+    print(f"# tpguard bench kernels --configs: {torch.cuda.get_device_name(device)}, torch {torch.__version__}; "
+          f"us of one call replayed from a CUDA graph (median of {iters}); '!': bits differ from the first config's\n")
+    head = ["op", "dtype", "rows", "vocab", "logits"] + names
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    results = []
+    for op in ops:
+        k, p = params[op]
+        for dname in dtypes:
+            for vocab in vocabs:
+                for rows in grid_rows:
+                    for kind in logits:
+                        x = make_probs(rows, vocab, kind, device, seed, DTYPES[dname])
+                        first, cells, row = None, [], {"op": op, "dtype": dname, "rows": rows, "vocab": vocab,
+                                                       "logits": kind, "us": {}}
+                        for name, cfg in zip(names, cfgs):
+                            def call(cfg=cfg):
+                                return renorm_plan.run(op, x, k, p, cfg)
+
+                            out = bits(call())
+                            same = first is None or torch.equal(out, first)
+                            first = out if first is None else first
+                            us = graph_or_none(call, iters)
+                            row["us"][name] = us
+                            row.setdefault("differ", []).append(not same)
+                            cells.append(fmt(us, ".1f") + ("" if same else " !"))
+                        print("| " + " | ".join([op, dname, str(rows), str(vocab), kind] + cells) + " |", flush=True)
+                        results.append(row)
+                        del x
+    return results
+
+
 def _fused_cell(logits, dname, kind, temperature, top_k, top_p, iters, fs, target_probs, tk) -> dict:
     rows, vocab = logits.shape
     t = torch.full((rows,), temperature, device=logits.device)
@@ -397,6 +446,13 @@ def run_options(*, quick: bool, grid: bool, grid_rows: tuple | None, dtypes: tup
                 vocabs: tuple | None, repeats: int | None, impls: tuple | None, ops: tuple | None, **opts) -> dict:
     """What `main` runs, from `tpguard bench kernels`'s options (declared in tpguard/cli.py): --quick
     cuts iterations and repeats; --grid has its own defaults for vocabs and repeats not given (None)."""
+    if opts.get("configs") is not None:
+        return {"configs": opts["configs"], "grid_rows": grid_rows if grid_rows is not None else GRID_ROWS,
+                "vocabs": vocabs if vocabs is not None else (32000,), "logits": opts["logits"],
+                "dtypes": dtypes if dtypes is not None else GRID_DTYPES, "ops": ops if ops is not None else ("top_p",),
+                "iters": 10 if quick else opts["iters"], "top_p": opts["top_p"], "top_k": opts["top_k"],
+                "min_p": opts["min_p"]}
+    opts.pop("configs", None)
     given_repeats = repeats is not None
     opts["repeats"] = 200 if repeats is None else repeats
     if quick:
@@ -413,6 +469,20 @@ def run_options(*, quick: bool, grid: bool, grid_rows: tuple | None, dtypes: tup
 
 def main(**opts) -> int:
     """Run what `run_options` gives (`tpguard bench kernels`); returns an exit code."""
+    if opts.get("configs") is not None:  # a bad override or dtype: one line, with or without a GPU
+        from tpguard.config import replace_from_text
+        from tpguard.kernels.renorm_config import RenormConfig
+
+        bad = [f"unknown dtype {d!r} (known: {', '.join(DTYPES)})" for d in opts["dtypes"] if d not in DTYPES]
+        bad += [f"unknown op {o!r}" for o in opts["ops"] if o not in OPS]
+        try:
+            for text in opts["configs"]:
+                replace_from_text(RenormConfig(), text, "--configs")
+        except ValueError as e:
+            bad.append(str(e))
+        if bad:
+            print(f"tpguard bench kernels: {bad[0]}", file=sys.stderr)
+            return 2
     if not torch.cuda.is_available():
         print("tpguard bench kernels: no CUDA device here; the kernels are timed on GPUs only "
               "(tests check them on CPU under TRITON_INTERPRET=1).")
@@ -423,6 +493,9 @@ def main(**opts) -> int:
         return 2
     if opts.pop("host_profile", False):
         host_profile(opts.get("vocabs", (163840,))[-1], opts.get("iters", 50))
+        return 0
+    if opts.get("configs") is not None:
+        config_table(**opts)
         return 0
     if opts.pop("grid", False):
         bad = [d for d in opts.get("dtypes", ()) if d not in DTYPES]

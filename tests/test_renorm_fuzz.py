@@ -1,0 +1,187 @@
+"""Randomised cases of the four renorms through their public surfaces against the torch reference
+(kernels/reference.py): flashinfer's names for top-k and top-p (kernels/flashinfer_api.py), tpguard's
+for top-k + top-p and min-p (kernels/renorm.py, ``validate=False`` so out-of-range values reach the
+kernels' clamps). A case mixes row kinds in one batch (flat, peaky, exact ties, sparse, one-hot,
+all-zero, subnormal, negative, unnormalised, NaN / inf), takes scalar or per-row parameters (out of
+range too), and checks: the reference's NaN rows, kept set and values (within 1 ulp); the same bits from
+repeat calls (on a GPU: Triton's launch, the recording, the direct launches and the plan graphs of
+kernels/renorm_plan.py); the same bits for a slice of its rows called alone; a fingerprint slot that
+holds the output's fingerprint.
+
+CPU (Triton interpreter): a few cases at small vocabularies, with the default and the small block
+shapes (renorm_setup.SMALL). GPU: ``TPGUARD_FUZZ_CASES`` cases (default 48) at LLM vocabularies and
+odd ones, 1-300 rows."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+from renorm_setup import DEVICE, SMALL
+
+from tpguard import fingerprint as fp_host
+from tpguard.kernels import flashinfer_api as fa
+from tpguard.kernels import reference as ref
+from tpguard.kernels import renorm
+from tpguard.kernels.fingerprint_reference import fingerprint_reference
+from tpguard.kernels.renorm_config import RenormConfig
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
+
+ON_GPU = DEVICE == "cuda"
+KINDS = ("flat", "peaky", "ties", "sparse", "onehot", "zeros", "subnormal", "negative", "scaled", "bad")
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+OPS = ("top_k", "top_p", "top_k_top_p", "min_p")
+VOCABS = (1, 7, 4097, 32000, 50257, 128256, 151936, 163840, 262144) if ON_GPU else (1, 33, 300, 1500, 4097)
+ROWS = (1, 2, 3, 5, 8, 9, 17, 64, 65, 130, 256, 300) if ON_GPU else (1, 2, 3, 5, 9)
+GPU_CASES = int(os.environ.get("TPGUARD_FUZZ_CASES", "48"))
+
+
+def config_text(cfg: RenormConfig) -> str:
+    """TPGUARD_RENORM_CONFIG's text of `cfg` (the fields that differ from the defaults)."""
+    base = RenormConfig()
+    return ",".join(f"{f}={getattr(cfg, f)}" for f in cfg.__dataclass_fields__
+                    if not f.startswith("_") and getattr(cfg, f) != getattr(base, f))
+
+
+def make_row(kind: str, vocab: int, g: torch.Generator) -> torch.Tensor:
+    """One float32 row of `kind` (module doc)."""
+    if kind in ("flat", "peaky", "subnormal", "negative", "scaled", "bad"):
+        scale = 5.0 if kind == "peaky" else 1.0
+        x = torch.softmax(torch.randn(vocab, generator=g, dtype=torch.float64) * scale, 0).float()
+        if kind == "subnormal":  # a third of the entries float32 subnormals (zeros or subnormals in 16 bits)
+            x = torch.where(torch.rand(vocab, generator=g) < 0.3, x * 1e-38, x)
+        elif kind == "negative":
+            flip = torch.rand(vocab, generator=g) < 0.3
+            x = torch.where(flip, -x, x)
+            x[torch.randint(vocab, (1,), generator=g)] = -0.0
+        elif kind == "scaled":
+            x = x * 1000.0  # an unnormalised row: top-p measures p of its own sum
+        elif kind == "bad":
+            x[torch.randint(vocab, (1,), generator=g)] = float("nan") if torch.rand(1, generator=g) < 0.5 \
+                else float("inf")
+        return x
+    if kind == "ties":  # few distinct values: ties at every cutoff
+        x = torch.randint(1, 4, (vocab,), generator=g).float()
+        return x / x.sum()
+    x = torch.zeros(vocab)
+    if kind == "sparse":
+        n = int(torch.randint(1, 11, (1,), generator=g))
+        x[torch.randint(vocab, (n,), generator=g)] = torch.rand(n, generator=g) + 0.01
+    elif kind == "onehot":
+        x[torch.randint(vocab, (1,), generator=g)] = 1.0
+    return x
+
+
+def make_case(seed: int, vocabs=VOCABS, rows_choice=ROWS) -> dict:
+    rnd = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    vocab, rows = rnd.choice(vocabs), rnd.choice(rows_choice)
+    dtype, op = rnd.choice(DTYPES), rnd.choice(OPS)
+    kinds = [rnd.choice(KINDS) for _ in range(rows)]
+    x = torch.stack([make_row(kind, vocab, g) for kind in kinds]).to(dtype).to(DEVICE)
+    per_row = rnd.random() < 0.4
+    if per_row:  # flashinfer-style tensors, values out of range included (the kernels clamp)
+        k = torch.tensor([rnd.choice((-3, 0, 1, 2, 40, vocab - 1, vocab, vocab + 5, rnd.randint(1, vocab)))
+                          for _ in range(rows)], dtype=torch.int64, device=DEVICE)
+        p = torch.tensor([rnd.choice((-0.5, 0.0, 1e-7, 0.3, 0.9, 0.999999, 1.0, 1.5)) for _ in range(rows)],
+                         dtype=torch.float64, device=DEVICE)
+    else:
+        k = max(1, rnd.choice((1, 2, 7, 40, 1000, vocab - 1, vocab, vocab + 3)))
+        p = rnd.choice((0.0, 1e-7, 0.3, 0.5, 0.9, 0.95, 0.999999, 1.0))
+    min_p = p.clamp(0.0, 1.0) if per_row else min(max(p, 0.0), 1.0)
+    return dict(seed=seed, vocab=vocab, rows=rows, dtype=dtype, op=op, kinds=kinds, x=x, k=k, p=p, min_p=min_p,
+                fingerprint=rnd.random() < 0.3)
+
+
+def call(case: dict, x: torch.Tensor, rows: slice, slot=None) -> torch.Tensor:
+    """The case's op on `x` (rows `rows` of the case) through its public surface."""
+    def sel(v):
+        return v[rows] if isinstance(v, torch.Tensor) else v
+
+    op, k, p = case["op"], sel(case["k"]), sel(case["p"])
+    if op == "top_k":
+        return fa.top_k_renorm_probs(x, k, fingerprint_out=slot)
+    if op == "top_p":
+        return fa.top_p_renorm_probs(x, p, fingerprint_out=slot)
+    if op == "top_k_top_p":  # (tpguard's API refuses a scalar p <= 0 whatever `validate` says)
+        return renorm.top_k_top_p_renorm(x, k, p.float() if isinstance(p, torch.Tensor) else max(p, 1e-7),
+                                         backend="tpguard", validate=False, fingerprint_out=slot)
+    mp = sel(case["min_p"])
+    return renorm.min_p_renorm(x, mp.float() if isinstance(mp, torch.Tensor) else mp, backend="tpguard",
+                               validate=False, fingerprint_out=slot)
+
+
+def expected(case: dict) -> torch.Tensor:
+    x, op = case["x"].cpu(), case["op"]
+    k = case["k"].cpu().clamp(1, case["vocab"]) if isinstance(case["k"], torch.Tensor) else case["k"]
+    p = case["p"].cpu().float() if isinstance(case["p"], torch.Tensor) else case["p"]
+    if op == "top_k":
+        return ref.top_k_renorm_reference(x, k)
+    if op == "top_p":
+        return ref.top_p_renorm_reference(x, p)
+    if op == "top_k_top_p":
+        return ref.top_k_top_p_renorm_reference(x, k, p if isinstance(p, torch.Tensor) else max(p, 1e-7))
+    mp = case["min_p"].cpu().float() if isinstance(case["min_p"], torch.Tensor) else case["min_p"]
+    return ref.min_p_renorm_reference(x, mp)
+
+
+def describe(case: dict) -> str:
+    params = {name: (case[name].tolist() if isinstance(case[name], torch.Tensor) else case[name])
+              for name in ("k", "p")}
+    return (f"seed {case['seed']}: {case['op']} {case['dtype']} {case['rows']} x {case['vocab']} "
+            f"kinds {case['kinds']} {params}")
+
+
+def check_case(case: dict) -> None:
+    what = describe(case)
+    x, rows, dtype = case["x"], case["rows"], case["dtype"]
+    slot = torch.zeros((), dtype=torch.int64, device=DEVICE) if case["fingerprint"] else None
+    out = call(case, x, slice(None), slot)
+    expect = expected(case)
+    assert out.dtype == dtype and out.shape == x.shape, what
+    nan_out, nan_exp = torch.isnan(out.cpu()), torch.isnan(expect)
+    assert torch.equal(nan_out, nan_exp), f"NaN rows differ: {what}"
+    o = torch.where(nan_out, 0.0, out.cpu().float()).to(dtype)
+    e = torch.where(nan_exp, 0.0, expect.float()).to(dtype)
+    differ = ((o > 0) != (e > 0)).any(1).nonzero().flatten().tolist()
+    assert not differ, f"kept sets differ in rows {differ}: {what}"
+    gap = (ref.bits(o).long() - ref.bits(e).long()).abs().max().item()
+    assert gap <= 1, f"max ulp gap {gap}: {what}"
+    if slot is not None:
+        assert fp_host.to_unsigned(int(slot)) == fingerprint_reference(out), f"fingerprint slot: {what}"
+    for _ in range(3):  # on a GPU: the recording, then the direct launches (and the plan graphs)
+        assert torch.equal(ref.bits(call(case, x, slice(None))), ref.bits(out)), f"a repeat call differs: {what}"
+    a = random.Random(case["seed"]).randrange(rows)
+    b = min(rows, a + 1 + rows // 3)
+    part = call(case, x[a:b], slice(a, b))
+    assert torch.equal(ref.bits(part), ref.bits(out[a:b])), f"rows {a}:{b} alone differ: {what}"
+
+
+@pytest.mark.parametrize("cfg", ["default", "small"])
+@pytest.mark.parametrize("seed", range(4))
+def test_random_cases_small_vocab(cfg, seed, monkeypatch):
+    """Under the interpreter (and on a GPU): small vocabularies, both block shapes."""
+    if cfg == "small":
+        monkeypatch.setenv("TPGUARD_RENORM_CONFIG", config_text(SMALL))
+    else:
+        monkeypatch.delenv("TPGUARD_RENORM_CONFIG", raising=False)
+    renorm.clear_plans()
+    try:
+        check_case(make_case(1000 * (cfg == "small") + seed, vocabs=(1, 33, 300, 1500, 4097),
+                             rows_choice=(1, 2, 3, 5, 9)))
+    finally:
+        renorm.clear_plans()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="LLM vocabularies on the GPU only (the interpreter covers the paths above)")
+def test_random_cases_gpu():
+    failures = []
+    for seed in range(GPU_CASES):
+        try:
+            check_case(make_case(seed))
+        except AssertionError as e:
+            failures.append(str(e).splitlines()[0][:400])
+    assert not failures, f"{len(failures)} of {GPU_CASES} cases failed:\n" + "\n".join(failures)
