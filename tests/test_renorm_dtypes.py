@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from renorm_setup import DEVICE, GPU_ALL, SMALL
 
 from tpguard import fingerprint as fp_host
@@ -196,3 +198,36 @@ def test_gpu_bench_shapes(dtype):
         assert torch.equal(ref.bits(op(x)), ref.bits(out)), name
         if name != "per_row":
             assert torch.equal(ref.bits(op(x[2:3])), ref.bits(out[2:3])), name
+
+
+@triton.jit
+def _cast_kernel(src_ptr, dst_ptr, n, TO_DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask).to(TO_DTYPE), mask=mask)
+
+
+def _triton_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    to = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}[dtype]
+    _cast_kernel[(triton.cdiv(x.numel(), 8192),)](x, out, x.numel(), TO_DTYPE=to, BLOCK=8192)
+    return out
+
+
+def test_bf16_casts_match_the_gpu_conversions():
+    """Every bfloat16 bit pattern to float32 (exact) and float32 patterns around every bfloat16 to
+    bfloat16 (round to nearest even), subnormals included, as torch converts them: the kernels' 16-bit
+    loads and stores depend on it (under the interpreter: kernels/interpreter_fix.py's cast)."""
+    patterns = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16)
+    b = patterns.view(torch.bfloat16).to(DEVICE)
+    up = _triton_cast(b, torch.float32)
+    finite = ~torch.isnan(b.float())
+    assert torch.equal(ref.bits(up)[finite], ref.bits(b.float())[finite])
+    assert torch.isnan(up[~finite]).all()
+    # float32 patterns: each bfloat16 pattern shifted up, plus the halfway point and one pattern either side
+    base = patterns.to(torch.int32) << 16
+    f32 = torch.cat([base, base + 0x7FFF, base + 0x8000, base + 0x8001]).view(torch.float32).to(DEVICE)
+    down = _triton_cast(f32, torch.bfloat16)
+    finite = ~torch.isnan(f32)
+    assert torch.equal(ref.bits(down)[finite], ref.bits(f32.to(torch.bfloat16))[finite])
+    assert torch.isnan(down[~finite]).all()
