@@ -30,7 +30,8 @@ with this module in its place (``import tpguard.kernels.flashinfer_api as sampli
 
 ``top_k_mask_logits`` keeps the logits >= the k-th largest of their row (ties kept; ``-inf``
 entries count as values) and sets the others to ``-inf``; a row holding a NaN comes back as NaN.
-It is computed with torch (a sort per row: deterministic, batch-invariant); no Triton kernel.
+It is computed with torch (a top-k per row: deterministic, batch-invariant; capturable in a CUDA graph);
+no Triton kernel.
 """
 
 from __future__ import annotations
@@ -134,23 +135,32 @@ top_k_renorm_prob = top_k_renorm_probs
 
 def top_k_mask_logits(logits: torch.Tensor, top_k: TopK) -> torch.Tensor:
     """flashinfer.sampling.top_k_mask_logits: the logits >= the k-th largest of each row (ties kept),
-    the others ``-inf``; ``top_k >= vocab`` keeps the row; output in the input's dtype."""
+    the others ``-inf``; ``top_k >= vocab`` keeps the row; output in the input's dtype. No host read
+    during CUDA graph capture (a tensor ``top_k`` is then searched over the whole row)."""
     _check_input(logits, "logits")
     _check_dtype(logits, "logits")
     check_tensor_param(top_k, logits)
     rows, vocab = logits.shape
     if isinstance(top_k, torch.Tensor):
-        k = top_k.int().to(device=logits.device, dtype=torch.int64)
+        k = top_k.int().to(device=logits.device, dtype=torch.int64).clamp(1, vocab)
+        # the search's width: the largest k (one host read), or the whole row where a capture refuses the read
+        capturing = logits.is_cuda and torch.cuda.is_current_stream_capturing()
+        width = vocab if capturing or not rows else int(k.max())
     else:
-        k = torch.full((rows,), _scalar(top_k, True, "top_k"), dtype=torch.int64, device=logits.device)
-    k = k.clamp(1, vocab)
+        width = min(max(_scalar(top_k, True, "top_k"), 1), vocab)
+        k = torch.full((rows,), width, dtype=torch.int64, device=logits.device)
+    return mask_below_kth(logits, k, width)
+
+
+def mask_below_kth(logits: torch.Tensor, k: torch.Tensor, width: int) -> torch.Tensor:
+    """`top_k_mask_logits` with k an int64 [rows] tensor in [1, vocab] and `width` >= max(k): the pivot,
+    each row's k-th largest value, is the same for every such width (tests compare them)."""
     x = logits.float()
     nan_row = torch.isnan(x).any(dim=1, keepdim=True)
-    max_k = int(k.max()) if rows else 1  # (one host read: the sort's width)
-    pivot = torch.topk(torch.nan_to_num(x, nan=0.0), max_k, dim=1).values.gather(1, (k - 1)[:, None])
+    pivot = torch.topk(torch.nan_to_num(x, nan=0.0), width, dim=1).values.gather(1, (k - 1)[:, None])
     out = torch.where(x >= pivot, logits, torch.full((), float("-inf"), dtype=logits.dtype, device=logits.device))
     return torch.where(nan_row, torch.full((), float("nan"), dtype=logits.dtype, device=logits.device), out)
 
 
-__all__ = ["backend_for", "check_tensor_param", "renorm_probs", "top_k_mask_logits", "top_k_renorm_prob",
-           "top_k_renorm_probs", "top_p_renorm_prob", "top_p_renorm_probs"]
+__all__ = ["backend_for", "check_tensor_param", "mask_below_kth", "renorm_probs", "top_k_mask_logits",
+           "top_k_renorm_prob", "top_k_renorm_probs", "top_p_renorm_prob", "top_p_renorm_probs"]

@@ -135,3 +135,42 @@ def test_top_k_mask_logits(dtype):
     assert torch.equal(torch.nan_to_num(same[:4].float()), torch.nan_to_num(logits[:4].float()))
     # batch-invariant: a row alone gives the same bits
     assert torch.equal(ref.bits(fi.top_k_mask_logits(logits[1:2], 10)), ref.bits(out[1:2]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_top_k_mask_logits_any_search_width_same_bits(dtype):
+    """The whole-row search a CUDA graph capture takes gives the eager search's bits (ties, -inf, NaN rows)."""
+    g = torch.Generator().manual_seed(11)
+    logits = (torch.randn(6, 500, generator=g) * 3).to(dtype)
+    logits[1] = torch.round(logits[1])
+    logits[2, ::2] = float("-inf")
+    logits[3, :495] = float("-inf")
+    logits[4, 9] = float("nan")
+    logits = logits.to(DEVICE)
+    k = torch.tensor([1, 17, 40, 200, 3, 400], dtype=torch.int64, device=DEVICE)
+    narrow = fi.mask_below_kth(logits, k, int(k.max()))
+    for width in (int(k.max()) + 1, 499, 500):
+        assert torch.equal(ref.bits(fi.mask_below_kth(logits, k, width)), ref.bits(narrow)), width
+    assert torch.equal(ref.bits(fi.top_k_mask_logits(logits, k)), ref.bits(narrow))
+    assert torch.equal(ref.bits(fi.top_k_mask_logits(logits, 17)), ref.bits(fi.mask_below_kth(logits, k * 0 + 17, 500)))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graph capture")
+def test_top_k_mask_logits_in_a_cuda_graph():
+    logits = (torch.randn(8, 32000, device="cuda") * 4).to(torch.bfloat16)
+    k = torch.tensor([1, 5, 40, 40, 100, 1000, 31999, 32000], dtype=torch.int32, device="cuda")
+    eager = fi.top_k_mask_logits(logits, k)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fi.top_k_mask_logits(logits, k)  # warm-up off the default stream, as capture wants
+        fi.top_k_mask_logits(logits, 40)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_tensor_k = fi.top_k_mask_logits(logits, k)
+        out_int_k = fi.top_k_mask_logits(logits, 40)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(ref.bits(out_tensor_k), ref.bits(eager))
+    assert torch.equal(ref.bits(out_int_k), ref.bits(fi.top_k_mask_logits(logits, 40)))
