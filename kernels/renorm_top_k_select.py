@@ -151,9 +151,10 @@ def top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
                 kept = total
                 if WITH_MIN_P:
                     # min-p's cutoff is above top-p's exactly when the mass at or above it is below top-p's
-                    # target: then it alone decides the kept set (no top-p search)
+                    # target: then it alone decides the kept set (no top-p search). p >= 1 keeps every entry
+                    # in top-p, so min-p decides even where the mass below its cutoff is lost in float64
                     m_mp = tl.sum(tl.load(chunk_mp_ptr + row * n_chunks + ch, mask=chm, other=0.0), axis=0)
-                    if m_mp < p.to(tl.float64) * total:
+                    if (m_mp < p.to(tl.float64) * total) | ((p >= 1.0) & (mp > 0.0)):
                         thr2 = tm_bits
                         kept = m_mp
                     else:

@@ -1,16 +1,19 @@
-"""Randomised cases of the four renorms through their public surfaces against the torch reference
-(kernels/reference.py): flashinfer's names for top-k and top-p (kernels/flashinfer_api.py), tpguard's
-for top-k + top-p and min-p (kernels/renorm.py, ``validate=False`` so out-of-range values reach the
-kernels' clamps). A case mixes row kinds in one batch (flat, peaky, exact ties, sparse, one-hot,
-all-zero, subnormal, negative, unnormalised, NaN / inf), takes scalar or per-row parameters (out of
-range too), and checks: the reference's NaN rows, kept set and values (within 1 ulp); the same bits from
-repeat calls (on a GPU: Triton's launch, the recording, the direct launches and the plan graphs of
-kernels/renorm_plan.py); the same bits for a slice of its rows called alone; a fingerprint slot that
-holds the output's fingerprint.
+"""Randomised cases of the four renorms and of the fused logits -> target probs op through their public
+surfaces. Renorms against the torch reference (kernels/reference.py): flashinfer's names for top-k and
+top-p (kernels/flashinfer_api.py), tpguard's for top-k + top-p and min-p (kernels/renorm.py,
+``validate=False`` so out-of-range values reach the kernels' clamps). A case mixes row kinds in one batch
+(flat, peaky, exact ties, sparse, one-hot, all-zero, subnormal, negative, unnormalised, NaN / inf), takes
+scalar or per-row parameters (out of range too), and checks: the reference's NaN rows, kept set and values
+(within 1 ulp); the same bits from repeat calls (on a GPU: Triton's launch, the recording, the direct
+launches and the plan graphs of kernels/renorm_plan.py); the same bits for a slice of its rows called
+alone; a fingerprint slot that holds the output's fingerprint. The fused op (kernels/target_probs.py):
+logits rows of other kinds (peaky, ties, masked, all masked, NaN, +inf, 1e30, constant), temperatures,
+top-k, top-p and min-p per row or scalar, against the reference's renorm of the kernel's own weights, bit
+for bit, and the same repeat, slice and fingerprint checks.
 
-CPU (Triton interpreter): a few cases at small vocabularies, with the default and the small block
-shapes (renorm_setup.SMALL). GPU: ``TPGUARD_FUZZ_CASES`` cases (default 48) at LLM vocabularies and
-odd ones, 1-300 rows."""
+CPU (Triton interpreter): a few cases at small vocabularies (the renorms with the default and the small
+block shapes, renorm_setup.SMALL). GPU: ``TPGUARD_FUZZ_CASES`` cases (default 48) of each at LLM
+vocabularies and odd ones, 1-300 rows."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from tpguard import fingerprint as fp_host
 from tpguard.kernels import flashinfer_api as fa
 from tpguard.kernels import reference as ref
 from tpguard.kernels import renorm
+from tpguard.kernels import target_probs as tp
 from tpguard.kernels.fingerprint_reference import fingerprint_reference
 from tpguard.kernels.renorm_config import RenormConfig
 
@@ -182,6 +186,110 @@ def test_random_cases_gpu():
     for seed in range(GPU_CASES):
         try:
             check_case(make_case(seed))
+        except AssertionError as e:
+            failures.append(str(e).splitlines()[0][:400])
+    assert not failures, f"{len(failures)} of {GPU_CASES} cases failed:\n" + "\n".join(failures)
+
+
+LOGIT_KINDS = ("normal", "peaky", "ties", "masked", "all_masked", "nan", "posinf", "huge", "constant")
+
+
+def make_logit_row(kind: str, vocab: int, g: torch.Generator) -> torch.Tensor:
+    """One float32 logits row of `kind`: N(0, 1) (x 6 for peaky), rounded (ties), some or all -inf,
+    a NaN or +inf (NaN rows), |x| ~ 1e30, every entry equal."""
+    x = torch.randn(vocab, generator=g) * (6.0 if kind == "peaky" else 1.0)
+    if kind == "ties":
+        x = torch.round(x * 2)
+    elif kind == "masked":
+        x = torch.where(torch.rand(vocab, generator=g) < 0.5, float("-inf"), x)
+    elif kind == "all_masked":
+        x = torch.full((vocab,), float("-inf"))
+    elif kind in ("nan", "posinf"):
+        x[torch.randint(vocab, (1,), generator=g)] = float("nan") if kind == "nan" else float("inf")
+    elif kind == "huge":
+        x = x * 1e30
+    elif kind == "constant":
+        x = torch.full((vocab,), 3.0)
+    return x
+
+
+def make_fused_case(seed: int, vocabs, rows_choice) -> dict:
+    rnd = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    vocab, rows, dtype = rnd.choice(vocabs), rnd.choice(rows_choice), rnd.choice(DTYPES)
+    kinds = [rnd.choice(LOGIT_KINDS) for _ in range(rows)]
+    x = torch.stack([make_logit_row(kind, vocab, g) for kind in kinds]).to(dtype).to(DEVICE)
+
+    def per_row(values, dtype):
+        return torch.tensor([rnd.choice(values) for _ in range(rows)], dtype=dtype, device=DEVICE)
+
+    if rnd.random() < 0.5:  # one value per row, out of range included (the kernels clamp)
+        t = per_row((0.05, 0.5, 1.0, 1.7), torch.float32)
+        k = per_row((-2, 1, 5, 40, vocab, vocab + 9), torch.int64)
+        p = per_row((-0.1, 1e-6, 0.5, 0.9, 1.0, 2.0), torch.float32)
+        mp = per_row((0.0, 0.01, 0.3, 1.0), torch.float32)
+    else:
+        t = rnd.choice((0.05, 0.7, 1.0, 2.5))
+        k = rnd.choice((None, 1, 20, max(1, vocab - 1), vocab + 1))  # (a scalar k < 1 is refused)
+        p = rnd.choice((None, 1e-6, 0.8, 0.95, 1.0))
+        mp = rnd.choice((None, 0.0, 0.05, 0.5))
+    return dict(seed=seed, vocab=vocab, rows=rows, dtype=dtype, kinds=kinds, x=x, t=t, k=k, p=p, mp=mp,
+                fingerprint=rnd.random() < 0.3)
+
+
+def check_fused_case(case: dict) -> None:
+    """The public target_probs (Triton) bit for bit the reference's renorm of the kernel's own weights
+    (exp2's last bit is the one thing that differs between implementations: tests/test_target_probs.py),
+    NaN rows included; then repeat calls, a row slice alone and the fingerprint slot, bit for bit."""
+    params = {n: (case[n].tolist() if isinstance(case[n], torch.Tensor) else case[n]) for n in ("t", "k", "p", "mp")}
+    what = f"seed {case['seed']}: {case['dtype']} {case['rows']} x {case['vocab']} kinds {case['kinds']} {params}"
+    x, rows = case["x"], case["rows"]
+
+    def sel(v, r):
+        return v[r] if isinstance(v, torch.Tensor) else v
+
+    def cpu(v):
+        return v.cpu() if isinstance(v, torch.Tensor) else v
+
+    def call(r=slice(None), slot=None):
+        return tp.target_probs(x[r], sel(case["t"], r), sel(case["k"], r), sel(case["p"], r), sel(case["mp"], r),
+                               backend="tpguard", validate=False, fingerprint_out=slot)
+
+    slot = torch.zeros((), dtype=torch.int64, device=DEVICE) if case["fingerprint"] else None
+    out = call(slot=slot)
+    assert out.dtype == torch.float32 and out.shape == x.shape, what
+    k = case["k"].clamp(1, case["vocab"]) if isinstance(case["k"], torch.Tensor) else case["k"]
+    p = case["p"].clamp(0.0, 1.0) if isinstance(case["p"], torch.Tensor) else case["p"]
+    w = tp.softmax_weights_triton(x, case["t"]).cpu()
+    _, bad = ref.softmax_weights_reference(x.cpu(), tp.temperature_scale(cpu(case["t"]), rows, "cpu"))
+    expect = ref.joint_renorm_reference(w, bad, cpu(k), cpu(p), cpu(case["mp"]))
+    assert torch.equal(torch.isnan(out.cpu()), torch.isnan(expect)), f"NaN rows differ: {what}"
+    assert torch.equal(ref.bits(torch.nan_to_num(out.cpu())), ref.bits(torch.nan_to_num(expect))), \
+        f"not the reference's renorm of the kernel's weights: {what}"
+    if slot is not None:
+        assert fp_host.to_unsigned(int(slot)) == fingerprint_reference(out), f"fingerprint slot: {what}"
+    for _ in range(3):
+        assert torch.equal(ref.bits(call()), ref.bits(out)), f"a repeat call differs: {what}"
+    a = random.Random(case["seed"]).randrange(rows)
+    r = slice(a, min(rows, a + 1 + rows // 3))
+    assert torch.equal(ref.bits(call(r)), ref.bits(out[r])), f"rows {r} alone differ: {what}"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fused_target_probs_random_cases(seed):
+    renorm.clear_plans()
+    try:
+        check_fused_case(make_fused_case(seed, vocabs=(1, 33, 300, 1500, 4097), rows_choice=(1, 2, 3, 5, 9)))
+    finally:
+        renorm.clear_plans()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="LLM vocabularies on the GPU only (the interpreter covers the paths above)")
+def test_fused_target_probs_random_cases_gpu():
+    failures = []
+    for seed in range(GPU_CASES):
+        try:
+            check_fused_case(make_fused_case(seed, VOCABS, ROWS))
         except AssertionError as e:
             failures.append(str(e).splitlines()[0][:400])
     assert not failures, f"{len(failures)} of {GPU_CASES} cases failed:\n" + "\n".join(failures)

@@ -155,6 +155,21 @@ def test_equals_sglangs_composition_up_to_rounding():
         assert_near_reference(out, staged)
 
 
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_min_p_decides_where_top_p_keeps_everything(cfg):
+    """top-p off (None, or p >= 1) and min-p on rows whose mass below min-p's cutoff is lost in float64
+    (1 + 0.61 + 298 x 8.8e-27): min-p's kept set, as the reference, not every positive entry."""
+    logits = torch.full((3, 300), -60.0)
+    logits[:, 5], logits[:, 9] = 0.0, -0.5  # weights 1 and 0.61: kept by min-p 0.5
+    logits = logits.to(DEVICE)
+    c = tp.temperature_scale(1.0, 3, "cpu")
+    for top_p in (None, 1.0, torch.tensor([1.0, 1.5, 1.0])):
+        for top_k in (None, 300):
+            out = tp.target_probs_triton(logits, 1.0, *kernel_args(3, top_k, top_p, 0.5), config=CONFIGS[cfg]).cpu()
+            assert (out > 0).nonzero()[:, 1].tolist() == [5, 9] * 3, (top_p, top_k)
+            assert torch.equal(out > 0, ref.target_probs_reference(logits.cpu(), c, top_k, top_p, 0.5) > 0)
+
+
 @pytest.mark.slow
 def test_repeated_calls_batch_invariance_and_fingerprint():
     logits = make_logits(5, 700, 2.0, seed=3, dtype=torch.bfloat16)
