@@ -180,15 +180,20 @@ def test_random_cases_small_vocab(cfg, seed, monkeypatch):
         renorm.clear_plans()
 
 
-@pytest.mark.skipif(not ON_GPU, reason="LLM vocabularies on the GPU only (the interpreter covers the paths above)")
-def test_random_cases_gpu():
+def check_gpu_cases(check, make) -> None:
+    """`check(make(seed))` for GPU_CASES seeds; every failing case named in one assertion."""
     failures = []
     for seed in range(GPU_CASES):
         try:
-            check_case(make_case(seed))
+            check(make(seed))
         except AssertionError as e:
             failures.append(str(e).splitlines()[0][:400])
     assert not failures, f"{len(failures)} of {GPU_CASES} cases failed:\n" + "\n".join(failures)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="LLM vocabularies on the GPU only (the interpreter covers the paths above)")
+def test_random_cases_gpu():
+    check_gpu_cases(check_case, make_case)
 
 
 LOGIT_KINDS = ("normal", "peaky", "ties", "masked", "all_masked", "nan", "posinf", "huge", "constant")
@@ -286,10 +291,4 @@ def test_fused_target_probs_random_cases(seed):
 
 @pytest.mark.skipif(not ON_GPU, reason="LLM vocabularies on the GPU only (the interpreter covers the paths above)")
 def test_fused_target_probs_random_cases_gpu():
-    failures = []
-    for seed in range(GPU_CASES):
-        try:
-            check_fused_case(make_fused_case(seed, VOCABS, ROWS))
-        except AssertionError as e:
-            failures.append(str(e).splitlines()[0][:400])
-    assert not failures, f"{len(failures)} of {GPU_CASES} cases failed:\n" + "\n".join(failures)
+    check_gpu_cases(check_fused_case, lambda seed: make_fused_case(seed, VOCABS, ROWS))
