@@ -149,10 +149,10 @@ def top_k_mask_logits(logits: torch.Tensor, top_k: TopK) -> torch.Tensor:
     else:
         width = min(max(_scalar(top_k, True, "top_k"), 1), vocab)
         k = torch.full((rows,), width, dtype=torch.int64, device=logits.device)
-    return mask_below_kth(logits, k, width)
+    return _mask_below_kth(logits, k, width)
 
 
-def mask_below_kth(logits: torch.Tensor, k: torch.Tensor, width: int) -> torch.Tensor:
+def _mask_below_kth(logits: torch.Tensor, k: torch.Tensor, width: int) -> torch.Tensor:
     """`top_k_mask_logits` with k an int64 [rows] tensor in [1, vocab] and `width` >= max(k): the pivot,
     each row's k-th largest value, is the same for every such width (tests compare them)."""
     x = logits.float()
@@ -162,5 +162,5 @@ def mask_below_kth(logits: torch.Tensor, k: torch.Tensor, width: int) -> torch.T
     return torch.where(nan_row, torch.full((), float("nan"), dtype=logits.dtype, device=logits.device), out)
 
 
-__all__ = ["backend_for", "check_tensor_param", "mask_below_kth", "renorm_probs", "top_k_mask_logits",
-           "top_k_renorm_prob", "top_k_renorm_probs", "top_p_renorm_prob", "top_p_renorm_probs"]
+__all__ = ["backend_for", "check_tensor_param", "renorm_probs", "top_k_mask_logits", "top_k_renorm_prob",
+           "top_k_renorm_probs", "top_p_renorm_prob", "top_p_renorm_probs"]

@@ -4,6 +4,7 @@ passes, whole-row fallbacks). TRITON_INTERPRET is set (or not) by conftest.py, b
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -22,3 +23,7 @@ GPU_ALL = os.environ.get("TPGUARD_RENORM_GPU_TESTS", "").strip().lower() == "all
 
 SMALL = RenormConfig(chunk=256, sub=256, reg=128, bracket_reg=256, tau_groups=4, min_p_groups=8, list_cap=64,
                      cap_per_chunk=64, select_warps=4, bracket_warps=4, pass_warps=4, compact_sub=128)
+# SMALL as TPGUARD_RENORM_CONFIG's text (the fields that differ from the defaults): the public API's config,
+# read per call, so that its small vocabularies take every path (several chunks, the bracket passes)
+SMALL_TEXT = ",".join(f"{f.name}={getattr(SMALL, f.name)}" for f in dataclasses.fields(SMALL)
+                      if getattr(SMALL, f.name) != getattr(RenormConfig(), f.name))

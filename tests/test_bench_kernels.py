@@ -71,7 +71,9 @@ def test_configs_arguments_and_bad_overrides(monkeypatch, capsys):
     for args, msg in ((("--configs", "tau_groups=x"), "--configs: tau_groups='x': expected int"),
                       (("--configs", "nope=1"), "--configs: unknown field 'nope'"),
                       (("--configs", "", "--dtypes", "fp8"), "unknown dtype 'fp8'"),
-                      (("--configs", "", "--ops", "top_q"), "unknown op 'top_q'")):
+                      (("--configs", "", "--ops", "top_q"), "unknown op 'top_q'"),
+                      (("--grid", "--dtypes", "fp8"), "unknown dtype 'fp8'"),  # every mode, with or without CUDA
+                      (("--impls", "tpguard,nope"), "unknown implementation 'nope'")):
         assert cli_main(["bench", "kernels", *args]) == 2
         err = capsys.readouterr().err.strip()
         assert msg in err and len(err.splitlines()) == 1, err

@@ -148,11 +148,11 @@ def test_top_k_mask_logits_any_search_width_same_bits(dtype):
     logits[4, 9] = float("nan")
     logits = logits.to(DEVICE)
     k = torch.tensor([1, 17, 40, 200, 3, 400], dtype=torch.int64, device=DEVICE)
-    narrow = fi.mask_below_kth(logits, k, int(k.max()))
+    narrow = fi._mask_below_kth(logits, k, int(k.max()))
     for width in (int(k.max()) + 1, 499, 500):
-        assert torch.equal(ref.bits(fi.mask_below_kth(logits, k, width)), ref.bits(narrow)), width
+        assert torch.equal(ref.bits(fi._mask_below_kth(logits, k, width)), ref.bits(narrow)), width
     assert torch.equal(ref.bits(fi.top_k_mask_logits(logits, k)), ref.bits(narrow))
-    assert torch.equal(ref.bits(fi.top_k_mask_logits(logits, 17)), ref.bits(fi.mask_below_kth(logits, k * 0 + 17, 500)))
+    assert torch.equal(ref.bits(fi.top_k_mask_logits(logits, 17)), ref.bits(fi._mask_below_kth(logits, k * 0 + 17, 500)))
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graph capture")

@@ -22,7 +22,7 @@ import random
 
 import pytest
 import torch
-from renorm_setup import DEVICE, SMALL
+from renorm_setup import DEVICE, SMALL_TEXT
 
 from tpguard import fingerprint as fp_host
 from tpguard.kernels import flashinfer_api as fa
@@ -30,7 +30,6 @@ from tpguard.kernels import reference as ref
 from tpguard.kernels import renorm
 from tpguard.kernels import target_probs as tp
 from tpguard.kernels.fingerprint_reference import fingerprint_reference
-from tpguard.kernels.renorm_config import RenormConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
 
@@ -41,13 +40,6 @@ OPS = ("top_k", "top_p", "top_k_top_p", "min_p")
 VOCABS = (1, 7, 4097, 32000, 50257, 128256, 151936, 163840, 262144) if ON_GPU else (1, 33, 300, 1500, 4097)
 ROWS = (1, 2, 3, 5, 8, 9, 17, 64, 65, 130, 256, 300) if ON_GPU else (1, 2, 3, 5, 9)
 GPU_CASES = int(os.environ.get("TPGUARD_FUZZ_CASES", "48"))
-
-
-def config_text(cfg: RenormConfig) -> str:
-    """TPGUARD_RENORM_CONFIG's text of `cfg` (the fields that differ from the defaults)."""
-    base = RenormConfig()
-    return ",".join(f"{f}={getattr(cfg, f)}" for f in cfg.__dataclass_fields__
-                    if not f.startswith("_") and getattr(cfg, f) != getattr(base, f))
 
 
 def make_row(kind: str, vocab: int, g: torch.Generator) -> torch.Tensor:
@@ -169,7 +161,7 @@ def check_case(case: dict) -> None:
 def test_random_cases_small_vocab(cfg, seed, monkeypatch):
     """Under the interpreter (and on a GPU): small vocabularies, both block shapes."""
     if cfg == "small":
-        monkeypatch.setenv("TPGUARD_RENORM_CONFIG", config_text(SMALL))
+        monkeypatch.setenv("TPGUARD_RENORM_CONFIG", SMALL_TEXT)
     else:
         monkeypatch.delenv("TPGUARD_RENORM_CONFIG", raising=False)
     renorm.clear_plans()

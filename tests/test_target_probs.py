@@ -14,7 +14,6 @@ torch work in the launches a plan records; on a GPU the recorded direct launches
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import os
 
@@ -22,7 +21,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from renorm_setup import DEVICE, GPU_ALL, INTERPRET, SMALL
+from renorm_setup import DEVICE, GPU_ALL, INTERPRET, SMALL, SMALL_TEXT
 
 from tpguard import fingerprint as fp_host
 from tpguard.config import launch_trim
@@ -31,7 +30,7 @@ from tpguard.kernels import reference as ref
 from tpguard.kernels import renorm_graph
 from tpguard.kernels import renorm_plan as rp
 from tpguard.kernels import target_probs as tp
-from tpguard.kernels.renorm_config import RenormConfig, default_config
+from tpguard.kernels.renorm_config import default_config
 
 DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 
@@ -329,10 +328,6 @@ def test_gpu_bench_shapes(dtype):
 
 # --- call plans (kernels/renorm_plan.py, tp.PLAN_OP) ----------------------------------------------
 
-# SMALL as TPGUARD_RENORM_CONFIG: the public API's config (read per call), so that its small
-# vocabularies take every path (several chunks, the bracket passes)
-SMALL_TEXT = ",".join(f"{f.name}={getattr(SMALL, f.name)}" for f in dataclasses.fields(SMALL)
-                      if getattr(SMALL, f.name) != getattr(RenormConfig(), f.name))
 PLAN_KINDS = ("scalar", "tensor", "top_p", "mixed")
 cpu_or_all = pytest.mark.skipif(DEVICE == "cuda" and not GPU_ALL, reason="GPU run: the plans' direct-launch "
                                 "test only (TPGUARD_RENORM_GPU_TESTS=all runs every test)")

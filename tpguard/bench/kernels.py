@@ -467,30 +467,35 @@ def run_options(*, quick: bool, grid: bool, grid_rows: tuple | None, dtypes: tup
             "impls": impls if impls is not None else IMPLS, "ops": ops if ops is not None else OPS}
 
 
+def bad_argument(opts: dict) -> str | None:
+    """The first unknown implementation, op or dtype, or bad ``--configs`` override, of `run_options`'s
+    result, as one line; None if there is none."""
+    from tpguard.config import replace_from_text
+    from tpguard.kernels.renorm_config import RenormConfig
+
+    for name, known, given in (("implementation", IMPLS, opts.get("impls", ())), ("op", OPS, opts.get("ops", ())),
+                               ("dtype", tuple(DTYPES), opts.get("dtypes", ()))):
+        bad = [v for v in given if v not in known]
+        if bad:
+            return f"unknown {name} {bad[0]!r} (known: {', '.join(known)})"
+    try:
+        for text in opts.get("configs") or ():
+            replace_from_text(RenormConfig(), text, "--configs")
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def main(**opts) -> int:
     """Run what `run_options` gives (`tpguard bench kernels`); returns an exit code."""
-    if opts.get("configs") is not None:  # a bad override or dtype: one line, with or without a GPU
-        from tpguard.config import replace_from_text
-        from tpguard.kernels.renorm_config import RenormConfig
-
-        bad = [f"unknown dtype {d!r} (known: {', '.join(DTYPES)})" for d in opts["dtypes"] if d not in DTYPES]
-        bad += [f"unknown op {o!r}" for o in opts["ops"] if o not in OPS]
-        try:
-            for text in opts["configs"]:
-                replace_from_text(RenormConfig(), text, "--configs")
-        except ValueError as e:
-            bad.append(str(e))
-        if bad:
-            print(f"tpguard bench kernels: {bad[0]}", file=sys.stderr)
-            return 2
+    bad = bad_argument(opts)  # one line, with or without a GPU
+    if bad:
+        print(f"tpguard bench kernels: {bad}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("tpguard bench kernels: no CUDA device here; the kernels are timed on GPUs only "
               "(tests check them on CPU under TRITON_INTERPRET=1).")
         return 0
-    bad = [i for i in opts.get("impls", IMPLS) if i not in IMPLS] + [o for o in opts.get("ops", OPS) if o not in OPS]
-    if bad:
-        print(f"tpguard bench kernels: unknown implementation or op {bad[0]!r}", file=sys.stderr)
-        return 2
     if opts.pop("host_profile", False):
         host_profile(opts.get("vocabs", (163840,))[-1], opts.get("iters", 50))
         return 0
@@ -498,10 +503,6 @@ def main(**opts) -> int:
         config_table(**opts)
         return 0
     if opts.pop("grid", False):
-        bad = [d for d in opts.get("dtypes", ()) if d not in DTYPES]
-        if bad:
-            print(f"tpguard bench kernels: unknown dtype {bad[0]!r} (known: {', '.join(DTYPES)})", file=sys.stderr)
-            return 2
         grid(**opts)
         return 0
     run(**opts)
