@@ -12,8 +12,8 @@ top-k, top-p and min-p per row or scalar, against the reference's renorm of the 
 for bit, and the same repeat, slice and fingerprint checks.
 
 CPU (Triton interpreter): a few cases at small vocabularies (the renorms with the default and the small
-block shapes, renorm_setup.SMALL). GPU: ``TPGUARD_FUZZ_CASES`` cases (default 48) of each at LLM
-vocabularies and odd ones, 1-300 rows."""
+block shapes, renorm_setup.SMALL). GPU: ``TPGUARD_FUZZ_CASES`` cases (default 48, split over GPU_BLOCKS
+tests) of each at LLM vocabularies and odd ones, 1-300 rows."""
 
 from __future__ import annotations
 
@@ -172,20 +172,26 @@ def test_random_cases_small_vocab(cfg, seed, monkeypatch):
         renorm.clear_plans()
 
 
-def check_gpu_cases(check, make) -> None:
-    """`check(make(seed))` for GPU_CASES seeds; every failing case named in one assertion."""
+GPU_BLOCKS = 8  # the GPU cases in 8 tests, so pytest-xdist spreads their compiles and runs over workers
+
+
+def check_gpu_cases(check, make, block: int) -> None:
+    """`check(make(seed))` for this block's share of the GPU_CASES seeds (seed % GPU_BLOCKS == block);
+    every failing case named in one assertion."""
+    seeds = range(block, GPU_CASES, GPU_BLOCKS)
     failures = []
-    for seed in range(GPU_CASES):
+    for seed in seeds:
         try:
             check(make(seed))
         except AssertionError as e:
             failures.append(str(e).splitlines()[0][:400])
-    assert not failures, f"{len(failures)} of {GPU_CASES} cases failed:\n" + "\n".join(failures)
+    assert not failures, f"{len(failures)} of {len(seeds)} cases failed:\n" + "\n".join(failures)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="LLM vocabularies on the GPU only (the interpreter covers the paths above)")
-def test_random_cases_gpu():
-    check_gpu_cases(check_case, make_case)
+@pytest.mark.parametrize("block", range(GPU_BLOCKS))
+def test_random_cases_gpu(block):
+    check_gpu_cases(check_case, make_case, block)
 
 
 LOGIT_KINDS = ("normal", "peaky", "ties", "masked", "all_masked", "nan", "posinf", "huge", "constant")
@@ -282,5 +288,6 @@ def test_fused_target_probs_random_cases(seed):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="LLM vocabularies on the GPU only (the interpreter covers the paths above)")
-def test_fused_target_probs_random_cases_gpu():
-    check_gpu_cases(check_fused_case, lambda seed: make_fused_case(seed, VOCABS, ROWS))
+@pytest.mark.parametrize("block", range(GPU_BLOCKS))
+def test_fused_target_probs_random_cases_gpu(block):
+    check_gpu_cases(check_fused_case, lambda seed: make_fused_case(seed, VOCABS, ROWS), block)
