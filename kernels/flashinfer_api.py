@@ -8,8 +8,8 @@ with this module in its place (``import tpguard.kernels.flashinfer_api as sampli
     top_k_renorm_probs(probs, top_k, is_deterministic=False)      top_k_renorm_prob (alias)
     top_k_mask_logits(logits, top_k)
 
-* A parameter is a Python number (every row) or a tensor of shape ``(batch_size,)``, one value per
-  row, of any numeric dtype (flashinfer converts: ``top_p`` with ``.float()``, ``top_k`` with
+* A parameter is a number, Python's or numpy's (every row), or a tensor of shape ``(batch_size,)``, one
+  value per row, of any numeric dtype (flashinfer converts: ``top_p`` with ``.float()``, ``top_k`` with
   ``.int()``). A 0-d tensor, a tensor of more than one dimension or of another length raises
   flashinfer's ``ValueError`` (`check_tensor_param`, messages word for word).
 * Values are not checked (flashinfer checks none, and a check of a tensor would cost a host
@@ -36,6 +36,7 @@ no Triton kernel.
 
 from __future__ import annotations
 
+import numbers
 from typing import Union
 
 import torch
@@ -79,7 +80,8 @@ def _check_dtype(t: torch.Tensor, name: str) -> None:
 
 
 def _scalar(value, integer: bool, name: str):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    # numbers.Real: Python's numbers and numpy's scalars (np.int64(40), np.float32(0.9)), not bools
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number or a tensor of shape (batch_size,), got {type(value).__name__}")
     return int(value) if integer else float(value)
 

@@ -5,7 +5,7 @@
 
 ``probs`` is float32, float16 or bfloat16 ``[rows, vocab]`` and the output has its dtype (the
 kernels work in float32, exact for the 16-bit inputs, and round the output once, to nearest even);
-a parameter is a Python number or a tensor with one value
+a parameter is a number (Python's or numpy's) or a tensor with one value
 per row (or a single value). ``backend`` (renorm words, tpguard/renorm_words.py):
 ``"deterministic"`` (the default: tpguard's Triton kernels on CUDA tensors, the torch reference
 elsewhere), ``"tpguard"`` (the Triton kernels: CUDA, or CPU under ``TRITON_INTERPRET=1``) or

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from typing import Union
 
 import torch
@@ -70,7 +71,8 @@ def check_param(value, rows: int, name: str, integer: bool) -> None:
         if not integer and not (value.dtype.is_floating_point):
             raise ValueError(f"{name} must hold floats, got {value.dtype}")
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    # numbers.Real: Python's numbers and numpy's scalars (np.int64(40), np.float32(0.9)), not bools
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number or a tensor, got {type(value).__name__}")
     if integer and not float(value).is_integer():
         raise ValueError(f"{name} must be an integer, got {value!r}")

@@ -311,8 +311,8 @@ def target_probs(logits: torch.Tensor, temperature: Param = 1.0, top_k: Optional
     ``softmax(logits / temperature)`` restricted to the entries that pass top-k (ties at the k-th
     value kept), top-p measured within the top-k set, and min-p (``>= max * min_p``), renormalised
     once. Equal to SGLang's softmax -> top_k_renorm -> top_p_renorm (-> min-p) up to rounding and
-    ties at a cutoff (docs/kernels.md). A parameter: a Python number (every row) or a tensor with
-    1 or rows values; None switches its stage off (as do top_k >= vocab, top_p >= 1, min_p <= 0).
+    ties at a cutoff (docs/kernels.md). A parameter: a number, Python's or numpy's (every row), or a
+    tensor with 1 or rows values; None switches its stage off (as do top_k >= vocab, top_p >= 1, min_p <= 0).
     ``temperature`` must be > 0. `backend`, `validate`, `fingerprint_out`: as the renorms'
     (kernels/renorm.py). A row holding a NaN or +inf logit, or no finite one, comes back NaN."""
     _check(logits, temperature, top_k, top_p, min_p, validate)

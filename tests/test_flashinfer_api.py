@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import pytest
 import torch
 from renorm_setup import DEVICE
@@ -94,6 +95,16 @@ def test_other_dtypes():
         fi.top_k_renorm_probs([[0.5, 0.5]], 1)
     with pytest.raises(ValueError, match="must be a number or a tensor"):
         fi.top_k_renorm_probs(x, "5")
+    with pytest.raises(ValueError, match="must be a number or a tensor"):
+        fi.top_k_renorm_probs(x, True)
+
+
+def test_numpy_scalar_parameters():
+    """Parameters read from numpy arrays (np.int64, np.float32) are numbers, as Python's are."""
+    x = probs_rows(2, 100, seed=5)
+    assert torch.equal(fi.top_k_renorm_probs(x, np.int64(5)), fi.top_k_renorm_probs(x, 5))
+    assert torch.equal(fi.top_p_renorm_probs(x, np.float32(0.5)), fi.top_p_renorm_probs(x, float(np.float32(0.5))))
+    assert torch.equal(fi.top_k_mask_logits(x, np.int32(7)), fi.top_k_mask_logits(x, 7))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

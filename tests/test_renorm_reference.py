@@ -3,6 +3,7 @@ and SGLang's ground truths, and the emulated-atomic backend. Torch only, CPU, fa
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -159,6 +160,15 @@ def test_api_torch_backend_matches_reference():
     assert torch.equal(top_k_top_p_renorm(x, 5, 0.7), ref.top_k_top_p_renorm_reference(x, 5, 0.7))
 
 
+def test_numpy_scalars_are_numbers():
+    """Parameters read from numpy arrays (np.int64, np.float32) act as the Python numbers they equal."""
+    x = probs_rows(3, 100, seed=8)
+    assert torch.equal(top_k_renorm(x, np.int64(5)), top_k_renorm(x, 5))
+    assert torch.equal(top_p_renorm(x, np.float32(0.7)), top_p_renorm(x, float(np.float32(0.7))))
+    assert torch.equal(min_p_renorm(x, np.float32(0.3)), min_p_renorm(x, float(np.float32(0.3))))
+    assert torch.equal(top_k_top_p_renorm(x, np.int32(5), np.float64(0.7)), top_k_top_p_renorm(x, 5, 0.7))
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
@@ -178,6 +188,9 @@ def test_api_torch_backend_matches_reference():
         (lambda x: top_k_top_p_renorm(x, 5, 2.0), "(0, 1]"),
         (lambda x: top_p_renorm(x, 0.5, backend="cuda"), "backend"),
         (lambda x: top_p_renorm("probs", 0.5), "torch.Tensor"),
+        (lambda x: top_k_renorm(x, True), "a number or a tensor"),
+        (lambda x: top_p_renorm(x, np.float64(1.5)), "(0, 1]"),
+        (lambda x: top_k_renorm(x, np.float32(2.5)), "integer"),
     ],
 )
 def test_bad_input_is_one_line_value_error(call, message):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -229,6 +230,10 @@ def test_public_api_backends_and_bad_input():
         tp.target_probs(logits.double(), 1.0)
     with pytest.raises(ValueError, match="temperature values must be in"):
         tp.target_probs(logits, torch.tensor([1.0, 0.0, 2.0]))
+    # numpy scalars act as the Python numbers they equal
+    n = tp.target_probs(logits, np.float32(0.8), np.int64(20), np.float32(0.9), np.float64(0.05), backend="tpguard")
+    assert torch.equal(n, tp.target_probs(logits, float(np.float32(0.8)), 20, float(np.float32(0.9)), 0.05,
+                                          backend="tpguard"))
 
 
 # --- the replacement of sglang's build_speculative_verify_target_probs ----------------------------
