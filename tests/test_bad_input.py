@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import pytest
 
@@ -199,6 +200,33 @@ def test_bad_environment_is_one_value_error(env, text):
 def test_empty_environment_values_mean_the_default():
     c = GuardConfig.from_env({"TPGUARD": "on", "TPGUARD_EVERY": "", "TPGUARD_TIMEOUT": " ", "TPGUARD_DUMP": ""})
     assert (c.every, c.timeout_s, c.dump) == (1, 60.0, False)
+
+
+def test_env_value_reads_what_os_environ_holds_now(monkeypatch):
+    """The knobs' fast read (tpguard.config.env_value) sees every change, as os.environ.get does, and
+    the renorm plan limits read through it stay per call, with bad values one ValueError."""
+    from tpguard.config import env_value, renorm_plan_limits
+
+    name = "TPGUARD_TEST_ENV_VALUE"
+    monkeypatch.delenv(name, raising=False)
+    assert env_value(name) == "" and env_value(name, "d") == "d" == os.environ.get(name, "d")
+    for value in ("", " x ", "é ü", "1"):
+        monkeypatch.setenv(name, value)
+        assert env_value(name, "d") == value == os.environ.get(name, "d")
+    os.environ[name] = "direct"  # not through monkeypatch: os.environ's own assignment
+    try:
+        assert env_value(name) == "direct"
+    finally:
+        del os.environ[name]
+    assert env_value(name, "gone") == "gone"
+    monkeypatch.setenv("TPGUARD_RENORM_PLANS", "3")
+    monkeypatch.setenv("TPGUARD_RENORM_PLAN_MB", "1.5")
+    assert renorm_plan_limits() == (3, 3 << 19)
+    monkeypatch.delenv("TPGUARD_RENORM_PLAN_MB")
+    assert renorm_plan_limits() == (3, 256 << 20)
+    monkeypatch.setenv("TPGUARD_RENORM_PLANS", "many")
+    with pytest.raises(ValueError, match="TPGUARD_RENORM_PLANS must be an integer"):
+        renorm_plan_limits()
 
 
 def test_plugin_register_survives_garbage_environment(monkeypatch, caplog):

@@ -147,9 +147,20 @@ def check_run_id(run_id: object, what: str = "run id") -> str:
 # (Triton itself reads TRITON_INTERPRET when a kernel is decorated; interpreting() answers with the
 # same rule, so a caller can tell which kind of kernel it holds.)
 
+def env_value(name: str, default: str = "") -> str:
+    """os.environ.get(name, default), read from os.environ's own dict: for an unset variable
+    os.environ.get raises and catches a KeyError (~1 us), and the renorms read three unset knobs on
+    every call. os.environ.get where that dict is not there."""
+    data = getattr(os.environ, "_data", None)
+    if data is None:
+        return os.environ.get(name, default)
+    raw = data.get(os.environ.encodekey(name))
+    return default if raw is None else os.environ.decodevalue(raw)
+
+
 def interpreting() -> bool:
     """TRITON_INTERPRET as Triton reads it: 1, true, on or yes."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+    return env_value("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
 def debug() -> bool:
@@ -159,29 +170,34 @@ def debug() -> bool:
 
 def fast_launch() -> bool:
     """TPGUARD_FAST_LAUNCH=0: always Triton's own launch (no recorded direct launches)."""
-    return os.environ.get("TPGUARD_FAST_LAUNCH", "1").strip() != "0"
+    return env_value("TPGUARD_FAST_LAUNCH", "1").strip() != "0"
 
 
 def launch_trim() -> bool:
     """TPGUARD_LAUNCH_TRIM=0: record launch templates as Triton hands them (the benchmark's baseline)."""
-    return os.environ.get("TPGUARD_LAUNCH_TRIM", "1").strip() != "0"
+    return env_value("TPGUARD_LAUNCH_TRIM", "1").strip() != "0"
 
 
 def fingerprint_config_text() -> str:
     """TPGUARD_FP_CONFIG: ``field=value,...`` over the fingerprint kernel's default config."""
-    return os.environ.get("TPGUARD_FP_CONFIG", "")
+    return env_value("TPGUARD_FP_CONFIG")
 
 
 def renorm_config_text() -> str:
     """TPGUARD_RENORM_CONFIG: ``field=value,...`` over the renorm kernels' default config."""
-    return os.environ.get("TPGUARD_RENORM_CONFIG", "")
+    return env_value("TPGUARD_RENORM_CONFIG")
 
 
 def renorm_plan_limits() -> tuple[int, int]:
     """(TPGUARD_RENORM_PLANS, TPGUARD_RENORM_PLAN_MB in bytes): how many recorded renorm call plans a
     process keeps, and their memory cap."""
-    plans = _env_number("TPGUARD_RENORM_PLANS", "16", int)
-    mb = _env_number("TPGUARD_RENORM_PLAN_MB", "256", float)
+    return _plan_limits(env_value("TPGUARD_RENORM_PLANS"), env_value("TPGUARD_RENORM_PLAN_MB"))
+
+
+@functools.lru_cache(maxsize=16)
+def _plan_limits(plans_raw: str, mb_raw: str) -> tuple[int, int]:  # one cached parse per call
+    plans = _parse_number("TPGUARD_RENORM_PLANS", plans_raw, "16", int)
+    mb = _parse_number("TPGUARD_RENORM_PLAN_MB", mb_raw, "256", float)
     return plans, int(mb * (1 << 20))
 
 
@@ -191,7 +207,7 @@ def renorm_graph_rows() -> int:
 
 
 def _env_number(name: str, default: str, kind):
-    return _parse_number(name, os.environ.get(name, ""), default, kind)
+    return _parse_number(name, env_value(name), default, kind)
 
 
 @functools.lru_cache(maxsize=64)
