@@ -3,6 +3,12 @@ the plan cache (renorm_plan.run), the plan's own call, its direct launches, one 
 of the cache lookup; flashinfer's default beside it (docs/design-renorm.md, "Host time").
 
     python gpu/host_layers.py
+
+CPU (``--cpu``, under ``TRITON_INTERPRET=1``): tpguard's own Python in front of the plan's call, every
+plan's call swapped for a no-op (no kernel runs): the public call, run_op, the plan cache and the
+lookup's pieces, us per call (the best of 5 rounds of N calls).
+
+    TRITON_INTERPRET=1 python gpu/host_layers.py --cpu
 """
 
 from __future__ import annotations
@@ -73,7 +79,31 @@ def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
     return out
 
 
+def cpu_layers(op: str) -> list[tuple[str, float]]:
+    x = torch.softmax(torch.randn(1, 32000), -1)
+    k, p = (40, None) if op == "top_k" else (None, 0.9)
+    public = (lambda: tk.top_k_renorm(x, 40, backend="tpguard")) if op == "top_k" else \
+        (lambda: tk.top_p_renorm(x, 0.9, backend="tpguard"))
+    cfg = default_config()
+    calls = [("public call", public), ("run_op", lambda: tk.run_op(op, x, k, p, backend="tpguard")),
+             ("renorm_plan.run", lambda: renorm_plan.run(op, x, k, p)), ("default_config", default_config),
+             ("plan limits", renorm_plan.renorm_plan_limits),
+             ("plan_key", lambda: renorm_plan.plan_key(op, x, k, p, cfg, None))]
+    real = renorm_plan.RenormPlan.__call__
+    renorm_plan.RenormPlan.__call__ = lambda self, values: values[0]
+    try:
+        return [(name, min(python_only(fn) for _ in range(5))) for name, fn in calls]
+    finally:
+        renorm_plan.RenormPlan.__call__ = real
+
+
 def main() -> int:
+    if "--cpu" in sys.argv[1:]:
+        for op in ("top_k", "top_p"):
+            print(f"\n{op} 1 x 32000 on the CPU, plan calls stubbed, us of Python per call")
+            for name, us in cpu_layers(op):
+                print(f"  {name:45s} {us:6.2f}")
+        return 0
     fs = flashinfer_sampling()
     for rows, vocab, op in CELLS:
         print(f"\n{op} {rows} x {vocab}, us per call")
