@@ -9,6 +9,11 @@ check the workspace reuse and the keys; the direct launches are checked where CU
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import triton
@@ -395,3 +400,18 @@ def test_plan_made_under_inference_mode_is_used_outside_it():
     plan = rp.plans()[-1][1]
     plan.poison()
     assert torch.equal(bits(rp.run("top_p", x, k, p, SMALL)), bits(fresh("top_p", x, k, p)))
+
+
+def test_host_layers_cpu_mode_prints_its_layers():
+    """`TRITON_INTERPRET=1 python gpu/host_layers.py --cpu` (docs/benchmarks.md, "Small vocabularies")."""
+    if not INTERPRET:
+        pytest.skip("the script's CPU mode runs under the interpreter")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
+    run = subprocess.run([sys.executable, str(root / "gpu" / "host_layers.py"), "--cpu"], capture_output=True,
+                         text=True, env=env, timeout=300, cwd=root)
+    assert run.returncode == 0, run.stderr[-2000:]
+    for op in ("top_k", "top_p"):
+        assert f"{op} 1 x 32000 on the CPU" in run.stdout
+    lines = [line.split() for line in run.stdout.splitlines() if line.startswith("  public call")]
+    assert len(lines) == 2 and all(0 < float(line[-1]) < 1000 for line in lines), run.stdout
