@@ -195,7 +195,7 @@ def renorm_plan_limits() -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=16)
-def _plan_limits(plans_raw: str, mb_raw: str) -> tuple[int, int]:  # one cached parse per call
+def _plan_limits(plans_raw: str, mb_raw: str) -> tuple[int, int]:  # both parses behind one cache lookup
     plans = _parse_number("TPGUARD_RENORM_PLANS", plans_raw, "16", int)
     mb = _parse_number("TPGUARD_RENORM_PLAN_MB", mb_raw, "256", float)
     return plans, int(mb * (1 << 20))
