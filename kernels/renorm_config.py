@@ -38,9 +38,10 @@ class RenormConfig:
     group: int = 32  # G: entries per gmax group
     sample_stride: int = 32  # SG: one sampled entry per SG entries (a multiple of G)
     tau_groups: int = 512  # top-p: groups gathered before falling back to the bracket pass
-    # top-p on short rows (<= SHORT_ROW_GROUPS groups: vocab <= 32768 at G = 32): at most this many tau groups
-    # (`top_p_tau_groups`; 0: tau_groups everywhere). Same bits; peaky rows 12-17 % faster at 32000, while at
-    # 128256 and 163840 fewer groups lose from 64 peaky rows (docs/benchmarks.md, "Vocab 32000 (H100)")
+    # top-p searches of whole short rows (<= SHORT_ROW_GROUPS groups: vocab <= 32768 at G = 32; the top-p renorm
+    # and the rows top-k leaves whole): at most this many tau groups (`top_p_tau_groups`; 0: tau_groups
+    # everywhere). Same bits; top-p on peaky rows 12-17 % faster at 32000, while at 128256 and 163840 fewer
+    # groups lose from 64 peaky rows (docs/benchmarks.md, "Vocab 32000 (H100)")
     tau_groups_short: int = 256
     min_p_groups: int = 512  # min-p: most groups gathered before the bracket pass
     list_cap: int = 16384  # gathered entries above the cutoff's lower bound kept per row

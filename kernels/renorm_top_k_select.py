@@ -23,7 +23,7 @@ from tpguard.kernels.radix_select import (
     search_start,
     upper_mass_any,
 )
-from tpguard.kernels.renorm_config import RenormConfig
+from tpguard.kernels.renorm_config import RenormConfig, top_p_tau_groups
 from tpguard.kernels.renorm_top_p_select import top_p_plan
 
 TopK = Union[int, torch.Tensor]
@@ -202,7 +202,7 @@ def select_launch_args(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], 
             ws.params, ws.flag, ws.plan, ws.target, float(cfg.z))
     blocks = dict(HAS_K_ARR=has_k, HAS_P_ARR=has_p, WITH_TOP_P=with_top_p,
                   G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, NS_BLOCK=s.ns_block,
-                  SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=cfg.tau_groups,
+                  SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=top_p_tau_groups(cfg, s.n_groups),
                   CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first))
     return args, blocks
 
