@@ -216,11 +216,9 @@ def test_short_rows_fewer_tau_groups_same_bits():
     status = ws_short.plan.view(-1, 4)[:, 0].cpu(), ws_every.plan.view(-1, 4)[:, 0].cpu()
     assert not torch.equal(status[0] >= 2, status[1] >= 2), status
     # the top-k select's rows that top-k leaves whole (k >= vocab) run the same top-p search, by the same rule
-    from tpguard.kernels import renorm_plan
-
     k = torch.tensor([12000, 40, 12000, 12000], dtype=torch.int32, device=DEVICE)
-    short = renorm_plan.run("top_k_top_p", x, k, p, DEFAULT_CONFIG)
-    every = renorm_plan.run("top_k_top_p", x, k, p, DEFAULT_CONFIG.replace(tau_groups_short=0))
+    short = top_k_top_p_renorm_triton(x, k, p, DEFAULT_CONFIG)
+    every = top_k_top_p_renorm_triton(x, k, p, DEFAULT_CONFIG.replace(tau_groups_short=0))
     assert_matches(short, ref.top_k_top_p_renorm_reference(x, k, p))
     assert torch.equal(ref.bits(short), ref.bits(every))
 
