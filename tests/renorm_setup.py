@@ -27,3 +27,14 @@ SMALL = RenormConfig(chunk=256, sub=256, reg=128, bracket_reg=256, tau_groups=4,
 # read per call, so that its small vocabularies take every path (several chunks, the bracket passes)
 SMALL_TEXT = ",".join(f"{f.name}={getattr(SMALL, f.name)}" for f in dataclasses.fields(SMALL)
                       if getattr(SMALL, f.name) != getattr(RenormConfig(), f.name))
+
+
+def mixed_batch(rows: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    """float32 probabilities on DEVICE whose rows cycle through logits N(0, 1) x 1, x 5 and x 3.5 (flat
+    rows take the bracket passes, peaky ones the gather path), with a NaN at row 2 (rows >= 3)."""
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.tensor([[1.0], [5.0], [3.5]]).repeat(rows // 3 + 1, 1)[:rows]
+    x = torch.softmax(torch.randn(rows, vocab, generator=g, dtype=torch.float64) * scale, -1).float()
+    if rows > 2:
+        x[2, 7] = float("nan")
+    return x.to(DEVICE)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from renorm_setup import DEVICE, SMALL
+from renorm_setup import DEVICE, SMALL, mixed_batch
 
 from tpguard.kernels import pdl, renorm_plan as rp
 from tpguard.kernels.renorm_config import default_config, pdl_args, pdl_mode
@@ -22,14 +22,6 @@ from tpguard.kernels.renorm_workspace import shapes_for
 DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
-
-
-def batch(rows: int, vocab: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    scale = torch.tensor([[1.0], [5.0], [3.5]]).repeat(rows // 3 + 1, 1)[:rows]
-    x = torch.softmax(torch.randn(rows, vocab, generator=g, dtype=torch.float64) * scale, -1).float()
-    x[2, 7] = float("nan")
-    return x.to(DEVICE)
 
 
 def test_pdl_flags_and_launch_options():
@@ -75,7 +67,7 @@ def test_pdl_same_bits(op, mode):
     vocab = 163840 if DEVICE == "cuda" else 700
     rows = 24 if DEVICE == "cuda" else 5
     cfg = (DEFAULT_CONFIG if DEVICE == "cuda" else SMALL).replace(graph_row_split=1, pdl=0)
-    x = batch(rows, vocab)
+    x = mixed_batch(rows, vocab)
     k = 40 if op in ("top_k", "top_k_top_p") else None
     # per-row k (some >= vocab: top-k + top-p's bracket passes) and p
     k_rows = None if k is None else torch.tensor([40, 3, vocab, 1000] * (rows // 4) + [40] * (rows % 4),
