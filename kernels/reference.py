@@ -30,7 +30,8 @@ functions: the same kept set, values within 2 ulp, in practice bit-identical):
   exact quotient. flashinfer multiplies by an approximate reciprocal of a float32 sum and SGLang's
   torch path divides by a float32 sum; both land within 2 ulp of these values. A kept mass below
   2^-128 (rows scaled far below a distribution) overflows ``r`` to inf: the kept entries come back
-  inf (the kernels agree, but for top-k + top-p, whose kernel gives NaN entries, not a NaN row).
+  inf, and top-k + top-p gives a NaN row (its second stage sees the first stage's inf entries); the
+  kernels agree.
 * All running sums (``total``, upper masses) are float64, so two implementations that add in a
   different order agree on the cutoff except when ``P`` falls within ~1e-16 relative of a
   running mass (a tie at the cutoff, in the wide sense).

@@ -168,7 +168,12 @@ def top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
                 r2 = reciprocal_f32(kept)
     else:
         thr1 = tl.full((), 0x7F800000, tl.int32)  # +inf: keep nothing (empty or NaN rows)
-    tl.store(flag_ptr + row, (n_bad > 0).to(tl.int32))
+    nan_row = n_bad > 0
+    if WITH_TOP_P and not JOINT:
+        # a top-k kept mass below 2^-128 has no float32 1 / S: the first stage's kept entries are inf, and
+        # the reference's second stage, seeing them, gives a NaN row (kernels/reference.py)
+        nan_row = nan_row | (r1 == float("inf"))
+    tl.store(flag_ptr + row, nan_row.to(tl.int32))
     tl.store(plan_ptr + row * 4, status)
     tl.store(plan_ptr + row * 4 + 1, lo)
     tl.store(plan_ptr + row * 4 + 2, hi)

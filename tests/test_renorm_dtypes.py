@@ -104,6 +104,31 @@ def test_special_rows(dtype, cfg, vocab):
         assert_matches(launch(x, *params, config=c), reference(x, *params), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])  # float16 has no 2^-140
+def test_kept_mass_below_float32_range(dtype):
+    """A row of subnormal entries (kept masses below 2^-128: no float32 1 / S) against the reference: top-k, top-p
+    and min-p keep their entries as inf; top-k + top-p gives a NaN row (the reference's second stage sees the
+    first stage's inf entries), through the one-launch top-k (scalar k, <= fused_rows rows), the three
+    launches (`fused_rows=0`) and per-row k (one row with k >= vocab: plain top-p)."""
+    x = make_rows(3, 1300, "peaky", seed=5, dtype=torch.float32).cpu()
+    # n distinct multiples of the dtype's smallest subnormal, spread over the row's chunks
+    n, unit = (200, 2.0 ** -145) if dtype == torch.float32 else (6, 2.0 ** -133)
+    x[1] = 0.0
+    x[1, torch.randperm(1300, generator=torch.Generator().manual_seed(5))[:n]] = torch.arange(1, n + 1) * unit
+    x = x.to(dtype).to(DEVICE)
+    assert x[1].double().sum() < 2.0 ** -128 and (x[1] > 0).sum() == n
+    k_rows = torch.tensor([40, 40, 1300], dtype=torch.int32, device=DEVICE)
+    for cfg in (SMALL, SMALL.replace(fused_rows=0)):
+        for launch, reference, params in [*OPS.values(), (top_k_top_p_renorm_triton, ref.top_k_top_p_renorm_reference,
+                                                          (k_rows, 0.8))]:
+            out = launch(x, *params, config=cfg)
+            assert_matches(out, reference(x, *params), dtype)
+            if launch is top_k_top_p_renorm_triton:
+                assert torch.isnan(out[1]).all() and not torch.isnan(out[[0, 2]]).any()
+            else:
+                assert torch.isinf(out[1]).any() and not torch.isnan(out).any()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_per_row_parameters_and_ties(dtype):

@@ -2,14 +2,14 @@
 surfaces. Renorms against the torch reference (kernels/reference.py): flashinfer's names for top-k and
 top-p (kernels/flashinfer_api.py), tpguard's for top-k + top-p and min-p (kernels/renorm.py,
 ``validate=False`` so out-of-range values reach the kernels' clamps). A case mixes row kinds in one batch
-(flat, peaky, exact ties, sparse, one-hot, all-zero, subnormal, negative, unnormalised, NaN / inf), takes
-scalar or per-row parameters (out of range too), and checks: the reference's NaN rows, kept set and values
-(within 1 ulp); the same bits from repeat calls (on a GPU: Triton's launch, the recording, the direct
-launches and the plan graphs of kernels/renorm_plan.py); the same bits for a slice of its rows called
-alone; a fingerprint slot that holds the output's fingerprint. The fused op (kernels/target_probs.py):
-logits rows of other kinds (peaky, ties, masked, all masked, NaN, +inf, 1e30, constant), temperatures,
-top-k, top-p and min-p per row or scalar, against the reference's renorm of the kernel's own weights, bit
-for bit, and the same repeat, slice and fingerprint checks.
+(flat, peaky, exact ties, sparse, one-hot, all-zero, subnormal, negative, unnormalised, mass below
+2^-128, NaN / inf), takes scalar or per-row parameters (out of range too), and checks: the reference's
+NaN rows, kept set and values (within 1 ulp); the same bits from repeat calls (on a GPU: Triton's launch,
+the recording, the direct launches and the plan graphs of kernels/renorm_plan.py); the same bits for a
+slice of its rows called alone; a fingerprint slot that holds the output's fingerprint. The fused op
+(kernels/target_probs.py): logits rows of other kinds (peaky, ties, masked, all masked, NaN, +inf, 1e30,
+constant), temperatures, top-k, top-p and min-p per row or scalar, against the reference's renorm of the
+kernel's own weights, bit for bit, and the same repeat, slice and fingerprint checks.
 
 CPU (Triton interpreter): a few cases at small vocabularies (the renorms with the default and the small
 block shapes, renorm_setup.SMALL). GPU: ``TPGUARD_FUZZ_CASES`` cases (default 48, split over GPU_BLOCKS
@@ -34,7 +34,7 @@ from tpguard.kernels.fingerprint_reference import fingerprint_reference
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
 
 ON_GPU = DEVICE == "cuda"
-KINDS = ("flat", "peaky", "ties", "sparse", "onehot", "zeros", "subnormal", "negative", "scaled", "bad")
+KINDS = ("flat", "peaky", "ties", "sparse", "onehot", "zeros", "subnormal", "negative", "scaled", "tiny", "bad")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 OPS = ("top_k", "top_p", "top_k_top_p", "min_p")
 VOCABS = (1, 7, 4097, 32000, 50257, 128256, 151936, 163840, 262144) if ON_GPU else (1, 33, 300, 1500, 4097)
@@ -44,7 +44,7 @@ GPU_CASES = int(os.environ.get("TPGUARD_FUZZ_CASES", "48"))
 
 def make_row(kind: str, vocab: int, g: torch.Generator) -> torch.Tensor:
     """One float32 row of `kind` (module doc)."""
-    if kind in ("flat", "peaky", "subnormal", "negative", "scaled", "bad"):
+    if kind in ("flat", "peaky", "subnormal", "negative", "scaled", "tiny", "bad"):
         scale = 5.0 if kind == "peaky" else 1.0
         x = torch.softmax(torch.randn(vocab, generator=g, dtype=torch.float64) * scale, 0).float()
         if kind == "subnormal":  # a third of the entries float32 subnormals (zeros or subnormals in 16 bits)
@@ -55,6 +55,8 @@ def make_row(kind: str, vocab: int, g: torch.Generator) -> torch.Tensor:
             x[torch.randint(vocab, (1,), generator=g)] = -0.0
         elif kind == "scaled":
             x = x * 1000.0  # an unnormalised row: top-p measures p of its own sum
+        elif kind == "tiny":  # a row mass below 2^-128: no float32 1 / S (kept entries inf; top-k + top-p NaN)
+            x = x * 2.0 ** -130
         elif kind == "bad":
             x[torch.randint(vocab, (1,), generator=g)] = float("nan") if torch.rand(1, generator=g) < 0.5 \
                 else float("inf")
