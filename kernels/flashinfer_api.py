@@ -14,7 +14,10 @@ with this module in its place (``import tpguard.kernels.flashinfer_api as sampli
   flashinfer's ``ValueError`` (`check_tensor_param`, messages word for word).
 * Values are not checked (flashinfer checks none, and a check of a tensor would cost a host
   sync): ``top_k`` is clamped to ``[1, vocab]`` (``>= vocab`` keeps every entry), ``top_p <= 0``
-  keeps the largest value, ``top_p >= 1`` every positive entry.
+  keeps the largest value, ``top_p >= 1`` every positive entry. Outside flashinfer's documented
+  range ``(0, vocab)`` the two differ: flashinfer's kernels read ``k`` as unsigned, so a negative
+  ``top_k`` keeps every entry there and the largest value here (SGLang passes no negative k: its
+  "no top-k" is 2^30).
 * Output in the input's dtype: float32, float16, bfloat16. flashinfer 0.7.2.post1's
   ``top_k_renorm_probs`` and ``top_k_mask_logits`` do the same; its ``top_p_renorm_probs`` casts a
   16-bit input to float32 first and returns float32: here top-p keeps the input's dtype too (the
