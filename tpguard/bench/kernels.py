@@ -468,19 +468,26 @@ def run_options(*, quick: bool, grid: bool, grid_rows: tuple | None, dtypes: tup
 
 
 def bad_argument(opts: dict) -> str | None:
-    """The first unknown implementation, op or dtype, or bad ``--configs`` override, of `run_options`'s
-    result, as one line; None if there is none."""
+    """The first unknown implementation, op or dtype, count below 1, or bad ``--configs`` override (an
+    unknown field or a value the kernels refuse), of `run_options`'s result, as one line; None if there
+    is none."""
     from tpguard.config import replace_from_text
     from tpguard.kernels.renorm_config import RenormConfig
+    from tpguard.kernels.renorm_workspace import shapes_for
 
     for name, known, given in (("implementation", IMPLS, opts.get("impls", ())), ("op", OPS, opts.get("ops", ())),
                                ("dtype", tuple(DTYPES), opts.get("dtypes", ()))):
         bad = [v for v in given if v not in known]
         if bad:
             return f"unknown {name} {bad[0]!r} (known: {', '.join(known)})"
+    for name in ("rows", "iters", "vocabs", "grid_rows", "batch_sizes", "top_ks"):
+        given = opts.get(name)
+        values = given if isinstance(given, (tuple, list)) else () if given is None else (given,)
+        if any(v < 1 for v in values):
+            return f"--{name.replace('_', '-')} must be >= 1, got {given if len(values) != 1 else values[0]}"
     try:
         for text in opts.get("configs") or ():
-            replace_from_text(RenormConfig(), text, "--configs")
+            shapes_for(1, 4096, replace_from_text(RenormConfig(), text, "--configs"))
     except ValueError as e:
         return str(e)
     return None
