@@ -76,7 +76,7 @@ def test_configs_arguments_and_bad_overrides(monkeypatch, capsys):
                       (("--impls", "tpguard,nope"), "unknown implementation 'nope'"),
                       (("--configs", "|reverse_chunks=2"), "reverse_chunks must be 0 or 1, got 2"),  # a value
                       (("--configs", "bracket_bins=3"), "bracket_bins must be 0 or a power of two"),
-                      (("--grid", "--grid-rows", "8,0"), "--grid-rows must be >= 1, got (8, 0)"),
+                      (("--grid", "--grid-rows", "8,0"), "--grid-rows must be >= 1, got 0"),
                       (("--iters", "0"), "--iters must be >= 1, got 0"),
                       (("--configs", "", "--vocabs", "-5"), "--vocabs must be >= 1, got -5")):
         assert cli_main(["bench", "kernels", *args]) == 2

@@ -14,8 +14,8 @@ from renorm_setup import DEVICE, SMALL, mixed_batch
 from tpguard.kernels import renorm_plan as rp
 from tpguard.kernels.renorm_config import default_config
 from tpguard.kernels.renorm_passes import pass_chunk
-from tpguard.kernels.target_probs import target_probs_triton
 from tpguard.kernels.renorm_workspace import shapes_for
+from tpguard.kernels.target_probs import target_probs_triton
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN rows
 

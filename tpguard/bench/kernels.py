@@ -480,11 +480,11 @@ def bad_argument(opts: dict) -> str | None:
         bad = [v for v in given if v not in known]
         if bad:
             return f"unknown {name} {bad[0]!r} (known: {', '.join(known)})"
-    for name in ("rows", "iters", "vocabs", "grid_rows", "batch_sizes", "top_ks"):
+    for name in ("rows", "iters", "vocabs", "grid_rows", "batch_sizes", "top_ks"):  # ints or tuples of ints
         given = opts.get(name)
-        values = given if isinstance(given, (tuple, list)) else () if given is None else (given,)
-        if any(v < 1 for v in values):
-            return f"--{name.replace('_', '-')} must be >= 1, got {given if len(values) != 1 else values[0]}"
+        bad = [v for v in (given if isinstance(given, (tuple, list)) else [given]) if v is not None and v < 1]
+        if bad:
+            return f"--{name.replace('_', '-')} must be >= 1, got {bad[0]}"
     try:
         for text in opts.get("configs") or ():
             shapes_for(1, 4096, replace_from_text(RenormConfig(), text, "--configs"))
