@@ -114,11 +114,6 @@ class RenormConfig:
     # row's CTAs waiting on its select) instead of three; same bits. H200, 163840, eager: top-k(40) at 1 / 8
     # rows 52 / 51 -> 38 / 37 us (flashinfer 45 / 47)
     fused_rows: int = 8
-    # (kernels/renorm_passes.pass_chunk; 0 = every pass first chunk to last) 1: a streaming pass that follows
-    # another reads the chunks in the opposite order, so that it starts on the chunk columns still in L2 from
-    # the pass before it; same bits (programs are independent; tests/test_chunk_order.py). Off until measured
-    # on a GPU (docs/design-renorm.md, "Launches")
-    reverse_chunks: int = 0
     # chunks per CTA of the one-launch kernel (same chunk sums); 0: the fewest that fit the grid on the GPU
     # at one CTA per SM (renorm_top_k_fused.chunks_per_cta)
     fused_per_cta: int = 0

@@ -111,5 +111,5 @@ def min_p_renorm_triton(probs: torch.Tensor, min_p: MinP, config: Optional[Renor
         **reg_cap(cfg.select_maxnreg, cfg.select_warps),
     )
     launch_bracket(probs, s, ws, cfg)
-    write_pass(probs, out, s, ws, cfg, fingerprint_out, after_bracket=True)
+    write_pass(probs, out, s, ws, cfg, fingerprint_out)
     return out

@@ -54,20 +54,6 @@ STATUS_FULL_SUM = 3  # min-p: cutoff known, kept mass from the bracket pass
 # --- pass 1: row statistics ------------------------------------------------------------------
 
 @triton.jit
-def pass_chunk(REVERSE: tl.constexpr):
-    """The chunk of a streaming pass's program on a (rows, chunks) grid. CTAs start in grid order, rows
-    fastest, so a pass reads the batch one chunk column at a time and the columns it read last are the
-    ones still in L2 when it ends (256 x 163840 float32 is 168 MB, L2 50-60 MB). REVERSE: the last
-    column first, so a pass that follows another starts on what that one read last
-    (`RenormConfig.reverse_chunks`). Rows are independent: the order changes no bits."""
-    if REVERSE:
-        chunk = tl.num_programs(1) - 1 - tl.program_id(1)
-    else:
-        chunk = tl.program_id(1)
-    return chunk
-
-
-@triton.jit
 def row_stats_chunk(probs_ptr, row, chunk, vocab, n_chunks, n_groups, n_samples,
                     chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr,
                     CHUNK: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, WRITE_SAMPLE: tl.constexpr):
@@ -147,10 +133,10 @@ def launch_row_stats(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormC
 def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slots_ptr,
                     CHUNK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr, PREFETCH: tl.constexpr,
                     COPY_MODE: tl.constexpr, bmass_ptr=None, BINS: tl.constexpr = 0, BIN_SUB: tl.constexpr = 128,
-                    PDL: tl.constexpr = 0, REVERSE: tl.constexpr = False):
+                    PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
-    chunk = pass_chunk(REVERSE)
+    chunk = tl.program_id(1)
     offs = chunk * CHUNK + tl.arange(0, CHUNK // G)[:, None] * G + tl.arange(0, G)[None, :]
     if PREFETCH:
         # the chunk's load issued with the plan's, not after it (reads rows that need no bracket too)
@@ -360,12 +346,10 @@ def copy_mode(cfg: RenormConfig) -> int:
 
 
 def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig) -> None:
-    """Pass 3 and its per-row resolve. The bracket pass follows row_stats: last chunk first when
-    cfg.reverse_chunks (`pass_chunk`)."""
     _bracket_kernel[(s.rows, s.n_bchunks)](
         probs, s.vocab, s.n_bchunks, ws.plan, ws.mhi, ws.cnt, ws.slots,
         CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=bool(cfg.bracket_prefetch),
-        COPY_MODE=copy_mode(cfg), REVERSE=bool(cfg.reverse_chunks), **bins_args(ws, cfg),
+        COPY_MODE=copy_mode(cfg), **bins_args(ws, cfg),
         **pdl_args(cfg, s, probs.device), num_warps=cfg.bracket_pass_warps or cfg.pass_warps,
         **reg_cap(cfg.bracket_pass_maxnreg or cfg.bracket_maxnreg, cfg.bracket_pass_warps or cfg.pass_warps),
     )
@@ -437,9 +421,9 @@ def write_value(x, thr1, r1, thr2, r2, live, fill):
 
 @triton.jit
 def _renorm_write_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, CHUNK: tl.constexpr,
-                         PDL: tl.constexpr = 0, REVERSE: tl.constexpr = False):
+                         PDL: tl.constexpr = 0):
     row = tl.program_id(0).to(tl.int64)
-    chunk = pass_chunk(REVERSE)
+    chunk = tl.program_id(1)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     mask = offs < vocab
     # probs is the call's input, written by no launch of the call: loaded before the wait (PDL)
@@ -451,12 +435,11 @@ def _renorm_write_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, CHUNK:
 
 
 def launch_write(probs: torch.Tensor, out: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig,
-                 dependent: bool = False, reverse: bool = False) -> None:
+                 dependent: bool = False) -> None:
     """The write pass. `dependent`: a later launch of a renorm call (write_pass); alone (the default) it is a
-    call's first launch: plain, and it waits for nothing before it loads `probs`. `reverse`: last chunk
-    first (`pass_chunk`)."""
+    call's first launch: plain, and it waits for nothing before it loads `probs`."""
     _renorm_write_kernel[(s.rows, s.n_chunks)](
-        probs, out, s.vocab, ws.params, ws.flag, CHUNK=s.chunk, REVERSE=reverse,
+        probs, out, s.vocab, ws.params, ws.flag, CHUNK=s.chunk,
         **pdl_args(cfg, s, probs.device, first=not dependent),
         num_warps=cfg.pass_warps,
     )

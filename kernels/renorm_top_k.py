@@ -79,7 +79,7 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
                                   **reg_cap(cfg.select_maxnreg, cfg.select_warps))
     if full_top_p:
         launch_bracket(probs, s, ws, cfg)
-    write_pass(probs, out, s, ws, cfg, fingerprint_out, after_bracket=full_top_p)
+    write_pass(probs, out, s, ws, cfg, fingerprint_out)
     return out
 
 

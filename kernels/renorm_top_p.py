@@ -138,5 +138,5 @@ def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[Renor
     _top_p_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
                                   **reg_cap(cfg.select_maxnreg, cfg.select_warps))
     launch_bracket(probs, s, ws, cfg)
-    write_pass(probs, out, s, ws, cfg, fingerprint_out, after_bracket=True)
+    write_pass(probs, out, s, ws, cfg, fingerprint_out)
     return out

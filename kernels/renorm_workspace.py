@@ -44,8 +44,6 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
         raise ValueError("RenormConfig: bracket_bins must be 0 or a power of two in 2..64")
     if cfg.tps_split not in (0, 1):
         raise ValueError(f"RenormConfig: tps_split must be 0 or 1, got {cfg.tps_split}")
-    if cfg.reverse_chunks not in (0, 1):
-        raise ValueError(f"RenormConfig: reverse_chunks must be 0 or 1, got {cfg.reverse_chunks}")
     for name in ("reg", "bracket_reg"):  # register blocks (tl.arange); exact_span assumes it too
         v = getattr(cfg, name)
         if v < 1 or v & (v - 1):

@@ -34,7 +34,7 @@ from tpguard.kernels.fingerprint_words import _next_pow2, _seed_args, _warps
 from tpguard.kernels.pdl import pdl_enter
 from tpguard.kernels.renorm_args import check_fingerprint_slot
 from tpguard.kernels.renorm_config import pdl_args
-from tpguard.kernels.renorm_passes import launch_write, load_write_params, pass_chunk, to_out_dtype, write_value
+from tpguard.kernels.renorm_passes import launch_write, load_write_params, to_out_dtype, write_value
 
 OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -84,14 +84,13 @@ def _write_block_lanes(probs_ptr, out_ptr, row, offs, vocab, thr1, r1, thr2, r2,
 @triton.jit(do_not_specialize=["s_lo"])
 def _renorm_write_fp_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, partial_ptr, n_rows,
                             s_lo, CHUNK: tl.constexpr, TAIL: tl.constexpr,
-                            SHIFTS: tl.constexpr, POS_MULHI: tl.constexpr, PDL: tl.constexpr = 0,
-                            REVERSE: tl.constexpr = False):
+                            SHIFTS: tl.constexpr, POS_MULHI: tl.constexpr, PDL: tl.constexpr = 0):
     """Grid (rows, chunks) of CHUNK columns, as `_renorm_write_kernel`; partial lane sums
     [chunks, rows, 2]. A row's last, partial chunk is walked in TAIL-column blocks (masked), so
     that its code needs no more registers than the full chunks' unmasked path."""
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
-    chunk = pass_chunk(REVERSE)
+    chunk = tl.program_id(1)
     thr1, r1, thr2, r2, live, fill = load_write_params(params_ptr, flag_ptr, row)
     s_lo = s_lo.to(tl.uint32)
     col0 = chunk * CHUNK
@@ -115,8 +114,7 @@ def _renorm_write_fp_kernel(probs_ptr, out_ptr, vocab, params_ptr, flag_ptr, par
 
 def launch_write_fp(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg, *,
                     fp_out: torch.Tensor | None = None, rows_out: torch.Tensor | None = None,
-                    fp_config: KernelConfig | None = None, dependent: bool = False,
-                    reverse: bool = False) -> torch.Tensor | None:
+                    fp_config: KernelConfig | None = None, dependent: bool = False) -> torch.Tensor | None:
     """`launch_write` (same arguments, same `out` bit for bit) that also writes
     ``fingerprint(out)`` (int64 bits) into the 1-element int64 tensor `fp_out` and, if given,
     ``fingerprint_rows(out)`` into the int64 [rows] tensor `rows_out`. `out` must be the
@@ -151,7 +149,7 @@ def launch_write_fp(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg, *,
     partial = torch.empty((s.n_chunks, rows, 2), dtype=torch.int64, device=device)
     _renorm_write_fp_kernel[(rows, s.n_chunks)](
         probs, out, vocab, ws.params, ws.flag, partial, rows, s_lo,
-        CHUNK=s.chunk, TAIL=min(s.chunk, TAIL_BLOCK), SHIFTS=shifts, POS_MULHI=True, REVERSE=reverse,
+        CHUNK=s.chunk, TAIL=min(s.chunk, TAIL_BLOCK), SHIFTS=shifts, POS_MULHI=True,
         **pdl_args(cfg, s, probs.device, first=not dependent), num_warps=cfg.pass_warps,
     )
     fuse_top = rows <= fcfg.finalize_rows
@@ -168,17 +166,13 @@ def launch_write_fp(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg, *,
 
 
 def write_pass(probs: torch.Tensor, out: torch.Tensor, s, ws, cfg,
-               fingerprint_out: torch.Tensor | None = None, *, after_bracket: bool) -> None:
+               fingerprint_out: torch.Tensor | None = None) -> None:
     """The renorm pipelines' last pass: `launch_write`, or with `fingerprint_out` the fused write
-    that also emits ``fingerprint(out)`` into that 1-element int64 tensor. `after_bracket`: the call ran
-    the bracket pass. With cfg.reverse_chunks each streaming pass reads the chunks in the order opposite
-    to the pass before it (renorm_passes.pass_chunk): row stats first to last, the bracket pass last to
-    first, so the write pass goes first to last after a bracket pass and last to first without one."""
-    reverse = bool(cfg.reverse_chunks) and not after_bracket
+    that also emits ``fingerprint(out)`` into that 1-element int64 tensor."""
     if fingerprint_out is None:
-        launch_write(probs, out, s, ws, cfg, dependent=True, reverse=reverse)
+        launch_write(probs, out, s, ws, cfg, dependent=True)
     else:
-        launch_write_fp(probs, out, s, ws, cfg, fp_out=fingerprint_out, dependent=True, reverse=reverse)
+        launch_write_fp(probs, out, s, ws, cfg, fp_out=fingerprint_out, dependent=True)
 
 
 __all__ = ["launch_write_fp", "write_pass"]

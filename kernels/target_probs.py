@@ -253,7 +253,7 @@ def target_probs_triton(logits: torch.Tensor, temperature, top_k=None, top_p=Non
         num_warps=cfg.select_warps, **reg_cap(cfg.select_maxnreg, cfg.select_warps))
     if with_bracket:
         launch_bracket(out, s, ws, cfg)
-    write_pass(out, out, s, ws, cfg, fingerprint_out, after_bracket=with_bracket)  # in place: each program reads its chunk, then writes it
+    write_pass(out, out, s, ws, cfg, fingerprint_out)  # in place: each program reads its chunk, then writes it
     return out
 
 
