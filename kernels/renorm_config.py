@@ -43,6 +43,11 @@ class RenormConfig:
     # everywhere). Same bits; top-p on peaky rows 12-17 % faster at 32000, while at 128256 and 163840 fewer
     # groups lose from 64 peaky rows (docs/benchmarks.md, "Vocab 32000 (H100)")
     tau_groups_short: int = 256
+    # the top-k select kernel of top-k alone (its three launches and the one-launch kernel; its row stats run
+    # at the same warps) on rows of <= SHORT_ROW_GROUPS groups (vocab <= 32768 at G = 32); 0: select_warps. 4 CTAs per SM instead of 2: H100, graph, 32000, top-k(40) at 1024 rows 183.7 -> 164.6 us
+    # fp32, 127.2 -> 106.5 bf16, at 256 rows 0.6-2.3 us faster, 1-64 rows within noise; the top-p select
+    # kernel lost at 4 warps below 1024 rows (docs/benchmarks.md, "Vocab 32000 (H100)")
+    top_k_select_warps_short: int = 4
     min_p_groups: int = 512  # min-p: most groups gathered before the bracket pass
     list_cap: int = 16384  # gathered entries above the cutoff's lower bound kept per row
     compact_sub: int = 4096  # entries per step when a select kernel compacts gathered groups
@@ -141,6 +146,15 @@ def top_p_tau_groups(cfg: RenormConfig, n_groups: int) -> int:
     return cfg.tau_groups
 
 
+def top_k_select_warps(cfg: RenormConfig, n_groups: int, with_top_p: bool) -> int:
+    """Warps of the top-k select kernel (and of the one-launch top-k, and of top-k's row stats) at a row
+    of `n_groups` groups: a function of the op, the vocabulary and the config only (batch invariance).
+    Top-k + top-p keeps select_warps (its select runs a top-p search; not measured at 4 warps)."""
+    if cfg.top_k_select_warps_short and n_groups <= SHORT_ROW_GROUPS and not with_top_p:
+        return cfg.top_k_select_warps_short
+    return cfg.select_warps
+
+
 @functools.lru_cache(maxsize=16)
 def config_from_env(text: str) -> RenormConfig:
     """``TPGUARD_RENORM_CONFIG="chunk=4096,pass_warps=4"``: block shapes for the whole process.
@@ -185,4 +199,5 @@ def reg_cap(n: int, num_warps: int) -> dict:
     return {"maxnreg": max(24, min(int(n), 65536 // (32 * num_warps)) // 8 * 8)}
 
 
-__all__ = ["RenormConfig", "config_from_env", "default_config", "pdl_args", "pdl_mode", "reg_cap"]
+__all__ = ["RenormConfig", "config_from_env", "default_config", "pdl_args", "pdl_mode", "reg_cap",
+           "top_k_select_warps", "top_p_tau_groups"]

@@ -24,7 +24,7 @@ import triton.language as tl
 from tpguard.kernels import renorm_top_k_fused
 from tpguard.kernels.pdl import pdl_enter, pdl_exit
 from tpguard.kernels.renorm_args import fill_fingerprint
-from tpguard.kernels.renorm_config import RenormConfig, default_config, pdl_args, reg_cap
+from tpguard.kernels.renorm_config import RenormConfig, default_config, pdl_args, reg_cap, top_k_select_warps
 from tpguard.kernels.renorm_passes import launch_bracket, launch_row_stats
 from tpguard.kernels.renorm_top_k_select import select_launch_args, top_k_select_row, workspace_flags
 from tpguard.kernels.renorm_workspace import SYNC_WORDS, shapes_for, workspace_for
@@ -73,10 +73,10 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
         return out
     # top-k alone: the row stats at the select's warps, the one-launch kernel's (renorm_top_k_fused.py), so
     # that a row with k >= vocab (renormalised by its total) gets the same chunk sums at every batch size
-    launch_row_stats(probs, s, ws, cfg, with_sample=full_top_p, num_warps=0 if top_p is not None else cfg.select_warps)
+    warps = top_k_select_warps(cfg, s.n_groups, top_p is not None)
+    launch_row_stats(probs, s, ws, cfg, with_sample=full_top_p, num_warps=0 if top_p is not None else warps)
     _top_k_select_kernel[(rows,)](*select_args, **blocks, **pdl_args(cfg, s, probs.device, late=True),
-                                  num_warps=cfg.select_warps,
-                                  **reg_cap(cfg.select_maxnreg, cfg.select_warps))
+                                  num_warps=warps, **reg_cap(cfg.select_maxnreg, warps))
     if full_top_p:
         launch_bracket(probs, s, ws, cfg)
     write_pass(probs, out, s, ws, cfg, fingerprint_out)

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from tpguard.kernels.direct_launch import sm_count as _device_sms
-from tpguard.kernels.renorm_config import RenormConfig, reg_cap
+from tpguard.kernels.renorm_config import RenormConfig, reg_cap, top_k_select_warps
 from tpguard.kernels.renorm_passes import load_write_params, row_stats_chunk, store_probs, write_value
 from tpguard.kernels.renorm_top_k_select import top_k_select_row, workspace_flags
 
@@ -132,9 +132,10 @@ def launch_fused(select_args: tuple, blocks: dict, out: torch.Tensor, s, ws, cfg
     probs = select_args[0]
     per = chunks_per_cta(s.rows, s.n_chunks, cfg, sm_count(probs.device))
     grid = (triton.cdiv(s.n_chunks, per), s.rows)
+    warps = top_k_select_warps(cfg, s.n_groups, blocks["WITH_TOP_P"])  # the three launches' (renorm_top_k.py)
     for stages in ((3,) if probs.is_cuda else (1, 2)):
         _top_k_fused_kernel[grid](*select_args, out, ws.sync, **blocks, CHUNK=s.chunk, STAGES=stages, PER_CTA=per,
-                                  num_warps=cfg.select_warps, **reg_cap(cfg.select_maxnreg, cfg.select_warps))
+                                  num_warps=warps, **reg_cap(cfg.select_maxnreg, warps))
 
 
 __all__ = ["chunks_per_cta", "fused_fits", "launch_fused", "sm_count"]

@@ -42,6 +42,9 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
         raise ValueError("RenormConfig: bracket_copy must be 0 or 2")
     if cfg.bracket_bins and (cfg.bracket_bins & (cfg.bracket_bins - 1) or not 2 <= cfg.bracket_bins <= 64):
         raise ValueError("RenormConfig: bracket_bins must be 0 or a power of two in 2..64")
+    if cfg.top_k_select_warps_short not in (0, 1, 2, 4, 8, 16):
+        raise ValueError(f"RenormConfig: top_k_select_warps_short must be 0 or a power of two <= 16, "
+                         f"got {cfg.top_k_select_warps_short}")
     if cfg.tps_split not in (0, 1):
         raise ValueError(f"RenormConfig: tps_split must be 0 or 1, got {cfg.tps_split}")
     for name in ("reg", "bracket_reg"):  # register blocks (tl.arange); exact_span assumes it too

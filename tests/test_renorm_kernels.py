@@ -23,7 +23,7 @@ from tpguard.kernels.radix_select import (bin_shift, kth_largest_block, mass_cut
                                           mass_cutoff_block_bins, search_start)
 from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm
 from tpguard.kernels.renorm_min_p import min_p_renorm_triton
-from tpguard.kernels.renorm_config import default_config, top_p_tau_groups
+from tpguard.kernels.renorm_config import default_config, top_k_select_warps, top_p_tau_groups
 from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton
 from tpguard.kernels.renorm_top_p import top_p_renorm_triton
 from tpguard.kernels.renorm_top_p_select import kth_largest_split
@@ -221,6 +221,45 @@ def test_short_rows_fewer_tau_groups_same_bits():
     every = top_k_top_p_renorm_triton(x, k, p, DEFAULT_CONFIG.replace(tau_groups_short=0))
     assert_matches(short, ref.top_k_top_p_renorm_reference(x, k, p))
     assert torch.equal(ref.bits(short), ref.bits(every))
+
+
+def _launch_warps(kernel, call) -> list:
+    """num_warps of each launch of `kernel` during `call()` (Triton's launch path, plans off)."""
+    seen = []
+    real = kernel.run
+
+    def run(*args, **kwargs):
+        seen.append(kwargs.get("num_warps"))
+        return real(*args, **kwargs)
+
+    with mock.patch.object(kernel, "run", run):
+        call()
+    return seen
+
+
+def test_top_k_short_rows_select_warps():
+    # top-k alone on rows of <= 1024 groups: the select kernel, the row stats before it and the one-launch
+    # kernel at top_k_select_warps_short (4) warps, longer rows and top-k + top-p at select_warps (8); the
+    # same results as the reference either way
+    import tpguard.kernels.renorm_passes as passes
+    import tpguard.kernels.renorm_top_k as tk_mod
+    import tpguard.kernels.renorm_top_k_fused as fused
+
+    cfg = DEFAULT_CONFIG
+    assert top_k_select_warps(cfg, 1000, False) == 4 and top_k_select_warps(cfg, 1025, False) == cfg.select_warps == 8
+    assert top_k_select_warps(cfg, 1000, True) == 8
+    assert top_k_select_warps(cfg.replace(top_k_select_warps_short=0), 1000, False) == 8
+    x = make_rows(9, 5000, "flat", seed=91)  # 157 groups
+    for kernel, call, want in (
+            (tk_mod._top_k_select_kernel, lambda: top_k_renorm_triton(x, 40, cfg), [4]),
+            (passes._row_stats_kernel, lambda: top_k_renorm_triton(x, 40, cfg), [4]),
+            (tk_mod._top_k_select_kernel, lambda: top_k_top_p_renorm_triton(x, 40, 0.9, cfg), [8]),
+            (tk_mod._top_k_select_kernel, lambda: top_k_renorm_triton(x, 40, cfg.replace(top_k_select_warps_short=0)),
+             [8]),
+            (fused._top_k_fused_kernel, lambda: top_k_renorm_triton(x[:2], 40, cfg), [4, 4])):  # (two launches here)
+        assert _launch_warps(kernel, call) == want
+    assert_matches(top_k_renorm_triton(x, 40, cfg), ref.top_k_renorm_reference(x, 40))
+    assert_matches(top_k_renorm_triton(x[:2], 40, cfg), ref.top_k_renorm_reference(x[:2], 40))
 
 
 # --- bracket_select's register searches; the copy-out option (docs/design-renorm.md): bracket_copy ---
