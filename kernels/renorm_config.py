@@ -43,10 +43,11 @@ class RenormConfig:
     # everywhere). Same bits; top-p on peaky rows 12-17 % faster at 32000, while at 128256 and 163840 fewer
     # groups lose from 64 peaky rows (docs/benchmarks.md, "Vocab 32000 (H100)")
     tau_groups_short: int = 256
-    # the top-k select kernel of top-k alone (its three launches and the one-launch kernel; its row stats run
-    # at the same warps) on rows of <= SHORT_ROW_GROUPS groups (vocab <= 32768 at G = 32); 0: select_warps. 4 CTAs per SM instead of 2: H100, graph, 32000, top-k(40) at 1024 rows 183.7 -> 164.6 us
-    # fp32, 127.2 -> 106.5 bf16, at 256 rows 0.6-2.3 us faster, 1-64 rows within noise; the top-p select
-    # kernel lost at 4 warps below 1024 rows (docs/benchmarks.md, "Vocab 32000 (H100)")
+    # warps of top-k alone's select kernel (its three launches and the one-launch kernel; its row stats run at
+    # the same warps) on rows of <= SHORT_ROW_GROUPS groups (vocab <= 32768 at G = 32); 0: select_warps. 4 CTAs
+    # per SM instead of 2: H100, graph, 32000, top-k(40) at 1024 rows 183.7 -> 164.6 us fp32, 127.2 -> 106.5
+    # bf16, at 256 rows 0.6-2.3 us faster, 1-64 rows within noise; the top-p select kernel lost at 4 warps below
+    # 1024 rows (docs/benchmarks.md, "Top-k's select at 4 warps on short rows (H100)")
     top_k_select_warps_short: int = 4
     min_p_groups: int = 512  # min-p: most groups gathered before the bracket pass
     list_cap: int = 16384  # gathered entries above the cutoff's lower bound kept per row

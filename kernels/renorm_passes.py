@@ -346,6 +346,7 @@ def copy_mode(cfg: RenormConfig) -> int:
 
 
 def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig) -> None:
+    """Pass 3 (the bracket pass, FULL rows) and pass 4 (bracket_select, their exact cutoff)."""
     _bracket_kernel[(s.rows, s.n_bchunks)](
         probs, s.vocab, s.n_bchunks, ws.plan, ws.mhi, ws.cnt, ws.slots,
         CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=bool(cfg.bracket_prefetch),
