@@ -67,13 +67,14 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
     s = shapes_for(rows, vocab, cfg)
     ws = workspace or workspace_for(s, cfg, probs.device, *flags)
     select_args, blocks = select_launch_args(probs, top_k, top_p, s, ws, cfg)
+    # the select's warps, and the one-launch kernel's: both paths reduce in the same order
+    warps = top_k_select_warps(cfg, s.n_groups, top_p is not None)
     if renorm_top_k_fused.fused_fits(rows, vocab, top_k, top_p, fingerprint_out, cfg, probs.device) \
             and ws.sync.numel() >= rows * SYNC_WORDS:
-        renorm_top_k_fused.launch_fused(select_args, blocks, out, s, ws, cfg)
+        renorm_top_k_fused.launch_fused(select_args, blocks, out, s, ws, cfg, warps)
         return out
     # top-k alone: the row stats at the select's warps, the one-launch kernel's (renorm_top_k_fused.py), so
     # that a row with k >= vocab (renormalised by its total) gets the same chunk sums at every batch size
-    warps = top_k_select_warps(cfg, s.n_groups, top_p is not None)
     launch_row_stats(probs, s, ws, cfg, with_sample=full_top_p, num_warps=0 if top_p is not None else warps)
     _top_k_select_kernel[(rows,)](*select_args, **blocks, **pdl_args(cfg, s, probs.device, late=True),
                                   num_warps=warps, **reg_cap(cfg.select_maxnreg, warps))

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from tpguard.kernels.direct_launch import sm_count as _device_sms
-from tpguard.kernels.renorm_config import RenormConfig, reg_cap, top_k_select_warps
+from tpguard.kernels.renorm_config import RenormConfig, reg_cap
 from tpguard.kernels.renorm_passes import load_write_params, row_stats_chunk, store_probs, write_value
 from tpguard.kernels.renorm_top_k_select import top_k_select_row, workspace_flags
 
@@ -126,13 +126,13 @@ def fused_fits(rows: int, vocab: int, top_k, top_p, fingerprint_out, cfg: Renorm
     return triton.cdiv(triton.cdiv(vocab, cfg.chunk), cfg.fused_per_cta or 1) <= sm_count(device)
 
 
-def launch_fused(select_args: tuple, blocks: dict, out: torch.Tensor, s, ws, cfg: RenormConfig) -> None:
+def launch_fused(select_args: tuple, blocks: dict, out: torch.Tensor, s, ws, cfg: RenormConfig, warps: int) -> None:
     """The one-launch top-k (+ top-p) into `out` (`fused_fits` said yes; ws.sync zeroed). `select_args`,
-    `blocks`: renorm_top_k.select_launch_args."""
+    `blocks`: renorm_top_k.select_launch_args; `warps`: the three launches' select warps
+    (renorm_config.top_k_select_warps), so that both paths sum in the same order."""
     probs = select_args[0]
     per = chunks_per_cta(s.rows, s.n_chunks, cfg, sm_count(probs.device))
     grid = (triton.cdiv(s.n_chunks, per), s.rows)
-    warps = top_k_select_warps(cfg, s.n_groups, blocks["WITH_TOP_P"])  # the three launches' (renorm_top_k.py)
     for stages in ((3,) if probs.is_cuda else (1, 2)):
         _top_k_fused_kernel[grid](*select_args, out, ws.sync, **blocks, CHUNK=s.chunk, STAGES=stages, PER_CTA=per,
                                   num_warps=warps, **reg_cap(cfg.select_maxnreg, warps))
