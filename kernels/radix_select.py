@@ -121,13 +121,13 @@ def kth_largest_block(b, k, first, t0, last):
 
 
 @triton.jit
-def mass_cutoff_block(v, target, base_mass, first, t0):
+def mass_cutoff_block(v, target, base_mass, first, t0, LAST: tl.constexpr = 16):
     """(t, m) over a register block of values (padding 0): the largest pattern t whose upper
     mass m = base_mass + sum(v >= t) is >= target and > 0 (t0 and its mass when none)."""
     b = v.to(tl.int32, bitcast=True)  # same registers as v
     t = t0
     m_t = base_mass + tl.sum(tl.where(b >= t0, v.to(tl.float64), 0.0), axis=0)
-    for r in range(first, 16):
+    for r in range(first, LAST):
         shift = 30 - 2 * r
         c1 = t + (1 << shift)
         c2 = t + (2 << shift)
@@ -177,12 +177,13 @@ def _radix4_round(b, x, t, m_t, step, dmax, base_mass, inner, target):
 
 
 @triton.jit
-def _radix4_rounds(b, v, t, m_t, nb, base_mass, inner, target):
-    """Rounds over bits 0 .. nb - 1 of the pattern (the bits above nb are the prefix in t),
-    2 per round from the top; the top round may be narrower (digits d < dmax)."""
-    n_rounds = (nb + 1) // 2
+def _radix4_rounds(b, v, t, m_t, nb, base_mass, inner, target, low):
+    """Rounds over bits low .. nb - 1 of the pattern (the bits above nb are the prefix in t; the bits
+    below low are 0 in the answer), 2 per round from the top; the top round may be narrower (digits
+    d < dmax)."""
+    n_rounds = (tl.maximum(nb - low, 0) + 1) // 2
     for k in range(0, n_rounds):
-        shift = (n_rounds - 1 - k) * 2
+        shift = low + (n_rounds - 1 - k) * 2
         dmax = tl.full((), 1, tl.int32) << tl.minimum(nb - shift, 2)
         step = tl.full((), 1, tl.int32) << shift  # int32: probes past bit 31 wrap negative (not patterns)
         # (ptxas keeps this float64 copy of the block in registers across rounds, as it does for
@@ -218,7 +219,7 @@ def bin_shift(lo, hi, B: tl.constexpr):
 
 @triton.jit
 def mass_cutoff_block_bins(src_ptr, n, target, base_mass, bin_mass, lo, shift, scratch_ptr,
-                           STEP: tl.constexpr, W: tl.constexpr, B: tl.constexpr):
+                           STEP: tl.constexpr, W: tl.constexpr, B: tl.constexpr, ZERO_BITS: tl.constexpr = 0):
     """(t, m, ok): mass_cutoff_block's answer and kept-mass bits over the n <= REG bracket entries
     at src_ptr (all in [lo, hi)), searched among one sub-bracket's entries only (bracket_bins;
     docs/design-renorm.md, "Sub-bracket bins"). bin_mass: the exact float64 mass of the entries in
@@ -231,7 +232,9 @@ def mass_cutoff_block_bins(src_ptr, n, target, base_mass, bin_mass, lo, shift, s
     base_mass + S passes the predicate (a monotone function of the pattern), and a probe c in bin kb
     has S(c) = inner (the bins above kb) + the bin's entries >= c: the same float64 value as the
     whole-block sum, so the same predicate, the same largest passing pattern and the same mass.
-    scratch_ptr: room for n entries."""
+    scratch_ptr: room for n entries. ZERO_BITS (renorm_config.search_rounds): the low bits that are 0 in
+    every entry (16 for bfloat16 inputs): that answer is the bin's start or one of its entries, so when
+    the start is a multiple of 2**ZERO_BITS the rounds skip those bits."""
     k = tl.arange(0, B)
     s_ge = tl.sum(tl.where(k[None, :] >= k[:, None], bin_mass[None, :], 0.0), axis=1)  # bins >= k
     m_k = base_mass + s_ge
@@ -256,7 +259,8 @@ def mass_cutoff_block_bins(src_ptr, n, target, base_mass, bin_mass, lo, shift, s
         w = tl.load(scratch_ptr + wi, mask=wi < n_w, other=0.0)
         # rounds over the bin's offsets [0, 2**shift) from t (patterns past the bin's entries add
         # nothing to inner, fail like the bin above; past bit 31 they wrap negative: not patterns)
-        t, m_t = _radix4_rounds(w.to(tl.int32, bitcast=True), w, t, m_t, shift, base_mass, inner, target)
+        low = tl.where((shift >= ZERO_BITS) & ((t & ((1 << ZERO_BITS) - 1)) == 0), ZERO_BITS, 0)
+        t, m_t = _radix4_rounds(w.to(tl.int32, bitcast=True), w, t, m_t, shift, base_mass, inner, target, low)
     return t, m_t, ok
 
 
@@ -296,13 +300,15 @@ def kth_largest_bits(src_ptr, gid_ptr, n, vocab, k, base_count, thr_bits, scale,
 
 @triton.jit
 def mass_cutoff_bits(src_ptr, gid_ptr, n, vocab, target, base_mass, thr_bits, scale, first, t0,
-                     GATHER: tl.constexpr, SCALED: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr):
+                     GATHER: tl.constexpr, SCALED: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr,
+                     LAST: tl.constexpr = 16):
     """(t, m): the largest bit pattern t whose upper mass m = base_mass + sum(v >= t) is
     >= target and > 0 (t0 and its upper mass when none)."""
     d = tl.arange(0, 4)
     t = t0
     m_t = tl.full((), 0.0, tl.float64)
-    for r in range(first, 16):
+    # at least one round: it sets m_t (with LAST < 16 a search may start at or past LAST)
+    for r in range(tl.minimum(first, LAST - 1), LAST):
         probes = t + (d << (30 - 2 * r))
         acc = tl.zeros((SUB, 4), dtype=tl.float64)
         for s in range(0, n, SUB):
@@ -353,13 +359,14 @@ def compact_values(src_ptr, gid_ptr, n, vocab, cut_bits, list_ptr, CAP,
 @triton.jit
 def kth_largest_any(src_ptr, gid_ptr, n, vocab, k, thr_bits, scale, first, t0,
                     GATHER: tl.constexpr, SCALED: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr,
-                    REG: tl.constexpr):
-    """The k-th largest candidate (bits), from registers when n <= REG."""
+                    REG: tl.constexpr, LAST: tl.constexpr = 16):
+    """The k-th largest candidate (bits), from registers when n <= REG; rounds first..LAST-1
+    (`entry_rounds`: fewer for a 16-bit input's own entries)."""
     if n <= REG:
         v = load_values(src_ptr, gid_ptr, tl.arange(0, REG), n, vocab, thr_bits, scale, GATHER, SCALED, G)
-        t = kth_largest_block(v.to(tl.int32, bitcast=True), k, first, t0, 16)
+        t = kth_largest_block(v.to(tl.int32, bitcast=True), k, first, t0, LAST)
     else:
-        t = kth_largest_bits(src_ptr, gid_ptr, n, vocab, k, 0, thr_bits, scale, first, t0, 16,
+        t = kth_largest_bits(src_ptr, gid_ptr, n, vocab, k, 0, thr_bits, scale, first, t0, LAST,
                              GATHER, SCALED, G, SUB)
     return t
 
@@ -367,14 +374,15 @@ def kth_largest_any(src_ptr, gid_ptr, n, vocab, k, thr_bits, scale, first, t0,
 @triton.jit
 def mass_cutoff_any(src_ptr, gid_ptr, n, vocab, target, base_mass, thr_bits, scale, first, t0,
                     GATHER: tl.constexpr, SCALED: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr,
-                    REG: tl.constexpr):
-    """mass_cutoff over the candidates, from registers when n <= REG."""
+                    REG: tl.constexpr, LAST: tl.constexpr = 16):
+    """mass_cutoff over the candidates, from registers when n <= REG; rounds first..LAST-1 (LAST < 16:
+    `entry_rounds`, only where base_mass < target, so that the answer is an entry or t0)."""
     if n <= REG:
         v = load_values(src_ptr, gid_ptr, tl.arange(0, REG), n, vocab, thr_bits, scale, GATHER, SCALED, G)
-        t, m = mass_cutoff_block(v, target, base_mass, first, t0)
+        t, m = mass_cutoff_block(v, target, base_mass, first, t0, LAST)
     else:
         t, m = mass_cutoff_bits(src_ptr, gid_ptr, n, vocab, target, base_mass, thr_bits, scale, first, t0,
-                                GATHER, SCALED, G, SUB)
+                                GATHER, SCALED, G, SUB, LAST)
     return t, m
 
 

@@ -123,6 +123,11 @@ class RenormConfig:
     # chunks per CTA of the one-launch kernel (same chunk sums); 0: the fewest that fit the grid on the GPU
     # at one CTA per SM (renorm_top_k_fused.chunks_per_cta)
     fused_per_cta: int = 0
+    # (0 = off) the searches skip rounds that cannot set a bit of their answer (`search_rounds`): the float32
+    # patterns of float16 / bfloat16 entries end in 13 / 16 zero bits, so a search whose answer is one of the
+    # row's own entries (top-k's pivot, top-p's cutoff among its largest groups) stops after 10 / 8 of its 16
+    # radix-4 rounds; top-k's group-max search starts below the row max's leading zero bits. Same bits
+    short_searches: int = 1
 
     def replace(self, **changes) -> "RenormConfig":
         return dataclasses.replace(self, **changes)
@@ -154,6 +159,17 @@ def top_k_select_warps(cfg: RenormConfig, n_groups: int, with_top_p: bool) -> in
     if cfg.top_k_select_warps_short and n_groups <= SHORT_ROW_GROUPS and not with_top_p:
         return cfg.top_k_select_warps_short
     return cfg.select_warps
+
+
+def search_rounds(cfg: RenormConfig, dtype: torch.dtype) -> int:
+    """Radix-4 rounds (2 bits each, from bit 31 down) of a search whose answer is an entry read from `dtype`:
+    the rounds after them test only bits that are 0 in every such entry (`RenormConfig.short_searches`)."""
+    if cfg.short_searches:
+        if dtype == torch.bfloat16:
+            return 8  # bits 31..16 (8 exponent and 7 mantissa bits below the sign)
+        if dtype == torch.float16:
+            return 10  # bits 31..12: float16's 10 mantissa bits end at float32's bit 13
+    return 16
 
 
 @functools.lru_cache(maxsize=16)
@@ -200,5 +216,5 @@ def reg_cap(n: int, num_warps: int) -> dict:
     return {"maxnreg": max(24, min(int(n), 65536 // (32 * num_warps)) // 8 * 8)}
 
 
-__all__ = ["RenormConfig", "config_from_env", "default_config", "pdl_args", "pdl_mode", "reg_cap",
+__all__ = ["RenormConfig", "config_from_env", "default_config", "pdl_args", "pdl_mode", "reg_cap", "search_rounds",
            "top_k_select_warps", "top_p_tau_groups"]

@@ -40,7 +40,7 @@ from tpguard.kernels.radix_select import (
     search_start,
     upper_mass_any,
 )
-from tpguard.kernels.renorm_config import RenormConfig, pdl_args, reg_cap
+from tpguard.kernels.renorm_config import RenormConfig, pdl_args, reg_cap, search_rounds
 from tpguard.kernels.renorm_workspace import Shapes, Workspace
 
 interpreter_fix.install()  # bfloat16 <-> float32 casts of subnormals under the interpreter
@@ -210,10 +210,10 @@ def bracket_chunk(x, row, chunk, n_chunks, status, lo, hi, mhi_ptr, cnt_ptr, slo
 
 @triton.jit
 def _search_bracket_list(cand_row, n, target, m_hi, first, t0, G: tl.constexpr, SUB: tl.constexpr,
-                         REG: tl.constexpr):
+                         REG: tl.constexpr, ENTRY_ROUNDS: tl.constexpr = 16):
     """bracket_select's search among the n bracket entries listed at cand_row (the default path)."""
     t, kept = mass_cutoff_any(cand_row, cand_row, n, n, target, m_hi, 0, 1.0, first, t0,
-                              False, False, G, SUB, REG)
+                              False, False, G, SUB, REG, ENTRY_ROUNDS)
     return t, kept
 
 
@@ -224,7 +224,7 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
                            SUB: tl.constexpr, REG: tl.constexpr, G: tl.constexpr, COPY: tl.constexpr,
                            EXACT_SPAN: tl.constexpr,
                            bmass_ptr=None, BINS: tl.constexpr = 0, BIN_W: tl.constexpr = 0,
-                           BIN_STEP: tl.constexpr = 4096, PDL: tl.constexpr = 0):
+                           BIN_STEP: tl.constexpr = 4096, ENTRY_ROUNDS: tl.constexpr = 16, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     status = tl.load(plan_ptr + row * 4)
@@ -233,7 +233,7 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
         hi = tl.load(plan_ptr + row * 4 + 2)
         t, kept = bracket_resolve(row, status, lo, hi, target_ptr, probs_ptr, vocab, n_chunks, n_groups, mhi_ptr,
                                   cnt_ptr, slots_ptr, cand_ptr, list_cap, gmax_ptr, gid_ptr, CH_BLOCK, NG_BLOCK,
-                                  CAP, SUB, REG, G, COPY, EXACT_SPAN, bmass_ptr, BINS, BIN_W, BIN_STEP)
+                                  CAP, SUB, REG, G, COPY, EXACT_SPAN, bmass_ptr, BINS, BIN_W, BIN_STEP, ENTRY_ROUNDS)
         tl.store(params_ptr + row * 4 + 2, t.to(tl.float32, bitcast=True))
         tl.store(params_ptr + row * 4 + 3, reciprocal_f32(kept))
     pdl_exit(PDL)
@@ -244,9 +244,12 @@ def bracket_resolve(row, status, lo, hi, target_ptr, probs_ptr, vocab, n_chunks,
                     cand_ptr, list_cap, gmax_ptr, gid_ptr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
                     CAP: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr, G: tl.constexpr, COPY: tl.constexpr,
                     EXACT_SPAN: tl.constexpr, bmass_ptr=None, BINS: tl.constexpr = 0, BIN_W: tl.constexpr = 0,
-                    BIN_STEP: tl.constexpr = 4096):
+                    BIN_STEP: tl.constexpr = 4096, ENTRY_ROUNDS: tl.constexpr = 16):
     """bracket_select's (cutoff bits, kept mass) of a FULL row (status 2: top-p, its target mass at
-    target_ptr[row]; 3: min-p, whose cutoff is hi and whose kept mass the bracket pass summed)."""
+    target_ptr[row]; 3: min-p, whose cutoff is hi and whose kept mass the bracket pass summed).
+    ENTRY_ROUNDS (renorm_config.search_rounds): every search here has nothing at or above its target
+    outside the searched entries (m_hi < target, or 0), so its cutoff is an entry: rounds past the
+    entries' last bit are skipped."""
     ch = tl.arange(0, CH_BLOCK)
     chm = ch < n_chunks
     m_hi = tl.sum(tl.load(mhi_ptr + row * n_chunks + ch, mask=chm, other=0.0), axis=0)
@@ -296,11 +299,12 @@ def bracket_resolve(row, status, lo, hi, target_ptr, probs_ptr, vocab, n_chunks,
                     t, kept, found = mass_cutoff_block_bins(cand_row, n, target, m_hi, bin_mass, lo,
                                                             bin_shift(lo, hi, BINS),
                                                             cand_row + tl.multiple_of(scratch_at, 16),
-                                                            max(32, min(REG, BIN_STEP)), BIN_W, BINS)
+                                                            max(32, min(REG, BIN_STEP)), BIN_W, BINS,
+                                                            32 - 2 * ENTRY_ROUNDS)
                 if found == 0:  # (no usable bins, or a bin over BIN_W entries)
-                    t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, G, SUB, REG)
+                    t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, G, SUB, REG, ENTRY_ROUNDS)
             else:
-                t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, G, SUB, REG)
+                t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, G, SUB, REG, ENTRY_ROUNDS)
         elif m_hi >= target:
             # the sample bracket was too low: the cutoff is >= hi, so every entry that counts
             # lies in a group whose max is >= hi
@@ -312,11 +316,11 @@ def bracket_resolve(row, status, lo, hi, target_ptr, probs_ptr, vocab, n_chunks,
             tl.debug_barrier()
             first, t0 = search_start(hi, tl.max(gb, axis=0))
             t, kept = mass_cutoff_any(src, gid_row, n_sel * G, vocab, target, 0.0, 0, 1.0, first, t0,
-                                      True, False, G, SUB, REG)
+                                      True, False, G, SUB, REG, ENTRY_ROUNDS)
         else:
             # too high, or a huge tie overflowed the bracket: search the whole row
             t, kept = mass_cutoff_bits(src, src, vocab, vocab, target, 0.0, 0, 1.0, 0, 0,
-                                       False, False, G, SUB)
+                                       False, False, G, SUB, ENTRY_ROUNDS)
     return t, kept
 
 
@@ -358,7 +362,8 @@ def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormCon
         probs, s.vocab, s.n_bchunks, s.n_groups, ws.plan, ws.target, ws.params, ws.mhi, ws.cnt, ws.slots,
         ws.cand, ws.list_cap, ws.gmax, ws.gid,
         CH_BLOCK=s.bch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg, G=cfg.group,
-        COPY=max(1, min(8, 8192 // s.cap)), EXACT_SPAN=exact_span(cfg), num_warps=cfg.bracket_warps,
+        COPY=max(1, min(8, 8192 // s.cap)), EXACT_SPAN=exact_span(cfg), ENTRY_ROUNDS=search_rounds(cfg, probs.dtype),
+        num_warps=cfg.bracket_warps,
         **bins_args(ws, cfg, BIN_W=bins_window(cfg)),
         **pdl_args(cfg, s, probs.device, late=True),
         **reg_cap(cfg.bracket_maxnreg, cfg.bracket_warps),

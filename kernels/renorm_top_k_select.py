@@ -23,7 +23,7 @@ from tpguard.kernels.radix_select import (
     search_start,
     upper_mass_any,
 )
-from tpguard.kernels.renorm_config import RenormConfig, top_p_tau_groups
+from tpguard.kernels.renorm_config import RenormConfig, search_rounds, top_p_tau_groups
 from tpguard.kernels.renorm_top_p_select import top_p_plan
 
 TopK = Union[int, torch.Tensor]
@@ -33,12 +33,14 @@ TopP = Union[float, torch.Tensor]
 @triton.jit
 def _top_k_stages(src, gid, n, vocab, k, first, t0, max_bits, p,
                   WITH_TOP_P: tl.constexpr, GATHER: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr,
-                  REG: tl.constexpr, JOINT: tl.constexpr = False, tm_bits=0):
+                  REG: tl.constexpr, JOINT: tl.constexpr = False, tm_bits=0, ENTRY_ROUNDS: tl.constexpr = 16):
     """(pivot bits, r1, top-p cutoff bits, r2) from candidates holding every entry >= pivot.
+    ENTRY_ROUNDS: the pivot search's rounds (renorm_config.search_rounds: the pivot is an entry; the top-p
+    stage searches fp32(x * r1), which is not, in all 16).
     JOINT (the logits-to-probs path, kernels/target_probs.py): no renormalisation between the stages
     (r1 = 1: top-p on the top-k set's own values), then min-p's cutoff `tm_bits` (0: none) raises the
     second cutoff, and r2 renormalises once."""
-    thr1 = kth_largest_any(src, gid, n, vocab, k, 0, 1.0, first, t0, GATHER, False, G, SUB, REG)
+    thr1 = kth_largest_any(src, gid, n, vocab, k, 0, 1.0, first, t0, GATHER, False, G, SUB, REG, ENTRY_ROUNDS)
     if JOINT:
         r1 = tl.full((), 1.0, tl.float32)
     else:
@@ -72,14 +74,17 @@ def top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
                      NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
                      TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr,
                      mp_ptr=None, mp_val=0.0, chunk_mp_ptr=None, HAS_MP_ARR: tl.constexpr = False,
-                     WITH_MIN_P: tl.constexpr = False, JOINT: tl.constexpr = False):
+                     WITH_MIN_P: tl.constexpr = False, JOINT: tl.constexpr = False,
+                     SHORT: tl.constexpr = False, ENTRY_ROUNDS: tl.constexpr = 16):
     """The per-row top-k (+ top-p) plan (module doc): writes the row's plan, target and params.
     Shared by `_top_k_select_kernel` and the one-launch kernel (renorm_top_k_fused.py), which reads
     row stats other CTAs of its own launch wrote: hence ``.cg`` (L2) loads of them.
     JOINT, WITH_MIN_P (the logits-to-probs path, kernels/target_probs.py; WITH_TOP_P with it): top-k,
     top-p on the top-k set's values and min-p (cutoff fp32(row max * min_p)) as one kept set, one
     renormalisation; `chunk_mp_ptr`: the stats pass's per-chunk float64 mass of the entries at or
-    above min-p's cutoff, for rows without top-k (k >= vocab)."""
+    above min-p's cutoff, for rows without top-k (k >= vocab).
+    SHORT, ENTRY_ROUNDS (RenormConfig.short_searches): the group-max search starts below the leading zero
+    bits of the row max; the searches whose answer is an entry run ENTRY_ROUNDS rounds."""
     src = probs_ptr + row * vocab
     gid_row = gid_ptr + row * n_groups
     list_row = cand_ptr + row * list_cap
@@ -126,7 +131,11 @@ def top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
         if k < vocab:
             # a: a lower bound (16 bits) of the k-th largest group max, hence of the pivot; every
             # entry >= pivot lies in a group whose max is >= a (k groups without ties)
-            a_block = kth_largest_block(gb, k, 0, 0, 8)
+            if SHORT:  # the answer is <= max_bits: it has max_bits's leading zeros
+                fa, ta = search_start(tl.zeros_like(max_bits), max_bits)
+                a_block = kth_largest_block(gb, k, fa, ta, 8)
+            else:
+                a_block = kth_largest_block(gb, k, 0, 0, 8)
             a = tl.maximum(a_block, 1)
             n_sel = list_groups_block(gid_row, gb, gidx, a)
             tl.debug_barrier()
@@ -134,16 +143,16 @@ def top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
             first, t0 = search_start(tl.where(a_block > 0, a, 0), max_bits)
             if n_cand <= REG:
                 thr1, r1, thr2, r2 = _top_k_stages(src, gid_row, n_cand, vocab, k, first, t0, max_bits, p,
-                                                   WITH_TOP_P, True, G, SUB, REG, JOINT, tm_bits)
+                                                   WITH_TOP_P, True, G, SUB, REG, JOINT, tm_bits, ENTRY_ROUNDS)
             else:  # large k: keep only the entries >= a (about k of them)
                 count, _ = compact_values(src, gid_row, n_cand, vocab, a, list_row, list_cap, True, G, CSUB)
                 tl.debug_barrier()
                 if count <= list_cap:
                     thr1, r1, thr2, r2 = _top_k_stages(list_row, list_row, count, count, k, first, t0, max_bits,
-                                                       p, WITH_TOP_P, False, G, SUB, REG, JOINT, tm_bits)
+                                                       p, WITH_TOP_P, False, G, SUB, REG, JOINT, tm_bits, ENTRY_ROUNDS)
                 else:
                     thr1, r1, thr2, r2 = _top_k_stages(src, gid_row, n_cand, vocab, k, first, t0, max_bits, p,
-                                                       WITH_TOP_P, True, G, SUB, REG, JOINT, tm_bits)
+                                                       WITH_TOP_P, True, G, SUB, REG, JOINT, tm_bits, ENTRY_ROUNDS)
         else:
             if WITH_TOP_P:
                 # k >= vocab disables the top-k stage: plain top-p (docs/kernels.md)
@@ -160,11 +169,13 @@ def top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
                     else:
                         status, thr2, kept, lo, hi, target = top_p_plan(
                             src, gid_row, list_row, list_cap, gb, gidx, max_bits, gsamp_ptr + row * n_samples,
-                            n_samples, vocab, total, p, G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST)
+                            n_samples, vocab, total, p, G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST,
+                            ENTRY_ROUNDS=ENTRY_ROUNDS)
                 else:
                     status, thr2, kept, lo, hi, target = top_p_plan(
                         src, gid_row, list_row, list_cap, gb, gidx, max_bits, gsamp_ptr + row * n_samples,
-                        n_samples, vocab, total, p, G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST)
+                        n_samples, vocab, total, p, G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST,
+                            ENTRY_ROUNDS=ENTRY_ROUNDS)
                 r2 = reciprocal_f32(kept)
     else:
         thr1 = tl.full((), 0x7F800000, tl.int32)  # +inf: keep nothing (empty or NaN rows)
@@ -208,7 +219,8 @@ def select_launch_args(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], 
     blocks = dict(HAS_K_ARR=has_k, HAS_P_ARR=has_p, WITH_TOP_P=with_top_p,
                   G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, NS_BLOCK=s.ns_block,
                   SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=top_p_tau_groups(cfg, s.n_groups),
-                  CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first))
+                  CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), SHORT=bool(cfg.short_searches),
+                  ENTRY_ROUNDS=search_rounds(cfg, probs.dtype))
     return args, blocks
 
 

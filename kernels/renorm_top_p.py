@@ -25,7 +25,7 @@ import triton.language as tl
 from tpguard.kernels.pdl import pdl_enter, pdl_exit
 from tpguard.kernels.radix_select import reciprocal_f32
 from tpguard.kernels.renorm_args import fill_fingerprint
-from tpguard.kernels.renorm_config import RenormConfig, default_config, pdl_args, reg_cap, top_p_tau_groups
+from tpguard.kernels.renorm_config import RenormConfig, default_config, pdl_args, reg_cap, search_rounds, top_p_tau_groups
 from tpguard.kernels.renorm_passes import launch_bracket, launch_row_stats
 from tpguard.kernels.renorm_top_p_select import sample_blocks, top_p_plan
 from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
@@ -43,7 +43,7 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                          SUB: tl.constexpr, REG: tl.constexpr, TAU_GROUPS: tl.constexpr,
                          CSUB: tl.constexpr, MASS_FIRST: tl.constexpr, TPS_SHARED: tl.constexpr = False,
                          NS_REM: tl.constexpr = 0, NG_REM: tl.constexpr = 0, HI_SAMPLES: tl.constexpr = 0,
-                         PDL: tl.constexpr = 0):
+                         ENTRY_ROUNDS: tl.constexpr = 16, PDL: tl.constexpr = 0):
     """The per-row top-p plan (module doc): writes the row's plan, target and params.
     NS_REM / NG_REM > 0 (RenormConfig.tps_split): the samples / the group maxima of the tau search as a
     main block plus a remainder block (sample_blocks): NS_BLOCK is then the samples' main block, NG_BLOCK // 2
@@ -82,7 +82,7 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
             probs_ptr + row * vocab, gid_ptr + row * n_groups, cand_ptr + row * list_cap, list_cap,
             gb, gidx, tl.max(gb, axis=0), gsamp_ptr + row * n_samples, n_samples, vocab, total, p,
             G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST, TPS_SHARED, NS_REM, gbm, gbr, NG_REM > 0,
-            HI_SAMPLES)
+            HI_SAMPLES, ENTRY_ROUNDS)
     full = status >= 2
     tl.store(flag_ptr + row, (n_bad > 0).to(tl.int32))
     tl.store(plan_ptr + row * 4, status)
@@ -133,7 +133,7 @@ def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[Renor
                   NS_BLOCK=ns_main, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=top_p_tau_groups(cfg, s.n_groups),
                   CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), TPS_SHARED=bool(cfg.tps_shared),
                   NS_REM=ns_rem, NG_REM=ng_rem, HI_SAMPLES=cfg.bracket_hi_samples,
-                  **pdl_args(cfg, s, probs.device, late=True))
+                  ENTRY_ROUNDS=search_rounds(cfg, probs.dtype), **pdl_args(cfg, s, probs.device, late=True))
     launch_row_stats(probs, s, ws, cfg, with_sample=True)
     _top_p_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
                                   **reg_cap(cfg.select_maxnreg, cfg.select_warps))

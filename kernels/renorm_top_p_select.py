@@ -295,10 +295,12 @@ def top_p_plan(src, gid_row, list_row, list_cap, gb, gidx, max_bits, samp_row, n
                G: tl.constexpr, SG: tl.constexpr, NS_BLOCK: tl.constexpr, SUB: tl.constexpr,
                REG: tl.constexpr, TAU_GROUPS: tl.constexpr, Z, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr,
                TPS_SHARED: tl.constexpr = False, NS_REM: tl.constexpr = 0, gbm=None, gbr=None,
-               TAU_SPLIT: tl.constexpr = False, HI_SAMPLES: tl.constexpr = 0):
+               TAU_SPLIT: tl.constexpr = False, HI_SAMPLES: tl.constexpr = 0, ENTRY_ROUNDS: tl.constexpr = 16):
     """(status, thr bits, kept mass, lo, hi, target) for top-p on one row (see module doc).
     gb: the row's group maxima (bits) in registers; with TAU_SPLIT (tps_split) the tau search reads
-    them from gbm [K, R] + gbr [1, R] instead (kth_largest_split: the same tau)."""
+    them from gbm [K, R] + gbr [1, R] instead (kth_largest_split: the same tau). ENTRY_ROUNDS: the
+    rounds of the search among the groups above tau (renorm_config.search_rounds: with nothing above
+    the searched entries, the cutoff is one of them)."""
     target = p.to(tl.float64) * total
     status = tl.full((), 1, tl.int32)
     thr = tl.full((), 0, tl.int32)
@@ -331,13 +333,13 @@ def top_p_plan(src, gid_row, list_row, list_cap, gb, gidx, max_bits, samp_row, n
                     tl.debug_barrier()
             if n_cand <= REG:
                 thr, kept = mass_cutoff_any(src, gid_row, n_cand, vocab, target, 0.0, 0, 1.0, first, t0,
-                                            True, False, G, SUB, REG)
+                                            True, False, G, SUB, REG, ENTRY_ROUNDS)
             elif count <= list_cap:
                 thr, kept = mass_cutoff_any(list_row, list_row, count, count, target, 0.0, 0, 1.0, first, t0,
-                                            False, False, G, SUB, REG)
+                                            False, False, G, SUB, REG, ENTRY_ROUNDS)
             else:
                 thr, kept = mass_cutoff_bits(src, gid_row, n_cand, vocab, target, 0.0, 0, 1.0, first, t0,
-                                             True, False, G, SUB)
+                                             True, False, G, SUB, ENTRY_ROUNDS)
         else:
             lo, hi = sample_bracket(samp_row, n_samples, tau, m_tau, total - m_tau, target, Z,
                                     SG, NS_BLOCK, 8, TPS_SHARED, NS_REM, HI_SAMPLES)

@@ -7,6 +7,8 @@ boundaries so that full chunks, partial tails and one-chunk rows are all written
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 import triton
@@ -17,7 +19,7 @@ from tpguard import fingerprint as fp_host
 from tpguard.kernels import reference as ref
 from tpguard.kernels.fingerprint_reference import fingerprint_reference
 from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm
-from tpguard.kernels.renorm_config import default_config
+from tpguard.kernels.renorm_config import default_config, search_rounds
 from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton
 from tpguard.kernels.renorm_top_p import top_p_renorm_triton
 from tpguard.kernels.renorm_min_p import min_p_renorm_triton
@@ -189,6 +191,83 @@ def test_one_launch_top_k_same_bits_as_three(dtype):
                            ref.bits(top_k_renorm_triton(x, *params, config=three)))
     assert torch.equal(ref.bits(top_k_top_p_renorm_triton(x, 40, 0.7, config=SMALL)),
                        ref.bits(top_k_top_p_renorm_triton(x, 40, 0.7, config=three)))
+
+
+def _entry_rounds_of(kernel, call) -> list:
+    """The ENTRY_ROUNDS constexpr of each launch of `kernel` during `call()` (Triton's launch path)."""
+    seen = []
+    real = kernel.run
+
+    def run(*args, **kwargs):
+        seen.append(kwargs.get("ENTRY_ROUNDS"))
+        return real(*args, **kwargs)
+
+    with mock.patch.object(kernel, "run", run):
+        call()
+    return seen
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("cfg", ["default", pytest.param("small", marks=pytest.mark.slow)])
+def test_short_searches_same_bits(dtype, cfg):
+    """RenormConfig.short_searches: the searches whose answer is an entry stop after the rounds that can set
+    one of its bits (8 for bfloat16, 10 for float16), top-k's group-max search starts below the row max's
+    leading zeros: the same bits as the full searches on every path (the register and streamed searches,
+    ties, per-row k with k >= vocab (plain top-p inside the top-k select), NaN and zero rows), and the
+    select kernels get the short rounds."""
+    import tpguard.kernels.renorm_top_k as tk_mod
+    import tpguard.kernels.renorm_top_p as tp_mod
+
+    base = CONFIGS[cfg]
+    on, off = base.replace(short_searches=1), base.replace(short_searches=0)
+    assert (search_rounds(on, dtype), search_rounds(off, dtype), search_rounds(on, torch.float32)) == \
+        ({torch.bfloat16: 8, torch.float16: 10}[dtype], 16, 16)
+    vocab = 2100 if cfg == "default" else 1500
+    x = torch.cat([special_rows(vocab, dtype), make_rows(2, vocab, "peaky", 21, dtype),
+                   make_rows(2, vocab, "flat", 22, dtype)])
+    rows = x.shape[0]
+    k = torch.tensor([1, 40, vocab, 5, 700, 40, 3, 40, vocab + 9, 17, 2], dtype=torch.int32, device=DEVICE)[:rows]
+    p = torch.tensor([0.9, 0.5, 0.99, 0.2, 0.9, 0.95, 1.0, 0.8, 0.6, 0.9, 1e-6], device=DEVICE)[:rows]
+    calls = {"top_k": lambda c: top_k_renorm_triton(x, 40, config=c.replace(fused_rows=0)),
+             "top_k per row": lambda c: top_k_renorm_triton(x, k, config=c.replace(fused_rows=0)),
+             "top_k one launch": lambda c: top_k_renorm_triton(x[7:9], 3, config=c),
+             "top_p": lambda c: top_p_renorm_triton(x, 0.9, config=c),
+             "top_p per row": lambda c: top_p_renorm_triton(x, p, config=c),
+             "top_k_top_p per row": lambda c: top_k_top_p_renorm_triton(x, k, p, config=c)}
+    for name, call in calls.items():
+        assert torch.equal(ref.bits(call(on)), ref.bits(call(off))), name
+    assert_matches(calls["top_k per row"](on), ref.top_k_renorm_reference(x, k), dtype)
+    assert_matches(calls["top_p per row"](on), ref.top_p_renorm_reference(x, p), dtype)
+    want = search_rounds(on, dtype)
+    assert _entry_rounds_of(tk_mod._top_k_select_kernel, lambda: calls["top_k"](on)) == [want]
+    assert _entry_rounds_of(tp_mod._top_p_select_kernel, lambda: calls["top_p"](on)) == [want]
+    assert _entry_rounds_of(tk_mod._top_k_select_kernel, lambda: calls["top_k"](off)) == [16]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_short_searches_in_bracket_select(dtype):
+    """Flat rows at the default block shapes take the bracket passes, and bracket_select's search (its
+    sub-bracket bins: a bin of 2**shift patterns, shift >= the entries' zero bits) skips the rounds below
+    the entries' last bit: the same bits as the full search and the reference's."""
+    from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
+
+    x = make_rows(3, 40000, "flat", seed=71, dtype=dtype)
+    p = torch.tensor([0.9, 0.5, 0.95], device=DEVICE)
+    outs = []
+    for short in (1, 0):
+        cfg = DEFAULT_CONFIG.replace(short_searches=short)
+        ws = workspace_for(shapes_for(3, 40000, cfg), cfg, x.device, True, True)
+        outs.append(top_p_renorm_triton(x, p, config=cfg, workspace=ws))
+        plan, m_hi = ws.plan.view(3, 4), ws.mhi.view(3, -1).sum(1)
+        n_in = ws.cnt.view(3, -1).sum(1)
+        # every row FULL, its cutoff inside a bracket of <= bracket_reg entries (the bins' search) whose
+        # bins are wider than the entries' zero bits
+        assert (plan[:, 0] == 2).all() and (n_in <= cfg.bracket_reg).all() and (m_hi < ws.target).all()
+        span = (plan[:, 2] - 1 - plan[:, 1]).tolist()
+        assert min(s.bit_length() for s in span) - 3 >= 32 - 2 * search_rounds(DEFAULT_CONFIG, dtype)
+    assert torch.equal(ref.bits(outs[0]), ref.bits(outs[1]))
+    assert_matches(outs[0], ref.top_p_renorm_reference(x, p), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
