@@ -125,8 +125,10 @@ class RenormConfig:
     fused_per_cta: int = 0
     # (0 = off) the searches skip rounds that cannot set a bit of their answer (`search_rounds`): the float32
     # patterns of float16 / bfloat16 entries end in 13 / 16 zero bits, so a search whose answer is one of the
-    # row's own entries (top-k's pivot, top-p's cutoff among its largest groups) stops after 10 / 8 of its 16
-    # radix-4 rounds; top-k's group-max search starts below the row max's leading zero bits. Same bits
+    # row's own entries (top-k's pivot, top-p's cutoffs: among its largest groups, in bracket_select) stops after
+    # 10 / 8 of its 16 radix-4 rounds; top-k's group-max search starts below the row max's leading zero bits.
+    # Same bits. H100, graph: bf16 / fp16 top-k 2-5 us faster in 20 of 24 cells, top-p 2-10 in 23 of 24 (1 x 32000
+    # bf16 flat 40.7 -> 35.3) (docs/benchmarks.md, "Searches that stop at a 16-bit input's last bit")
     short_searches: int = 1
 
     def replace(self, **changes) -> "RenormConfig":
