@@ -38,3 +38,20 @@ def mixed_batch(rows: int, vocab: int, seed: int = 0) -> torch.Tensor:
     if rows > 2:
         x[2, 7] = float("nan")
     return x.to(DEVICE)
+
+
+def launch_values(kernel, call, name: str) -> list:
+    """The keyword `name` (a constexpr or a launch option) of each launch of `kernel` during `call()`,
+    through Triton's launch path (the launches run)."""
+    from unittest import mock
+
+    seen = []
+    real = kernel.run
+
+    def run(*args, **kwargs):
+        seen.append(kwargs.get(name))
+        return real(*args, **kwargs)
+
+    with mock.patch.object(kernel, "run", run):
+        call()
+    return seen

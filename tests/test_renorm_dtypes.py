@@ -7,13 +7,11 @@ boundaries so that full chunks, partial tails and one-chunk rows are all written
 
 from __future__ import annotations
 
-from unittest import mock
-
 import pytest
 import torch
 import triton
 import triton.language as tl
-from renorm_setup import DEVICE, GPU_ALL, SMALL
+from renorm_setup import DEVICE, GPU_ALL, SMALL, launch_values
 
 from tpguard import fingerprint as fp_host
 from tpguard.kernels import reference as ref
@@ -193,20 +191,6 @@ def test_one_launch_top_k_same_bits_as_three(dtype):
                        ref.bits(top_k_top_p_renorm_triton(x, 40, 0.7, config=three)))
 
 
-def _entry_rounds_of(kernel, call) -> list:
-    """The ENTRY_ROUNDS constexpr of each launch of `kernel` during `call()` (Triton's launch path)."""
-    seen = []
-    real = kernel.run
-
-    def run(*args, **kwargs):
-        seen.append(kwargs.get("ENTRY_ROUNDS"))
-        return real(*args, **kwargs)
-
-    with mock.patch.object(kernel, "run", run):
-        call()
-    return seen
-
-
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("cfg", ["default", pytest.param("small", marks=pytest.mark.slow)])
 def test_short_searches_same_bits(dtype, cfg):
@@ -239,9 +223,9 @@ def test_short_searches_same_bits(dtype, cfg):
     assert_matches(calls["top_k per row"](on), ref.top_k_renorm_reference(x, k), dtype)
     assert_matches(calls["top_p per row"](on), ref.top_p_renorm_reference(x, p), dtype)
     want = search_rounds(on, dtype)
-    assert _entry_rounds_of(tk_mod._top_k_select_kernel, lambda: calls["top_k"](on)) == [want]
-    assert _entry_rounds_of(tp_mod._top_p_select_kernel, lambda: calls["top_p"](on)) == [want]
-    assert _entry_rounds_of(tk_mod._top_k_select_kernel, lambda: calls["top_k"](off)) == [16]
+    assert launch_values(tk_mod._top_k_select_kernel, lambda: calls["top_k"](on), "ENTRY_ROUNDS") == [want]
+    assert launch_values(tp_mod._top_p_select_kernel, lambda: calls["top_p"](on), "ENTRY_ROUNDS") == [want]
+    assert launch_values(tk_mod._top_k_select_kernel, lambda: calls["top_k"](off), "ENTRY_ROUNDS") == [16]
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from renorm_setup import DEVICE, GPU_ALL, SMALL
+from renorm_setup import DEVICE, GPU_ALL, SMALL, launch_values
 
 from tpguard.kernels import reference as ref
 from tpguard.kernels.radix_select import (bin_shift, kth_largest_block, mass_cutoff_block,
@@ -223,20 +223,6 @@ def test_short_rows_fewer_tau_groups_same_bits():
     assert torch.equal(ref.bits(short), ref.bits(every))
 
 
-def _launch_warps(kernel, call) -> list:
-    """num_warps of each launch of `kernel` during `call()` (Triton's launch path, plans off)."""
-    seen = []
-    real = kernel.run
-
-    def run(*args, **kwargs):
-        seen.append(kwargs.get("num_warps"))
-        return real(*args, **kwargs)
-
-    with mock.patch.object(kernel, "run", run):
-        call()
-    return seen
-
-
 def test_top_k_short_rows_select_warps():
     # top-k alone on rows of <= 1024 groups: the select kernel, the row stats before it and the one-launch
     # kernel at top_k_select_warps_short (4) warps, longer rows and top-k + top-p at select_warps (8); the
@@ -258,7 +244,7 @@ def test_top_k_short_rows_select_warps():
             (tk_mod._top_k_select_kernel, lambda: top_k_renorm_triton(x, 40, cfg.replace(top_k_select_warps_short=0)),
              [8]),
             (fused._top_k_fused_kernel, lambda: top_k_renorm_triton(x[:2], 40, cfg), [4] * fused_launches)):
-        assert _launch_warps(kernel, call) == want
+        assert launch_values(kernel, call, "num_warps") == want
     assert_matches(top_k_renorm_triton(x, 40, cfg), ref.top_k_renorm_reference(x, 40))
     assert_matches(top_k_renorm_triton(x[:2], 40, cfg), ref.top_k_renorm_reference(x[:2], 40))
 
