@@ -5,7 +5,9 @@ and "the largest value whose upper mass reaches P" are searches over 31-bit inte
 rounds, each testing the three non-zero values of the next 2-bit digit. Counts are exact int32
 sums and masses float64 sums in a fixed order (fixed block shapes, fixed loop order), so a
 search gives the same bits on every call, batch size and row position. A search whose answer
-is known to lie in [lo, hi] starts after the bits lo and hi share (``search_start``).
+is known to lie in [lo, hi] starts after the bits lo and hi share (``search_start``), and one whose
+answer is an entry of a float16 / bfloat16 input ends before the bits every such entry leaves 0
+(``LAST``: renorm_config.search_rounds).
 
 The per-row kernels are latency-bound (one program per row, dependent steps), so values live in
 registers when they fit (``*_block`` helpers, ``REG`` entries) and are streamed in ``SUB``-entry
@@ -361,7 +363,7 @@ def kth_largest_any(src_ptr, gid_ptr, n, vocab, k, thr_bits, scale, first, t0,
                     GATHER: tl.constexpr, SCALED: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr,
                     REG: tl.constexpr, LAST: tl.constexpr = 16):
     """The k-th largest candidate (bits), from registers when n <= REG; rounds first..LAST-1
-    (`entry_rounds`: fewer for a 16-bit input's own entries)."""
+    (renorm_config.search_rounds: fewer for a 16-bit input's own entries)."""
     if n <= REG:
         v = load_values(src_ptr, gid_ptr, tl.arange(0, REG), n, vocab, thr_bits, scale, GATHER, SCALED, G)
         t = kth_largest_block(v.to(tl.int32, bitcast=True), k, first, t0, LAST)
@@ -376,7 +378,7 @@ def mass_cutoff_any(src_ptr, gid_ptr, n, vocab, target, base_mass, thr_bits, sca
                     GATHER: tl.constexpr, SCALED: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr,
                     REG: tl.constexpr, LAST: tl.constexpr = 16):
     """mass_cutoff over the candidates, from registers when n <= REG; rounds first..LAST-1 (LAST < 16:
-    `entry_rounds`, only where base_mass < target, so that the answer is an entry or t0)."""
+    renorm_config.search_rounds, only where base_mass < target, so that the answer is an entry or t0)."""
     if n <= REG:
         v = load_values(src_ptr, gid_ptr, tl.arange(0, REG), n, vocab, thr_bits, scale, GATHER, SCALED, G)
         t, m = mass_cutoff_block(v, target, base_mass, first, t0, LAST)
