@@ -249,7 +249,8 @@ def test_short_searches_in_bracket_select(dtype):
         # bins are wider than the entries' zero bits
         assert (plan[:, 0] == 2).all() and (n_in <= cfg.bracket_reg).all() and (m_hi < ws.target).all()
         span = (plan[:, 2] - 1 - plan[:, 1]).tolist()
-        assert min(s.bit_length() for s in span) - 3 >= 32 - 2 * search_rounds(DEFAULT_CONFIG, dtype)
+        bin_bits = min(s.bit_length() for s in span) - (cfg.bracket_bins.bit_length() - 1)  # radix_select.bin_shift
+        assert bin_bits >= 32 - 2 * search_rounds(DEFAULT_CONFIG, dtype)
     assert torch.equal(ref.bits(outs[0]), ref.bits(outs[1]))
     assert_matches(outs[0], ref.top_p_renorm_reference(x, p), dtype)
 
