@@ -55,10 +55,6 @@ class RenormConfig:
     cap_per_chunk: int = 1024  # bracket entries kept per chunk before the fallback searches
     z: float = 5.0  # bracket half-width in standard deviations of the sample estimate
     # --- register and occupancy options (docs/design-renorm.md, "Registers and occupancy") ---
-    tau_mass_first: int = 1  # top-p select: M(>= tau) streamed first, the tau list compacted only when needed
-    bracket_chunk: int = 0  # entries per bracket-pass program (0: chunk); smaller = more CTAs per SM
-    bracket_pass_warps: int = 0  # warps of the bracket pass (0: pass_warps)
-    bracket_prefetch: int = 0  # bracket pass: load the chunk before the row's plan arrives (reads every row)
     # register caps (ptxas .maxnreg; 0 = none). Uncapped, ptxas gives the 8-warp select kernels
     # 255 registers (1 CTA per SM: 256 rows = 2 waves) and the bracket pass 134 (1 CTA per SM);
     # at 128 both fit 2 CTAs per SM, with 0-32 bytes of stack (sm_90a, cuobjdump).
@@ -73,10 +69,10 @@ class RenormConfig:
     # (no shared-memory shuffle); used where that view fits (4 <= group <= 128, bracket chunk >= 128), else
     # 0 = prefix over groups + scan inside each
     bracket_copy: int = 2
-    # B (docs/design-renorm.md, "Sub-bracket bins"; 0 = off): the bracket pass sums its entries' mass per 1/B
+    # B (docs/design-renorm.md, "Sub-bracket bins"): the bracket pass sums its entries' mass per 1/B
     # of [lo, hi) (by bit pattern); bracket_select searches only the sub-bracket holding the cutoff (a power of
     # two, 2..64). bracket_select 85 -> 50 us, the bracket pass 75 -> 95 us, top-p flat 363 -> 349 us at
-    # B = 8 (16: 351, 4: 355, 32: 365)
+    # B = 8 against no bins (16: 351, 4: 355, 32: 365)
     bracket_bins: int = 8
     # top-p select (docs/design-renorm.md, "Top-p: where the estimate's rounds went"): while the bracket's lo
     # and hi searches agree, one 6-sum reduction per round instead of 12 (same bits). The select pass

@@ -12,9 +12,9 @@
    the entries >= hi and the entries in [lo, hi), copied out in order.
 4. ``bracket_select`` (FULL rows only, one program per row): the exact cutoff among the copied
    entries; if the bracket was too low, among the groups whose max is >= hi; if it was too high
-   or a huge tie overflowed it, over the whole row. Every path gives the same answer. With
-   ``bracket_bins`` the bracket pass also sums the copied entries' mass per sub-bracket and the
-   search runs on the entries of the one sub-bracket holding the cutoff (exact sums: same bits).
+   or a huge tie overflowed it, over the whole row. Every path gives the same answer. The bracket
+   pass also sums the copied entries' mass per sub-bracket (``bracket_bins``) and the search runs
+   on the entries of the one sub-bracket holding the cutoff (exact sums: same bits).
 5. ``renorm_write`` (rows x chunks programs, one read + one write): the output.
 
 Everything a row's output depends on is computed by programs that see only that row, with block
@@ -131,22 +131,17 @@ def launch_row_stats(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormC
 
 @triton.jit
 def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slots_ptr,
-                    CHUNK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr, PREFETCH: tl.constexpr,
-                    COPY_MODE: tl.constexpr, bmass_ptr=None, BINS: tl.constexpr = 0, BIN_SUB: tl.constexpr = 128,
-                    PDL: tl.constexpr = 0):
+                    CHUNK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr, COPY_MODE: tl.constexpr,
+                    bmass_ptr=None, BINS: tl.constexpr = 0, BIN_SUB: tl.constexpr = 128, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * CHUNK + tl.arange(0, CHUNK // G)[:, None] * G + tl.arange(0, G)[None, :]
-    if PREFETCH:
-        # the chunk's load issued with the plan's, not after it (reads rows that need no bracket too)
-        x = tl.load(probs_ptr + row * vocab + offs, mask=offs < vocab, other=0.0).to(tl.float32)
     status = tl.load(plan_ptr + row * 4)
     if status >= 2:
         lo = tl.load(plan_ptr + row * 4 + 1)
         hi = tl.load(plan_ptr + row * 4 + 2)
-        if not PREFETCH:
-            x = tl.load(probs_ptr + row * vocab + offs, mask=offs < vocab, other=0.0).to(tl.float32)
+        x = tl.load(probs_ptr + row * vocab + offs, mask=offs < vocab, other=0.0).to(tl.float32)
         bracket_chunk(tl.maximum(x, 0.0), row, chunk, n_chunks, status, lo, hi, mhi_ptr, cnt_ptr, slots_ptr,
                       CHUNK, G, CAP, COPY_MODE, bmass_ptr, BINS, BIN_SUB)
 
@@ -222,8 +217,7 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
                            mhi_ptr, cnt_ptr, slots_ptr, cand_ptr, list_cap, gmax_ptr, gid_ptr,
                            CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, CAP: tl.constexpr,
                            SUB: tl.constexpr, REG: tl.constexpr, G: tl.constexpr, COPY: tl.constexpr,
-                           EXACT_SPAN: tl.constexpr,
-                           bmass_ptr=None, BINS: tl.constexpr = 0, BIN_W: tl.constexpr = 0,
+                           EXACT_SPAN: tl.constexpr, bmass_ptr, BINS: tl.constexpr, BIN_W: tl.constexpr,
                            BIN_STEP: tl.constexpr = 4096, ENTRY_ROUNDS: tl.constexpr = 16, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -243,7 +237,7 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
 def bracket_resolve(row, status, lo, hi, target_ptr, probs_ptr, vocab, n_chunks, n_groups, mhi_ptr, cnt_ptr, slots_ptr,
                     cand_ptr, list_cap, gmax_ptr, gid_ptr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
                     CAP: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr, G: tl.constexpr, COPY: tl.constexpr,
-                    EXACT_SPAN: tl.constexpr, bmass_ptr=None, BINS: tl.constexpr = 0, BIN_W: tl.constexpr = 0,
+                    EXACT_SPAN: tl.constexpr, bmass_ptr, BINS: tl.constexpr, BIN_W: tl.constexpr,
                     BIN_STEP: tl.constexpr = 4096, ENTRY_ROUNDS: tl.constexpr = 16):
     """bracket_select's (cutoff bits, kept mass) of a FULL row (status 2: top-p, its target mass at
     target_ptr[row]; 3: min-p, whose cutoff is hi and whose kept mass the bracket pass summed).
@@ -273,37 +267,29 @@ def bracket_resolve(row, status, lo, hi, target_ptr, probs_ptr, vocab, n_chunks,
             tl.store(cand_row + start[:, None] + idx[None, :], v, mask=inside)
             n += tl.sum(cnt_c, axis=0)
         tl.debug_barrier()
-        # (the default mass and search are written in both branches of BINS: one runtime flag
-        # for both would make Triton compile the bins code, and its names, without bins too)
-        if BINS > 0:
-            # the bins are exact (hence equal to any other summation) when the bracket is narrow
-            # and holds <= REG entries; the bin's entries (< n) are compacted after the list
-            kk = tl.arange(0, BINS)
-            bin_mass = tl.sum(tl.load(bmass_ptr + (row * n_chunks + ch[:, None]) * BINS + kk[None, :],
-                                      mask=chm[:, None], other=0.0), axis=0)
-            e_lo = tl.maximum(lo >> 23, 1)  # biased exponents; subnormals share exponent 1's ulp
-            e_hi = tl.maximum((hi - 1) >> 23, 1)
-            scratch_at = ((n + 15) >> 4) << 4  # after the list (bracket_select stays idempotent)
-            use_bins = (overflow == 0) & (n <= REG) & (e_hi - e_lo <= EXACT_SPAN) & (scratch_at + n <= list_cap)
-            if use_bins:
-                m_in = tl.sum(bin_mass, axis=0)
-            else:
-                m_in = upper_mass_any(cand_row, cand_row, n, n, 0, 0, 1.0, False, False, G, SUB, REG)
+        # the bins are exact (hence equal to any other summation) when the bracket is narrow
+        # and holds <= REG entries; the bin's entries (< n) are compacted after the list
+        kk = tl.arange(0, BINS)
+        bin_mass = tl.sum(tl.load(bmass_ptr + (row * n_chunks + ch[:, None]) * BINS + kk[None, :],
+                                  mask=chm[:, None], other=0.0), axis=0)
+        e_lo = tl.maximum(lo >> 23, 1)  # biased exponents; subnormals share exponent 1's ulp
+        e_hi = tl.maximum((hi - 1) >> 23, 1)
+        scratch_at = ((n + 15) >> 4) << 4  # after the list (bracket_select stays idempotent)
+        use_bins = (overflow == 0) & (n <= REG) & (e_hi - e_lo <= EXACT_SPAN) & (scratch_at + n <= list_cap)
+        if use_bins:
+            m_in = tl.sum(bin_mass, axis=0)
         else:
             m_in = upper_mass_any(cand_row, cand_row, n, n, 0, 0, 1.0, False, False, G, SUB, REG)
         if (overflow == 0) & (m_hi < target) & (m_hi + m_in >= target):
             first, t0 = search_start(lo, hi - 1)
-            if BINS > 0:
-                found = use_bins
-                if use_bins:
-                    t, kept, found = mass_cutoff_block_bins(cand_row, n, target, m_hi, bin_mass, lo,
-                                                            bin_shift(lo, hi, BINS),
-                                                            cand_row + tl.multiple_of(scratch_at, 16),
-                                                            max(32, min(REG, BIN_STEP)), BIN_W, BINS,
-                                                            32 - 2 * ENTRY_ROUNDS)
-                if found == 0:  # (no usable bins, or a bin over BIN_W entries)
-                    t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, G, SUB, REG, ENTRY_ROUNDS)
-            else:
+            found = use_bins
+            if use_bins:
+                t, kept, found = mass_cutoff_block_bins(cand_row, n, target, m_hi, bin_mass, lo,
+                                                        bin_shift(lo, hi, BINS),
+                                                        cand_row + tl.multiple_of(scratch_at, 16),
+                                                        max(32, min(REG, BIN_STEP)), BIN_W, BINS,
+                                                        32 - 2 * ENTRY_ROUNDS)
+            if found == 0:  # (no usable bins, or a bin over BIN_W entries)
                 t, kept = _search_bracket_list(cand_row, n, target, m_hi, first, t0, G, SUB, REG, ENTRY_ROUNDS)
         elif m_hi >= target:
             # the sample bracket was too low: the cutoff is >= hi, so every entry that counts
@@ -333,35 +319,34 @@ def exact_span(cfg: RenormConfig) -> int:
 def bins_window(cfg: RenormConfig) -> int:
     """Entries of the one sub-bracket bracket_select searches (about 2x a bin's share of bracket_reg);
     a bin with more falls back to the default search."""
-    return max(32, 2 * cfg.bracket_reg // cfg.bracket_bins) if cfg.bracket_bins else 0
+    return max(32, 2 * cfg.bracket_reg // cfg.bracket_bins)
 
 
 def bins_args(ws: Workspace, cfg: RenormConfig, **extra) -> dict:
-    """The bins' launch arguments; none with bracket_bins=0 (the default kernels stay as they were)."""
-    return dict(bmass_ptr=ws.bmass, BINS=cfg.bracket_bins, **extra) if cfg.bracket_bins else {}
+    """The bins' launch arguments."""
+    return dict(bmass_ptr=ws.bmass, BINS=cfg.bracket_bins, **extra)
 
 
 def copy_mode(cfg: RenormConfig) -> int:
     """The bracket pass's copy-out: cfg.bracket_copy, but 2's store view needs 4 <= group <= 128 and
-    a bracket chunk >= 128 (one lane per entry of a 32-wide slice); elsewhere mode 0 (same slots)."""
-    if cfg.bracket_copy == 2 and not (4 <= cfg.group <= 128 and (cfg.bracket_chunk or cfg.chunk) >= 128):
+    a chunk >= 128 (one lane per entry of a 32-wide slice); elsewhere mode 0 (same slots)."""
+    if cfg.bracket_copy == 2 and not (4 <= cfg.group <= 128 and cfg.chunk >= 128):
         return 0
     return cfg.bracket_copy
 
 
 def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig) -> None:
     """Pass 3 (the bracket pass, FULL rows) and pass 4 (bracket_select, their exact cutoff)."""
-    _bracket_kernel[(s.rows, s.n_bchunks)](
-        probs, s.vocab, s.n_bchunks, ws.plan, ws.mhi, ws.cnt, ws.slots,
-        CHUNK=s.b_chunk, G=cfg.group, CAP=s.cap, PREFETCH=bool(cfg.bracket_prefetch),
-        COPY_MODE=copy_mode(cfg), **bins_args(ws, cfg),
-        **pdl_args(cfg, s, probs.device), num_warps=cfg.bracket_pass_warps or cfg.pass_warps,
-        **reg_cap(cfg.bracket_pass_maxnreg or cfg.bracket_maxnreg, cfg.bracket_pass_warps or cfg.pass_warps),
+    _bracket_kernel[(s.rows, s.n_chunks)](
+        probs, s.vocab, s.n_chunks, ws.plan, ws.mhi, ws.cnt, ws.slots,
+        CHUNK=s.chunk, G=cfg.group, CAP=s.cap, COPY_MODE=copy_mode(cfg), **bins_args(ws, cfg),
+        **pdl_args(cfg, s, probs.device), num_warps=cfg.pass_warps,
+        **reg_cap(cfg.bracket_pass_maxnreg or cfg.bracket_maxnreg, cfg.pass_warps),
     )
     _bracket_select_kernel[(s.rows,)](
-        probs, s.vocab, s.n_bchunks, s.n_groups, ws.plan, ws.target, ws.params, ws.mhi, ws.cnt, ws.slots,
+        probs, s.vocab, s.n_chunks, s.n_groups, ws.plan, ws.target, ws.params, ws.mhi, ws.cnt, ws.slots,
         ws.cand, ws.list_cap, ws.gmax, ws.gid,
-        CH_BLOCK=s.bch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg, G=cfg.group,
+        CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, CAP=s.cap, SUB=cfg.sub, REG=cfg.bracket_reg, G=cfg.group,
         COPY=max(1, min(8, 8192 // s.cap)), EXACT_SPAN=exact_span(cfg), ENTRY_ROUNDS=search_rounds(cfg, probs.dtype),
         num_warps=cfg.bracket_warps,
         **bins_args(ws, cfg, BIN_W=bins_window(cfg)),

@@ -41,14 +41,14 @@ def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                          HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
                          G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
                          NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
-                         TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr,
+                         TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr,
                          SHORT: tl.constexpr = False, ENTRY_ROUNDS: tl.constexpr = 16, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     top_k_select_row(tl.program_id(0).to(tl.int64), probs_ptr, vocab, n_chunks, n_groups, n_samples,
                      chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
                      k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
                      HAS_K_ARR, HAS_P_ARR, WITH_TOP_P, G, SG, CH_BLOCK, NG_BLOCK, NS_BLOCK, SUB, REG,
-                     TAU_GROUPS, CSUB, MASS_FIRST, SHORT=SHORT, ENTRY_ROUNDS=ENTRY_ROUNDS)
+                     TAU_GROUPS, CSUB, SHORT=SHORT, ENTRY_ROUNDS=ENTRY_ROUNDS)
     pdl_exit(PDL)
 
 

@@ -49,7 +49,7 @@ def _top_k_fused_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                         HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
                         CHUNK: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
                         NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
-                        TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr,
+                        TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr,
                         STAGES: tl.constexpr, PER_CTA: tl.constexpr, SHORT: tl.constexpr = False,
                         ENTRY_ROUNDS: tl.constexpr = 16):
     """One CTA per PER_CTA consecutive chunks of a row (module doc); the select kernel's arguments
@@ -73,7 +73,7 @@ def _top_k_fused_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                              chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
                              k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
                              HAS_K_ARR, HAS_P_ARR, WITH_TOP_P, G, SG, CH_BLOCK, NG_BLOCK, NS_BLOCK, SUB, REG,
-                             TAU_GROUPS, CSUB, MASS_FIRST, SHORT=SHORT, ENTRY_ROUNDS=ENTRY_ROUNDS)
+                             TAU_GROUPS, CSUB, SHORT=SHORT, ENTRY_ROUNDS=ENTRY_ROUNDS)
             tl.debug_barrier()  # the row's params stored before the flag
             tl.atomic_xchg(sync + 1, 1, sem="release", scope="gpu")
     if (STAGES & 2) != 0:

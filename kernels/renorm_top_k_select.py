@@ -72,7 +72,7 @@ def top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
                      HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
                      G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
                      NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
-                     TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr,
+                     TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr,
                      mp_ptr=None, mp_val=0.0, chunk_mp_ptr=None, HAS_MP_ARR: tl.constexpr = False,
                      WITH_MIN_P: tl.constexpr = False, JOINT: tl.constexpr = False,
                      SHORT: tl.constexpr = False, ENTRY_ROUNDS: tl.constexpr = 16):
@@ -169,12 +169,12 @@ def top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
                     else:
                         status, thr2, kept, lo, hi, target = top_p_plan(
                             src, gid_row, list_row, list_cap, gb, gidx, max_bits, gsamp_ptr + row * n_samples,
-                            n_samples, vocab, total, p, G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST,
+                            n_samples, vocab, total, p, G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB,
                             ENTRY_ROUNDS=ENTRY_ROUNDS)
                 else:
                     status, thr2, kept, lo, hi, target = top_p_plan(
                         src, gid_row, list_row, list_cap, gb, gidx, max_bits, gsamp_ptr + row * n_samples,
-                        n_samples, vocab, total, p, G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST,
+                        n_samples, vocab, total, p, G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB,
                             ENTRY_ROUNDS=ENTRY_ROUNDS)
                 r2 = reciprocal_f32(kept)
     else:
@@ -219,7 +219,7 @@ def select_launch_args(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], 
     blocks = dict(HAS_K_ARR=has_k, HAS_P_ARR=has_p, WITH_TOP_P=with_top_p,
                   G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, NS_BLOCK=s.ns_block,
                   SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=top_p_tau_groups(cfg, s.n_groups),
-                  CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), SHORT=bool(cfg.short_searches),
+                  CSUB=cfg.compact_sub, SHORT=bool(cfg.short_searches),
                   ENTRY_ROUNDS=search_rounds(cfg, probs.dtype))
     return args, blocks
 

@@ -41,7 +41,7 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                          HAS_P_ARR: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
                          CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr, NS_BLOCK: tl.constexpr,
                          SUB: tl.constexpr, REG: tl.constexpr, TAU_GROUPS: tl.constexpr,
-                         CSUB: tl.constexpr, MASS_FIRST: tl.constexpr, TPS_SHARED: tl.constexpr = False,
+                         CSUB: tl.constexpr, TPS_SHARED: tl.constexpr = False,
                          NS_REM: tl.constexpr = 0, NG_REM: tl.constexpr = 0, HI_SAMPLES: tl.constexpr = 0,
                          ENTRY_ROUNDS: tl.constexpr = 16, PDL: tl.constexpr = 0):
     """The per-row top-p plan (module doc): writes the row's plan, target and params.
@@ -81,7 +81,7 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
         status, thr, kept, lo, hi, target = top_p_plan(
             probs_ptr + row * vocab, gid_ptr + row * n_groups, cand_ptr + row * list_cap, list_cap,
             gb, gidx, tl.max(gb, axis=0), gsamp_ptr + row * n_samples, n_samples, vocab, total, p,
-            G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, MASS_FIRST, TPS_SHARED, NS_REM, gbm, gbr, NG_REM > 0,
+            G, SG, NS_BLOCK, SUB, REG, TAU_GROUPS, Z, CSUB, TPS_SHARED, NS_REM, gbm, gbr, NG_REM > 0,
             HI_SAMPLES, ENTRY_ROUNDS)
     full = status >= 2
     tl.store(flag_ptr + row, (n_bad > 0).to(tl.int32))
@@ -131,7 +131,7 @@ def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[Renor
     ng_rem = sample_blocks(s.n_groups, s.ng_block, cfg.tps_split, threads)[1]
     blocks = dict(HAS_P_ARR=has_arr, G=cfg.group, SG=cfg.sample_stride, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block,
                   NS_BLOCK=ns_main, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=top_p_tau_groups(cfg, s.n_groups),
-                  CSUB=cfg.compact_sub, MASS_FIRST=bool(cfg.tau_mass_first), TPS_SHARED=bool(cfg.tps_shared),
+                  CSUB=cfg.compact_sub, TPS_SHARED=bool(cfg.tps_shared),
                   NS_REM=ns_rem, NG_REM=ng_rem, HI_SAMPLES=cfg.bracket_hi_samples,
                   ENTRY_ROUNDS=search_rounds(cfg, probs.dtype), **pdl_args(cfg, s, probs.device, late=True))
     launch_row_stats(probs, s, ws, cfg, with_sample=True)

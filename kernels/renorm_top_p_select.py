@@ -293,7 +293,7 @@ def kth_largest_split(bm, br, k, ROUNDS: tl.constexpr):
 @triton.jit
 def top_p_plan(src, gid_row, list_row, list_cap, gb, gidx, max_bits, samp_row, n_samples, vocab, total, p,
                G: tl.constexpr, SG: tl.constexpr, NS_BLOCK: tl.constexpr, SUB: tl.constexpr,
-               REG: tl.constexpr, TAU_GROUPS: tl.constexpr, Z, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr,
+               REG: tl.constexpr, TAU_GROUPS: tl.constexpr, Z, CSUB: tl.constexpr,
                TPS_SHARED: tl.constexpr = False, NS_REM: tl.constexpr = 0, gbm=None, gbr=None,
                TAU_SPLIT: tl.constexpr = False, HI_SAMPLES: tl.constexpr = 0, ENTRY_ROUNDS: tl.constexpr = 16):
     """(status, thr bits, kept mass, lo, hi, target) for top-p on one row (see module doc).
@@ -319,18 +319,13 @@ def top_p_plan(src, gid_row, list_row, list_cap, gb, gidx, max_bits, samp_row, n
         count = tl.full((), 0, tl.int32)
         if n_cand <= REG:
             m_tau = upper_mass_any(src, gid_row, n_cand, vocab, tau, 0, 1.0, True, False, G, SUB, REG)
-        elif MASS_FIRST:
-            # M(>= tau) alone (no compaction: flat rows never search these entries)
+        else:  # M(>= tau) alone: flat rows never search these entries, so they are compacted only below
             m_tau = upper_mass(src, gid_row, n_cand, vocab, tau, 0, 1.0, True, False, G, CSUB)
-        else:  # keep only the entries >= tau: usually about TAU_GROUPS of them
-            count, m_tau = compact_values(src, gid_row, n_cand, vocab, tau, list_row, list_cap, True, G, CSUB)
-            tl.debug_barrier()
         if (m_tau >= target) & (m_tau > 0.0):
             first, t0 = search_start(tau, max_bits)
-            if MASS_FIRST:
-                if n_cand > REG:
-                    count, _ = compact_values(src, gid_row, n_cand, vocab, tau, list_row, list_cap, True, G, CSUB)
-                    tl.debug_barrier()
+            if n_cand > REG:  # keep only the entries >= tau: usually about TAU_GROUPS of them
+                count, _ = compact_values(src, gid_row, n_cand, vocab, tau, list_row, list_cap, True, G, CSUB)
+                tl.debug_barrier()
             if n_cand <= REG:
                 thr, kept = mass_cutoff_any(src, gid_row, n_cand, vocab, target, 0.0, 0, 1.0, first, t0,
                                             True, False, G, SUB, REG, ENTRY_ROUNDS)

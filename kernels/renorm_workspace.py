@@ -27,10 +27,7 @@ class Shapes:
     ch_block: int
     ng_block: int
     ns_block: int
-    cap: int
-    b_chunk: int  # the bracket pass's chunk, its count and block
-    n_bchunks: int
-    bch_block: int
+    cap: int  # bracket entries kept per chunk
 
 
 @functools.lru_cache(maxsize=256)
@@ -40,8 +37,8 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
         raise ValueError("RenormConfig: sample_stride must be a multiple of group, chunk of sample_stride")
     if cfg.bracket_copy not in (0, 2):
         raise ValueError("RenormConfig: bracket_copy must be 0 or 2")
-    if cfg.bracket_bins and (cfg.bracket_bins & (cfg.bracket_bins - 1) or not 2 <= cfg.bracket_bins <= 64):
-        raise ValueError("RenormConfig: bracket_bins must be 0 or a power of two in 2..64")
+    if cfg.bracket_bins & (cfg.bracket_bins - 1) or not 2 <= cfg.bracket_bins <= 64:
+        raise ValueError("RenormConfig: bracket_bins must be a power of two in 2..64")
     if cfg.top_k_select_warps_short not in (0, 1, 2, 4, 8, 16):
         raise ValueError(f"RenormConfig: top_k_select_warps_short must be 0 or a power of two <= 16, "
                          f"got {cfg.top_k_select_warps_short}")
@@ -52,10 +49,8 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
         if v < 1 or v & (v - 1):
             raise ValueError(f"RenormConfig: {name} must be a power of two, got {v}")
     chunk = cfg.chunk  # fixed (not shrunk for short rows): fewer kernel variants to compile
-    b_chunk = cfg.bracket_chunk or chunk
-    if b_chunk & (b_chunk - 1) or b_chunk < max(64, cfg.group):
-        raise ValueError("RenormConfig: bracket_chunk must be a power of two >= 64 and >= group")
-    n_bchunks = triton.cdiv(vocab, b_chunk)
+    if chunk & (chunk - 1) or chunk < max(64, cfg.group):
+        raise ValueError("RenormConfig: chunk must be a power of two >= 64 and >= group")
     n_chunks = triton.cdiv(vocab, chunk)
     n_groups = triton.cdiv(vocab, cfg.group)
     n_samples = triton.cdiv(vocab, cfg.sample_stride)
@@ -74,10 +69,7 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
         ch_block=max(2, triton.next_power_of_2(n_chunks)),
         ng_block=ng_block,
         ns_block=max(16, triton.next_power_of_2(n_samples)),
-        cap=min(cfg.cap_per_chunk, b_chunk),
-        b_chunk=b_chunk,
-        n_bchunks=n_bchunks,
-        bch_block=max(2, triton.next_power_of_2(n_bchunks)),
+        cap=min(cfg.cap_per_chunk, chunk),
     )
 
 
@@ -96,10 +88,10 @@ class Workspace:
     flag: torch.Tensor  # int32 [rows]: 1 = NaN row
     plan: torch.Tensor  # int32 [rows, 4]: status, lo bits, hi bits, -
     target: torch.Tensor  # float64 [rows]
-    mhi: torch.Tensor  # float64 [rows * n_bchunks]
-    cnt: torch.Tensor  # int32 [rows * n_bchunks]
-    slots: torch.Tensor  # float32 [rows * n_bchunks * cap]
-    bmass: torch.Tensor  # float64 [rows * n_bchunks * bracket_bins]: bracket mass per sub-bracket (bracket_bins)
+    mhi: torch.Tensor  # float64 [rows * n_chunks]
+    cnt: torch.Tensor  # int32 [rows * n_chunks]
+    slots: torch.Tensor  # float32 [rows * n_chunks * cap]
+    bmass: torch.Tensor  # float64 [rows * n_chunks * bracket_bins]: bracket mass per sub-bracket (bracket_bins)
     list_cap: int
     cap: int
     # int32 [rows * SYNC_WORDS] of the one-launch top-k (renorm_top_k_fused.py), zero between calls (the
@@ -118,14 +110,14 @@ def _layout(s: Shapes, cfg: RenormConfig, with_sample: bool, with_bracket: bool)
     """(list_cap, {dtype: (names, sizes)}): each buffer followed by padding to 64 entries
     (aligned pointers); split() of one allocation per dtype gives buffer, pad, buffer, pad..."""
     r = s.rows
-    list_cap = max(min(cfg.list_cap, s.vocab), s.n_bchunks * s.cap if with_bracket else 0)
+    list_cap = max(min(cfg.list_cap, s.vocab), s.n_chunks * s.cap if with_bracket else 0)
     numel = {
         "chunk_sum": r * s.n_chunks, "chunk_bad": r * s.n_chunks, "gmax": r * s.n_groups,
         "gsamp": r * s.n_samples if with_sample else 1, "gid": r * s.n_groups, "cand": r * list_cap,
         "params": r * 4, "flag": r, "plan": r * 4, "target": r,
-        "mhi": r * s.n_bchunks if with_bracket else 1, "cnt": r * s.n_bchunks if with_bracket else 1,
-        "slots": r * s.n_bchunks * s.cap if with_bracket else 1,
-        "bmass": r * s.n_bchunks * cfg.bracket_bins if with_bracket and cfg.bracket_bins else 1,
+        "mhi": r * s.n_chunks if with_bracket else 1, "cnt": r * s.n_chunks if with_bracket else 1,
+        "slots": r * s.n_chunks * s.cap if with_bracket else 1,
+        "bmass": r * s.n_chunks * cfg.bracket_bins if with_bracket else 1,
     }
     groups = {}
     for name, n in numel.items():

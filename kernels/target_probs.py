@@ -144,7 +144,7 @@ def _target_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                           HAS_K_ARR: tl.constexpr, HAS_P_ARR: tl.constexpr, WITH_TOP_P: tl.constexpr,
                           G: tl.constexpr, SG: tl.constexpr, CH_BLOCK: tl.constexpr, NG_BLOCK: tl.constexpr,
                           NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
-                          TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr, MASS_FIRST: tl.constexpr,
+                          TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr,
                           HAS_MP_ARR: tl.constexpr, WITH_MIN_P: tl.constexpr, SHORT: tl.constexpr = False,
                           ENTRY_ROUNDS: tl.constexpr = 16):
     """Pass 3: top-k, top-p and min-p of one row's weights as one kept set (top_k_select_row, JOINT)."""
@@ -152,7 +152,7 @@ def _target_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                      chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, gid_ptr, cand_ptr, list_cap,
                      k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
                      HAS_K_ARR, HAS_P_ARR, WITH_TOP_P, G, SG, CH_BLOCK, NG_BLOCK, NS_BLOCK, SUB, REG,
-                     TAU_GROUPS, CSUB, MASS_FIRST, mp_ptr, mp_val, chunk_mp_ptr, HAS_MP_ARR, WITH_MIN_P, True,
+                     TAU_GROUPS, CSUB, mp_ptr, mp_val, chunk_mp_ptr, HAS_MP_ARR, WITH_MIN_P, True,
                      SHORT, ENTRY_ROUNDS)
 
 

@@ -75,7 +75,7 @@ def test_configs_arguments_and_bad_overrides(monkeypatch, capsys):
                       (("--grid", "--dtypes", "fp8"), "unknown dtype 'fp8'"),  # every mode, with or without CUDA
                       (("--impls", "tpguard,nope"), "unknown implementation 'nope'"),
                       (("--configs", "|tps_split=2"), "tps_split must be 0 or 1, got 2"),  # a value
-                      (("--configs", "bracket_bins=3"), "bracket_bins must be 0 or a power of two"),
+                      (("--configs", "bracket_bins=3"), "bracket_bins must be a power of two"),
                       (("--grid", "--grid-rows", "8,0"), "--grid-rows must be >= 1, got 0"),
                       (("--iters", "0"), "--iters must be >= 1, got 0"),
                       (("--configs", "", "--vocabs", "-5"), "--vocabs must be >= 1, got -5")):

@@ -114,15 +114,14 @@ def test_top_p_whole_row_fallbacks(cfg):
 
 @pytest.mark.slow
 def test_bracket_pass_and_register_options_match_reference():
-    # RenormConfig's options (docs/design-renorm.md): the bracket pass's own chunk and prefetch, the tau list
-    # compacted only for peaky rows, no register caps; every combination must keep the
-    # reference's set and the same bits as the default shapes
+    # RenormConfig's register options (docs/design-renorm.md): the bracket pass's own cap, no caps; every
+    # combination must keep the reference's set and the same bits as the default shapes
     x = torch.cat([make_rows(2, 1500, "flat", seed=51), make_rows(1, 1500, "peaky", seed=52)])
     p = torch.tensor([0.9, 0.5, 0.9], device=DEVICE)
-    base = top_p_renorm_triton(x, p, config=SMALL.replace(tau_mass_first=0))
+    base = top_p_renorm_triton(x, p, config=SMALL)
     assert_matches(base, ref.top_p_renorm_reference(x, p))
-    for change in ({"bracket_chunk": 128, "bracket_pass_warps": 2, "bracket_prefetch": 1},
-                   {"tau_mass_first": 0, "select_maxnreg": 0, "bracket_maxnreg": 0}):
+    for change in ({"bracket_pass_maxnreg": 96},
+                   {"select_maxnreg": 0, "bracket_maxnreg": 0}):
         cfg = SMALL.replace(**change)
         out = top_p_renorm_triton(x, p, config=cfg)
         assert_matches(out, ref.top_p_renorm_reference(x, p))
@@ -340,7 +339,7 @@ def _bracket_copy_out(x, lo, hi, cap, mode, cfg=DEFAULT_CONFIG):
     cnt = torch.zeros(rows * n_chunks, dtype=torch.int32, device=DEVICE)
     slots = torch.full((rows * n_chunks * cap,), -1.0, device=DEVICE)
     passes._bracket_kernel[(rows, n_chunks)](x, vocab, n_chunks, plan, mhi, cnt, slots, CHUNK=cfg.chunk,
-                                            G=cfg.group, CAP=cap, PREFETCH=False, COPY_MODE=mode,
+                                            G=cfg.group, CAP=cap, COPY_MODE=mode,
                                             num_warps=cfg.pass_warps)
     return mhi, cnt, slots
 
@@ -373,10 +372,10 @@ def test_bracket_copy_same_slots():
     written = torch.arange(ws.cap, device=DEVICE)[None, :] < ws.cnt.clamp(max=ws.cap)[:, None]  # (empty workspace)
     assert torch.equal(ws_c.slots.view(-1, ws.cap)[written], ws.slots.view(-1, ws.cap)[written])
     assert torch.equal(out.view(torch.int32), base.view(torch.int32))
-    # where mode 2's store view does not fit (a bracket chunk below 128), mode 0 runs: same output
+    # where mode 2's store view does not fit (a chunk below 128), mode 0 runs: same output
     from tpguard.kernels.renorm_passes import copy_mode
 
-    small = DEFAULT_CONFIG.replace(bracket_copy=2, bracket_chunk=64)
+    small = DEFAULT_CONFIG.replace(bracket_copy=2, chunk=64)
     assert copy_mode(small) == 0 and copy_mode(DEFAULT_CONFIG) == 2
     assert torch.equal(top_p_renorm_triton(x[:1], 0.9, config=small).view(torch.int32),
                        top_p_renorm_triton(x[:1], 0.9, config=small.replace(bracket_copy=0)).view(torch.int32))
