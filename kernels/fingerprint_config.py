@@ -42,12 +42,6 @@ class KernelConfig:
     # configs where the table kernel needs more registers: 163 vs 127 at [8, 1024] x 8 warps)
     many_long: str = "table"
     maxnreg: int | None = 128  # register cap for the long-row lane launches (None: compiler's)
-    # > 0 sizes the chunks (any whole number of tiles, not only chunk_words) so that the programs fill
-    # the GPU's SMs x this many CTAs about once, evenly (one tensor; fingerprint_many's long rows: over all
-    # the segments of a lane launch). One tensor 48.6-48.9 us at 7, 53.9 at 8, 52.1 at 14 (the 8-warp
-    # default: 48.3); the full set 114.0 / 100.3 us at 7 / 14 vs 93.5: an option, off
-    # (docs/design-fingerprint.md, "Tried and lost").
-    fill_ctas_per_sm: int = 0
     # One tensor's lane launch read through Hopper TMA (kernels/fingerprint_tma.py; 45.7 vs 47.1 us
     # for 256 x 163840 fp32): "auto" on sm_90+ GPUs where the tensor allows, "on" there and under the
     # interpreter too (tests), "off" never. fingerprint_many never uses it: its cached plans must not hold the
@@ -69,8 +63,6 @@ class KernelConfig:
                 raise ValueError(f"KernelConfig.{name} must be a power of two, got {value}")
         if not 0 <= self.shifts <= SHIFT_ALL:
             raise ValueError(f"KernelConfig.shifts must be a bitmask in [0, {SHIFT_ALL}], got {self.shifts}")
-        if self.fill_ctas_per_sm < 0:
-            raise ValueError(f"KernelConfig.fill_ctas_per_sm must be >= 0, got {self.fill_ctas_per_sm}")
         if self.rows_per_tile > self.block_words:
             raise ValueError("KernelConfig.rows_per_tile must not exceed block_words")
 
@@ -91,7 +83,7 @@ def default_config() -> KernelConfig:
 # registers, so 8 CTAs per SM hold the 640 programs of [8 rows, 8192 words] in one wave (the defaults:
 # 528 slots, 1.2 waves): 50.3 us vs 56.0 at the defaults; fingerprint_many's full set (2 x 168 MB,
 # twice the programs) gained nothing from it (97.0 vs 93.4 us). 8 warps of 8 words per thread: 48.3 us
-# vs 50.0 at 4 warps (fill_ctas_per_sm=7: 48.6-48.9), 47.5 us as the default; a plain Triton read of
-# the same tensor: 40-41 us. The lane launch through TMA on sm_90+ (lane_tma="auto"): 45.7 us vs 47.1
-# with ldg loads (docs/design-fingerprint.md).
+# vs 50.0 at 4 warps (chunks sized to fill the SMs once instead: 48.6-48.9, "Tried and lost"), 47.5 us
+# as the default; a plain Triton read of the same tensor: 40-41 us. The lane launch through TMA on
+# sm_90+ (lane_tma="auto"): 45.7 us vs 47.1 with ldg loads (docs/design-fingerprint.md).
 SINGLE_TENSOR_CONFIG = KernelConfig(block_words=2048, num_warps=8, maxnreg=None, lane_tma="auto")

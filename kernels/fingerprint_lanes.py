@@ -18,7 +18,6 @@ from __future__ import annotations
 import torch
 
 from tpguard.kernels import fingerprint_tma
-from tpguard.kernels.direct_launch import sm_count
 from tpguard.kernels.fingerprint_config import KernelConfig
 from tpguard.kernels.fingerprint_finalize import _finalize_chunks
 from tpguard.kernels.fingerprint_words import (_MAX_GRID_Y, _next_pow2, _reg_opts, _seed_args, _tile, _warps,
@@ -74,8 +73,7 @@ def _hash_words(w: _Words, seed: int, top_seed: int | None, cfg: KernelConfig):
     rows_out = torch.empty(w.rows, dtype=torch.int64, device=device)
     if w.rows == 0:
         return rows_out, None
-    slots = cfg.fill_ctas_per_sm * sm_count(device, 4) if cfg.fill_ctas_per_sm else 0
-    br, bn, chunk_tiles, chunks = _tile(w.rows, w.n_words, cfg, slots)
+    br, bn, chunk_tiles, chunks = _tile(w.rows, w.n_words, cfg)
     if chunks > _MAX_GRID_Y:
         raise ValueError(f"rows of {w.n_words} words need {chunks} chunks (> {_MAX_GRID_Y}); "
                          "raise KernelConfig.chunk_words")

@@ -25,7 +25,7 @@ import torch
 from tpguard.config import interpreting
 from tpguard.kernels import direct_launch
 from tpguard.kernels import fingerprint_reference as ref
-from tpguard.kernels.direct_launch import OutLaunch, device_guard, prepare_out_launches, sm_count
+from tpguard.kernels.direct_launch import OutLaunch, device_guard, prepare_out_launches
 from tpguard.kernels.fingerprint_config import KernelConfig, default_config
 from tpguard.kernels.fingerprint_finalize import _finalize_chunks
 from tpguard.kernels.fingerprint_segments import _record
@@ -132,14 +132,10 @@ class ManyPlan:
         records: list[list[int]] = []
         lane_specs = []  # ("table", grid, rec0, n_recs, meta) or ("seg", grid, record, meta)
         part = 0
-        slots = cfg.fill_ctas_per_sm * sm_count(device, 4) if cfg.fill_ctas_per_sm else 0
         for segs, br, bn, aligned, eb in groups:
             if not segs:
                 continue
             chunk_tiles = max(1, cfg.chunk_words // bn)
-            if slots and eb:  # long rows: chunks sized so the launch's programs fill the SMs about once
-                tiles = sum(-(-w.rows // br) * -(-w.n_words // bn) for _, _, w in segs)
-                chunk_tiles = max(1, -(-tiles // slots))
             rec0, item = len(records), 0
             for i, t, w in segs:
                 chunks = max(1, -(-w.n_words // (chunk_tiles * bn)))
@@ -152,7 +148,7 @@ class ManyPlan:
                 meta.update(_reg_opts(cfg))
             lane_specs.append(("table", (item,), rec0, len(segs), meta))
         for (i, t, w), aligned in per_segment:
-            br, bn, chunk_tiles, chunks = _tile(w.rows, w.n_words, cfg, slots)
+            br, bn, chunk_tiles, chunks = _tile(w.rows, w.n_words, cfg)
             if chunks > _MAX_GRID_Y:
                 raise ValueError(f"rows of {w.n_words} words need {chunks} chunks (> {_MAX_GRID_Y}); "
                                  "raise KernelConfig.chunk_words")

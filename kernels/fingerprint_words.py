@@ -88,19 +88,13 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 
 
-def _tile(rows: int, n_words: int, cfg: KernelConfig, slots: int = 0) -> tuple[int, int, int, int]:
+def _tile(rows: int, n_words: int, cfg: KernelConfig) -> tuple[int, int, int, int]:
     """(BR, BN, chunk_tiles, chunks): long rows get [rows_per_tile, block_words / rows_per_tile]
-    tiles (rows side by side share the per-column position work), short rows many per tile.
-    `slots` > 0 (CTAs the GPU holds at once): chunks of as many tiles as spread the programs
-    (row blocks x chunks) over about `slots`, evenly, instead of chunk_words."""
+    tiles (rows side by side share the per-column position work), short rows many per tile."""
     br_long = max(1, min(cfg.rows_per_tile, _next_pow2(max(rows, 1))))
     bn = min(_next_pow2(max(n_words, 1)), cfg.block_words // br_long)
     br = max(1, min(cfg.block_words // bn, _next_pow2(max(rows, 1))))
     chunk_tiles = max(1, cfg.chunk_words // bn)
-    if slots > 0:
-        tiles = -(-n_words // bn)
-        want_chunks = max(1, slots // -(-rows // br))
-        chunk_tiles = max(1, -(-tiles // want_chunks))
     chunks = max(1, -(-n_words // (chunk_tiles * bn)))
     return br, bn, chunk_tiles, chunks
 

@@ -2,8 +2,6 @@
 on CPU tensors under the Triton interpreter: dtypes, shapes, row lengths around the tile size,
 chunked rows, strided views, fingerprint_many, and the hash's properties."""
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -15,7 +13,6 @@ from tpguard.config import interpreting  # noqa: E402
 from tpguard.kernels import direct_launch as dl  # noqa: E402
 from tpguard.kernels import fingerprint as kfp  # noqa: E402
 from tpguard.kernels import fingerprint_reference as ref  # noqa: E402
-from tpguard.kernels.fingerprint_words import _tile  # noqa: E402
 
 # CPU tensors need the interpreter (tests/conftest.py); gpu/check.sh's TRITON_INTERPRET=0 runs skip here
 pytestmark = pytest.mark.skipif(not interpreting(), reason="TRITON_INTERPRET=0: Triton kernels on CPU tensors")
@@ -104,22 +101,6 @@ def test_configs_agree():
         assert (top_value(x, cfg), top_value(y, cfg)) == want
 
 
-@pytest.mark.slow
-def test_chunks_sized_to_fill_the_gpu():
-    """`fill_ctas_per_sm`: chunks of any whole number of tiles, so that the programs fill the SMs
-    about once (the H200's 132 SMs x 8 CTAs at 256 x 163840: 32 chunks of 20 tiles, 1024 programs);
-    the bits never change (the interpreter's stand-in GPU has 4 SMs)."""
-    cfg = kfp.KernelConfig(block_words=2048, maxnreg=None, fill_ctas_per_sm=8)
-    assert _tile(256, 163840, cfg, 132 * 8) == (8, 256, 20, 32)
-    assert _tile(256, 128256, cfg, 132 * 8) == (8, 256, 16, 32)
-    assert _tile(1, 163840, cfg, 132 * 8) == (1, 2048, 1, 80)  # one row: every tile a chunk
-    for shape, dtype in [((20, 3000), torch.float32), ((3, 5000), torch.bfloat16), ((1, 7000), torch.int32)]:
-        t = make(shape, dtype)
-        assert_matches(t, dataclasses.replace(CHUNKY, fill_ctas_per_sm=3))
-    with pytest.raises(ValueError, match="fill_ctas_per_sm"):
-        kfp.KernelConfig(fill_ctas_per_sm=-1)
-
-
 def test_one_ulp_permutation_dtype_and_shape_change_the_value():
     x = make((4, 1000), torch.float32)
     base_rows = kfp.fingerprint_rows_triton(x)
@@ -182,27 +163,6 @@ def test_fingerprint_many_chunked():
                make((3, 700), torch.bfloat16), make((40,), torch.int64), make((20, 3), torch.int32)]
     assert torch.equal(kfp.fingerprint_many_triton(tensors, config=CHUNKY),
                        ref.fingerprint_many_reference(tensors))
-
-
-@pytest.mark.slow
-def test_fingerprint_many_chunks_sized_to_fill_the_gpu():
-    """`fill_ctas_per_sm` on fingerprint_many's long rows: the table launch's chunks from the tiles of
-    all its segments (the guard's full set: logits and probs in one wave), the per-segment launches'
-    as for one tensor; same values (the interpreter's stand-in GPU has 4 SMs)."""
-    tensors = [make((20, 3000), torch.float32, 1), make((9, 4001), torch.float32, 2)[:, 1:],
-               make((3, 700), torch.bfloat16, 3), make((40,), torch.int64, 4), make((20, 3), torch.int32, 5)]
-    want = ref.fingerprint_many_reference(tensors)
-
-    def chunk_counts(cfg):  # the long-row segments' chunks, from the plan's segment records
-        plan = kfp.ManyPlan(tensors, config=cfg)
-        return plan._host_table.view(-1, 12)[:plan.n_lane_records, 8].tolist()
-
-    for many_long in ("table", "rows"):
-        base = chunk_counts(dataclasses.replace(CHUNKY, many_long=many_long))
-        for fill in (1, 3):
-            cfg = dataclasses.replace(CHUNKY, many_long=many_long, fill_ctas_per_sm=fill)
-            assert chunk_counts(cfg) != base, (many_long, fill)  # the option reaches the plan
-            assert torch.equal(kfp.fingerprint_many_triton(tensors, config=cfg), want), (many_long, fill)
 
 
 def test_fingerprint_many_small_set_is_one_launch():

@@ -192,10 +192,6 @@ SWEEP_CONFIGS = [
     # around the best of that sweep (offline registers: 38 -> 12 CTAs/SM; 64 -> 8; 64 -> 8; 80 -> 3)
     "block_words=1024,maxnreg=none", "block_words=2048,maxnreg=none,rows_per_tile=16",
     "block_words=2048,maxnreg=none,chunk_words=16384", "block_words=4096,maxnreg=none,num_warps=8",
-    # chunks sized so the programs fill the SMs once, evenly (1024 at 8 CTAs/SM): 53.9 us at 8,
-    # 48.6-48.9 at 7 (docs/benchmarks.md)
-    "block_words=2048,maxnreg=none,fill_ctas_per_sm=8", "block_words=4096,maxnreg=none,num_warps=8,fill_ctas_per_sm=3",
-    "fill_ctas_per_sm=4",
 ]
 # fingerprint_many's long rows (the guard's full set: 2 x 168 MB): on top of each base config
 MANY_VARIANTS = [dict(many_long="table"), dict(many_long="table", maxnreg=128),
