@@ -8,16 +8,15 @@ options, recorded from the real host path with `JITFunction.run` replaced by a r
 reads the SASS: ``ACQBULK`` is the wait, ``PREEXIT`` the signal to dependents.
 
 Checks per call: its first launch is plain (FIRST), every later one a dependent with the PDL
-attribute. Per compiled launch (its PDL constexpr): FIRST: a signal, no wait; DEPENDENT /
-DEPENDENT_LATE: launched with the PDL attribute, an unpredicated wait with no branch before it,
-before every global memory instruction (the write pass: before every store, and its five 32-bit
-parameter loads after it), and a signal (DEPENDENT_LATE: after the kernel's last store). Cases:
-every op, scalar and per-row parameters, with and without the fingerprint slot, vocab 163840 and
-151937 (not a multiple of 16), at the default RenormConfig with pdl 1 and 2, 256 rows; Triton's
+attribute. Per compiled launch (its PDL constexpr): FIRST: a signal, no wait; DEPENDENT:
+launched with the PDL attribute, an unpredicated wait with no branch before it, before every global
+memory instruction (the write pass: before every store, and its five 32-bit parameter loads after
+it), and a signal. Cases: every op, scalar and per-row parameters, with and without the fingerprint
+slot, vocab 163840 and 151937 (not a multiple of 16), at the default RenormConfig, 256 rows; Triton's
 specialisation of the arguments (16-byte pointers, ints == 1 and % 16) is rebuilt from the values.
 
 Usage (a process without TRITON_INTERPRET, exit code 2 otherwise; Triton's bundled ptxas and nvdisasm):
-    python gpu/pdl_check.py [--modes 1,2] [--ops top_p,top_k,...]
+    python gpu/pdl_check.py [--ops top_p,top_k,...]
     python gpu/pdl_check.py --self-test   # only: the check fails a kernel that loads before its wait
 Every run starts with the self-test (a check that passes everything would prove nothing), prints one
 line per distinct compiled launch and exits 1 if any check fails (tests/test_pdl.py runs it).
@@ -216,10 +215,6 @@ def check(name: str, pdl_value: int, ops: list[str], launch_pdl: bool) -> list[s
         bad.append(f"global memory before the wait: {before[:4]}")
     if not signals:
         bad.append("no signal to dependents")
-    elif pdl_value == pdl.DEPENDENT_LATE:
-        last_write = max((i for i, o in enumerate(ops) if is_memory(o) and not _is_load(o)), default=-1)
-        if max(signals) < last_write:
-            bad.append("DEPENDENT_LATE signals before its last store")
     return bad
 
 
@@ -231,8 +226,8 @@ def check_sequence(launches: list) -> list[str]:
     bad = []
     for i, (kernel, _, kwargs) in enumerate(launches):
         value, attr = kwargs.get("PDL", 0), bool(kwargs.get("launch_pdl", False))
-        want = (pdl.FIRST,) if i == 0 else (pdl.DEPENDENT, pdl.DEPENDENT_LATE)
-        if value not in want or attr != (i > 0):
+        want = pdl.FIRST if i == 0 else pdl.DEPENDENT
+        if value != want or attr != (i > 0):
             bad.append(f"launch {i} {kernel.fn.__name__}: PDL={value} launch_pdl={attr}")
     return bad
 
@@ -275,11 +270,6 @@ CASES = [  # (op, vocab, per-row parameter tensors, fingerprint slot); 151937: n
 
 
 def main(argv=None) -> int:
-    def modes(text: str) -> list[int]:
-        if not all(m.strip() in ("1", "2") for m in text.split(",")):
-            raise argparse.ArgumentTypeError(f"modes are 1 and/or 2 (RenormConfig.pdl), got {text!r}")
-        return [int(m) for m in text.split(",")]
-
     def ops(text: str) -> set:
         known = {c[0] for c in CASES}
         if not set(text.split(",")) <= known:
@@ -287,7 +277,6 @@ def main(argv=None) -> int:
         return set(text.split(","))
 
     ap = argparse.ArgumentParser(prog="gpu/pdl_check.py")
-    ap.add_argument("--modes", default=[1, 2], type=modes, help="RenormConfig.pdl values, e.g. 1,2")
     ap.add_argument("--ops", default={c[0] for c in CASES}, type=ops, help="e.g. top_p,top_k")
     ap.add_argument("--self-test", action="store_true", help="only: the check on a kernel that breaks the rule")
     a = ap.parse_args(argv)
@@ -298,28 +287,27 @@ def main(argv=None) -> int:
         return self_test()
 
     seen, failures = set(), self_test()
-    for mode in a.modes:
-        for op, vocab, tensors, fp in (c for c in CASES if c[0] in a.ops):
-            launches = record_launches(op, mode, vocab, tensor_params=tensors, fingerprint=fp)
-            order = check_sequence(launches)
-            failures += bool(order)
-            print(f"pdl={mode} {op:12s} vocab {vocab} {'per-row' if tensors else 'scalar'} parameters"
-                  f"{', fingerprint slot' if fp else ''}: {len(launches)} launches, order "
-                  + ("ok" if not order else "FAIL " + "; ".join(order)), flush=True)
-            for kernel, args, kwargs in launches:
-                sig, const, opts, aligned = _signature(kernel, args, kwargs)
-                key = (kernel.fn.__name__, tuple(sorted(sig.items())), repr(sorted(const.items())),
-                       tuple(sorted(opts.items())), tuple(aligned))
-                if key in seen:
-                    continue
-                seen.add(key)
-                pdl_value = const.get("PDL", 0)
-                sass, launch_pdl = sass_of(kernel, sig, const, opts, aligned)
-                bad = check(kernel.fn.__name__, pdl_value, opcodes(sass), launch_pdl) if pdl_value else \
-                    ["a launch without PDL under pdl > 0"]
-                failures += bool(bad)
-                print(f"pdl={mode} {op:12s} {kernel.fn.__name__:26s} PDL={pdl_value} launch_pdl={launch_pdl}: "
-                      + ("ok" if not bad else "FAIL " + "; ".join(bad)), flush=True)
+    for op, vocab, tensors, fp in (c for c in CASES if c[0] in a.ops):
+        launches = record_launches(op, 1, vocab, tensor_params=tensors, fingerprint=fp)
+        order = check_sequence(launches)
+        failures += bool(order)
+        print(f"{op:12s} vocab {vocab} {'per-row' if tensors else 'scalar'} parameters"
+              f"{', fingerprint slot' if fp else ''}: {len(launches)} launches, order "
+              + ("ok" if not order else "FAIL " + "; ".join(order)), flush=True)
+        for kernel, args, kwargs in launches:
+            sig, const, opts, aligned = _signature(kernel, args, kwargs)
+            key = (kernel.fn.__name__, tuple(sorted(sig.items())), repr(sorted(const.items())),
+                   tuple(sorted(opts.items())), tuple(aligned))
+            if key in seen:
+                continue
+            seen.add(key)
+            pdl_value = const.get("PDL", 0)
+            sass, launch_pdl = sass_of(kernel, sig, const, opts, aligned)
+            bad = check(kernel.fn.__name__, pdl_value, opcodes(sass), launch_pdl) if pdl_value else \
+                ["a launch without PDL under pdl=1"]
+            failures += bool(bad)
+            print(f"{op:12s} {kernel.fn.__name__:26s} PDL={pdl_value} launch_pdl={launch_pdl}: "
+                  + ("ok" if not bad else "FAIL " + "; ".join(bad)), flush=True)
     print(f"{len(seen)} compiled launches, {failures} failing", flush=True)
     return 1 if failures else 0
 

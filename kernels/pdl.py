@@ -31,9 +31,8 @@ from tpguard.config import interpreting
 
 
 # the kernels' PDL constexpr: OFF; DEPENDENT (signal at the start, wait); FIRST (signal at the start, no
-# wait: a call's first, plain launch); DEPENDENT_LATE (wait at the start, signal at the end: kernels whose
-# dependents should not sit resident beside their work, `pdl_exit`)
-OFF, DEPENDENT, FIRST, DEPENDENT_LATE = 0, 1, 2, 3
+# wait: a call's first, plain launch)
+OFF, DEPENDENT, FIRST = 0, 1, 2
 
 
 def enabled(flag) -> bool:
@@ -70,12 +69,9 @@ def first(flag) -> int:
     return FIRST if enabled(flag) else OFF
 
 
-def dependent(flag, late: bool = False) -> int:
-    """PDL constexpr of a call's later launches (launched with `launch_options`: they wait). Flag 2
-    with `late` (the per-row kernels): DEPENDENT_LATE."""
-    if not enabled(flag):
-        return OFF
-    return DEPENDENT_LATE if (late and int(flag) == 2) else DEPENDENT
+def dependent(flag) -> int:
+    """PDL constexpr of a call's later launches (launched with `launch_options`: they wait)."""
+    return DEPENDENT if enabled(flag) else OFF
 
 
 def launch_options(flag) -> dict:
@@ -86,23 +82,16 @@ def launch_options(flag) -> dict:
 @triton.jit
 def pdl_signal(PDL: tl.constexpr):
     """Let the next launch's CTAs be scheduled once every CTA of this grid has got here (a no-op
-    unless the next launch has the PDL attribute). DEPENDENT_LATE signals in `pdl_exit` instead."""
+    unless the next launch has the PDL attribute)."""
     if (PDL == 1) or (PDL == 2):
         tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
 def pdl_wait(PDL: tl.constexpr):
-    """DEPENDENT(_LATE): wait until the launch before has finished and its writes are visible."""
-    if (PDL == 1) or (PDL == 3):
+    """DEPENDENT: wait until the launch before has finished and its writes are visible."""
+    if PDL == 1:
         tl.extra.cuda.gdc_wait()
-
-
-@triton.jit
-def pdl_exit(PDL: tl.constexpr):
-    """A kernel's last step: DEPENDENT_LATE signals its dependents here."""
-    if PDL == 3:
-        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -112,5 +101,5 @@ def pdl_enter(PDL: tl.constexpr):
     pdl_wait(PDL)
 
 
-__all__ = ["DEPENDENT", "DEPENDENT_LATE", "FIRST", "OFF", "dependent", "enabled", "first", "launch_options",
-           "pdl_enter", "pdl_exit", "pdl_signal", "pdl_wait", "supported"]
+__all__ = ["DEPENDENT", "FIRST", "OFF", "dependent", "enabled", "first", "launch_options",
+           "pdl_enter", "pdl_signal", "pdl_wait", "supported"]

@@ -100,9 +100,7 @@ class RenormConfig:
     # (sm_90+): every launch of a call after its first is made with the PDL attribute and waits
     # (griddepcontrol.wait) before it touches anything an earlier launch wrote; 1: every kernel signals its
     # dependents at its start, so the next kernel's CTAs are resident (and the write pass has its chunk
-    # loaded) when the one before ends; 2: the per-row kernels (select, bracket_select) signal at their end
-    # instead (no faster than 1 at 256 rows but for peaky top-p from a graph). Same bits (the same kernels, the
-    # same order of sums). H200, 256 x 163840, eager / graph us: top-p flat 304.4 / 290.9 -> 295.8 / 286.9,
+    # loaded) when the one before ends. Same bits (the same kernels, the same order of sums). H200, 256 x 163840, eager / graph us: top-p flat 304.4 / 290.9 -> 295.8 / 286.9,
     # top-k(40) 169.0 / 163.1 -> 163.5 / 158.7, top-k + top-p 180.2 / 174.5 -> 173.6 / 169.7, min-p
     # 203.3 / 193.9 -> 198.6 / 190.0; top-p peaky 210.4 / 193.0 -> 209.4 / 198.9
     pdl: int = 1
@@ -195,15 +193,14 @@ def pdl_mode(cfg: RenormConfig, s, device: torch.device) -> int:
     return int(cfg.pdl)
 
 
-def pdl_args(cfg: RenormConfig, s, device: torch.device, *, first: bool = False, late: bool = False) -> dict:
+def pdl_args(cfg: RenormConfig, s, device: torch.device, *, first: bool = False) -> dict:
     """A launch's PDL constexpr and options (kernels/pdl.py). `first`: the call's first launch (plain,
     it only signals its dependent; also the write pass launched on its own); else a dependent launch
-    (the PDL attribute; it waits before dependent work). `late`: a per-row kernel (signals at its end
-    under pdl=2)."""
+    (the PDL attribute; it waits before dependent work)."""
     mode = pdl_mode(cfg, s, device)
     if first:
         return {"PDL": pdl.first(mode)}
-    return {"PDL": pdl.dependent(mode, late), **pdl.launch_options(mode)}
+    return {"PDL": pdl.dependent(mode), **pdl.launch_options(mode)}
 
 
 def reg_cap(n: int, num_warps: int) -> dict:

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tpguard.kernels.pdl import pdl_enter, pdl_exit
+from tpguard.kernels.pdl import pdl_enter
 from tpguard.kernels.radix_select import list_groups_block, reciprocal_f32, upper_mass_any
 from tpguard.kernels.renorm_args import fill_fingerprint
 from tpguard.kernels.renorm_config import RenormConfig, default_config, pdl_args, reg_cap
@@ -76,7 +76,6 @@ def _min_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups,
     tl.store(params_ptr + row * 4 + 1, 1.0)
     tl.store(params_ptr + row * 4 + 2, thr.to(tl.float32, bitcast=True))
     tl.store(params_ptr + row * 4 + 3, reciprocal_f32(kept))
-    pdl_exit(PDL)
 
 
 def workspace_flags(vocab: int, top_k=None, top_p=None) -> tuple:
@@ -107,7 +106,7 @@ def min_p_renorm_triton(probs: torch.Tensor, min_p: MinP, config: Optional[Renor
         ws.params, ws.flag, ws.plan, ws.target,
         HAS_MP_ARR=has_arr, G=cfg.group, CH_BLOCK=s.ch_block, NG_BLOCK=s.ng_block, SUB=cfg.sub,
         REG=cfg.reg, MAX_GROUPS=cfg.min_p_groups, num_warps=cfg.select_warps,
-        **pdl_args(cfg, s, probs.device, late=True),
+        **pdl_args(cfg, s, probs.device),
         **reg_cap(cfg.select_maxnreg, cfg.select_warps),
     )
     launch_bracket(probs, s, ws, cfg)

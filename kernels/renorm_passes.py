@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from tpguard.kernels import interpreter_fix
-from tpguard.kernels.pdl import pdl_enter, pdl_exit, pdl_signal, pdl_wait
+from tpguard.kernels.pdl import pdl_enter, pdl_signal, pdl_wait
 from tpguard.kernels.radix_select import (
     bin_shift,
     list_groups_block,
@@ -230,7 +230,6 @@ def _bracket_select_kernel(probs_ptr, vocab, n_chunks, n_groups, plan_ptr, targe
                                   CAP, SUB, REG, G, COPY, EXACT_SPAN, bmass_ptr, BINS, BIN_W, BIN_STEP, ENTRY_ROUNDS)
         tl.store(params_ptr + row * 4 + 2, t.to(tl.float32, bitcast=True))
         tl.store(params_ptr + row * 4 + 3, reciprocal_f32(kept))
-    pdl_exit(PDL)
 
 
 @triton.jit
@@ -350,7 +349,7 @@ def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormCon
         COPY=max(1, min(8, 8192 // s.cap)), EXACT_SPAN=exact_span(cfg), ENTRY_ROUNDS=search_rounds(cfg, probs.dtype),
         num_warps=cfg.bracket_warps,
         **bins_args(ws, cfg, BIN_W=bins_window(cfg)),
-        **pdl_args(cfg, s, probs.device, late=True),
+        **pdl_args(cfg, s, probs.device),
         **reg_cap(cfg.bracket_maxnreg, cfg.bracket_warps),
     )
 

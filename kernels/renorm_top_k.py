@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from tpguard.kernels import renorm_top_k_fused
-from tpguard.kernels.pdl import pdl_enter, pdl_exit
+from tpguard.kernels.pdl import pdl_enter
 from tpguard.kernels.renorm_args import fill_fingerprint
 from tpguard.kernels.renorm_config import RenormConfig, default_config, pdl_args, reg_cap, top_k_select_warps
 from tpguard.kernels.renorm_passes import launch_bracket, launch_row_stats
@@ -49,7 +49,6 @@ def _top_k_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                      k_ptr, k_val, p_ptr, p_val, params_ptr, flag_ptr, plan_ptr, target_ptr, Z,
                      HAS_K_ARR, HAS_P_ARR, WITH_TOP_P, G, SG, CH_BLOCK, NG_BLOCK, NS_BLOCK, SUB, REG,
                      TAU_GROUPS, CSUB, SHORT=SHORT, ENTRY_ROUNDS=ENTRY_ROUNDS)
-    pdl_exit(PDL)
 
 
 def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Optional[RenormConfig],
@@ -76,7 +75,7 @@ def _run(probs: torch.Tensor, top_k: TopK, top_p: Optional[TopP], config: Option
     # top-k alone: the row stats at the select's warps, the one-launch kernel's (renorm_top_k_fused.py), so
     # that a row with k >= vocab (renormalised by its total) gets the same chunk sums at every batch size
     launch_row_stats(probs, s, ws, cfg, with_sample=full_top_p, num_warps=0 if top_p is not None else warps)
-    _top_k_select_kernel[(rows,)](*select_args, **blocks, **pdl_args(cfg, s, probs.device, late=True),
+    _top_k_select_kernel[(rows,)](*select_args, **blocks, **pdl_args(cfg, s, probs.device),
                                   num_warps=warps, **reg_cap(cfg.select_maxnreg, warps))
     if full_top_p:
         launch_bracket(probs, s, ws, cfg)

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tpguard.kernels.pdl import pdl_enter, pdl_exit
+from tpguard.kernels.pdl import pdl_enter
 from tpguard.kernels.radix_select import reciprocal_f32
 from tpguard.kernels.renorm_args import fill_fingerprint
 from tpguard.kernels.renorm_config import RenormConfig, default_config, pdl_args, reg_cap, search_rounds, top_p_tau_groups
@@ -93,7 +93,6 @@ def _top_p_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
     tl.store(params_ptr + row * 4 + 1, 1.0)
     tl.store(params_ptr + row * 4 + 2, tl.where(full, 0.0, thr.to(tl.float32, bitcast=True)))
     tl.store(params_ptr + row * 4 + 3, tl.where(full, 0.0, reciprocal_f32(kept)))
-    pdl_exit(PDL)
 
 
 
@@ -133,7 +132,7 @@ def top_p_renorm_triton(probs: torch.Tensor, top_p: TopP, config: Optional[Renor
                   NS_BLOCK=ns_main, SUB=cfg.sub, REG=cfg.reg, TAU_GROUPS=top_p_tau_groups(cfg, s.n_groups),
                   CSUB=cfg.compact_sub, TPS_SHARED=bool(cfg.tps_shared),
                   NS_REM=ns_rem, NG_REM=ng_rem, HI_SAMPLES=cfg.bracket_hi_samples,
-                  ENTRY_ROUNDS=search_rounds(cfg, probs.dtype), **pdl_args(cfg, s, probs.device, late=True))
+                  ENTRY_ROUNDS=search_rounds(cfg, probs.dtype), **pdl_args(cfg, s, probs.device))
     launch_row_stats(probs, s, ws, cfg, with_sample=True)
     _top_p_select_kernel[(rows,)](*select_args, **blocks, num_warps=cfg.select_warps,
                                   **reg_cap(cfg.select_maxnreg, cfg.select_warps))

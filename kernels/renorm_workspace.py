@@ -42,6 +42,8 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
     if cfg.top_k_select_warps_short not in (0, 1, 2, 4, 8, 16):
         raise ValueError(f"RenormConfig: top_k_select_warps_short must be 0 or a power of two <= 16, "
                          f"got {cfg.top_k_select_warps_short}")
+    if cfg.pdl not in (0, 1):
+        raise ValueError(f"RenormConfig: pdl must be 0 or 1, got {cfg.pdl}")
     if cfg.tps_split not in (0, 1):
         raise ValueError(f"RenormConfig: tps_split must be 0 or 1, got {cfg.tps_split}")
     for name in ("reg", "bracket_reg"):  # register blocks (tl.arange); exact_span assumes it too

@@ -26,8 +26,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:Runtim
 
 def test_pdl_flags_and_launch_options():
     """Off under the interpreter and on CPU tensors whatever the config says; on an sm_90+ GPU the
-    dependent launches carry the PDL attribute (DEPENDENT_LATE for the per-row kernels under pdl=2),
-    the first launch of a call does not, and calls of fewer than pdl_min_rows rows launch plainly."""
+    dependent launches carry the PDL attribute, the first launch of a call does not, and calls of fewer than pdl_min_rows rows launch plainly."""
     s = shapes_for(256, 4096, DEFAULT_CONFIG)
     small = shapes_for(DEFAULT_CONFIG.pdl_min_rows - 1, 4096, DEFAULT_CONFIG)
     assert DEFAULT_CONFIG.pdl == 1 and pdl_mode(DEFAULT_CONFIG, s, torch.device("cpu")) == 0
@@ -38,8 +37,7 @@ def test_pdl_flags_and_launch_options():
     if not pdl.supported(dev):
         pytest.skip("GPU before sm_90: no programmatic dependent launch")
     assert pdl.enabled(1) and pdl.launch_options(1) == {"launch_pdl": True}
-    assert (pdl.first(1), pdl.dependent(1), pdl.dependent(2), pdl.dependent(2, late=True)) == (
-        pdl.FIRST, pdl.DEPENDENT, pdl.DEPENDENT, pdl.DEPENDENT_LATE)
+    assert (pdl.first(1), pdl.dependent(1)) == (pdl.FIRST, pdl.DEPENDENT)
     assert pdl_mode(DEFAULT_CONFIG, s, dev) == 1 and pdl_mode(DEFAULT_CONFIG, small, dev) == 0
     assert pdl_mode(DEFAULT_CONFIG.replace(pdl=0), s, dev) == 0
     assert not pdl.enabled(0) and pdl.launch_options(0) == {}
@@ -59,11 +57,10 @@ def test_split_parts_launch_as_the_whole_call():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", [1, 2] if DEVICE == "cuda" else [1])  # (CPU: PDL is off, one mode is enough)
 @pytest.mark.parametrize("op", rp.OPS)
-def test_pdl_same_bits(op, mode):
-    """Every op, scalar and per-row parameters, with and without the fingerprint slot: pdl=1 and
-    pdl=2 give the plain launches' bits (CPU: the option is accepted and changes nothing)."""
+def test_pdl_same_bits(op):
+    """Every op, scalar and per-row parameters, with and without the fingerprint slot: pdl=1 gives
+    the plain launches' bits (CPU: the option is accepted and changes nothing); pdl=2 is refused."""
     vocab = 163840 if DEVICE == "cuda" else 700
     rows = 24 if DEVICE == "cuda" else 5
     cfg = (DEFAULT_CONFIG if DEVICE == "cuda" else SMALL).replace(graph_row_split=1, pdl=0)
@@ -78,7 +75,7 @@ def test_pdl_same_bits(op, mode):
         want = rp._run_op(op, x, kk, pp, cfg, None, None)
         slot_want = torch.zeros((), dtype=torch.int64, device=DEVICE)
         rp._run_op(op, x, kk, pp, cfg, slot_want, None)
-        on = cfg.replace(pdl=mode, pdl_min_rows=1)
+        on = cfg.replace(pdl=1, pdl_min_rows=1)
         rp.clear_plans()
         # plans: Triton's launches, then recorded direct launches (CUDA); on CPU a plan stays off and
         # its second call (the plan's workspace reused) is the path of every later one
@@ -116,6 +113,8 @@ def test_pdl_same_bits(op, mode):
                 assert torch.equal(got.view(torch.int32), want.view(torch.int32)), op
                 assert torch.equal(got_fp.view(torch.int32), want.view(torch.int32)) and int(slot) == int(slot_want), op
         rp.clear_plans()
+    with pytest.raises(ValueError, match="pdl must be 0 or 1"):
+        rp.run(op, x, k, p, cfg.replace(pdl=2))
 
 
 
@@ -140,17 +139,14 @@ def _load_pdl_check():
 
 def test_pdl_check_rules():
     """The SASS rules on opcode lists: a dependent waits before any global memory instruction
-    (the write pass: before any store, its parameters loaded after), signals (late: after its last
-    store), and is launched with the attribute; a first launch signals and does not wait."""
+    (the write pass: before any store, its parameters loaded after), signals, and is launched with the attribute; a first launch signals and does not wait."""
     pc = _load_pdl_check()
 
-    dep, late, first = pdl.DEPENDENT, pdl.DEPENDENT_LATE, pdl.FIRST
+    dep, first = pdl.DEPENDENT, pdl.FIRST
     assert pc.check("k", dep, ["PREEXIT", "ACQBULK", "LDG.E", "STG.E"], True) == []
     assert pc.check("k", dep, ["PREEXIT", "LDG.E", "ACQBULK", "STG.E"], True)  # a load before the wait
     assert pc.check("k", dep, ["PREEXIT", "ACQBULK", "LDG.E"], False)  # no PDL attribute
     assert pc.check("k", dep, ["ACQBULK", "LDG.E"], True)  # no signal
-    assert pc.check("k", late, ["ACQBULK", "STG.E", "PREEXIT"], True) == []
-    assert pc.check("k", late, ["ACQBULK", "PREEXIT", "STG.E"], True)  # signal before its last store
     assert pc.check("k", first, ["PREEXIT", "LDG.E", "STG.E"], False) == []
     assert pc.check("k", first, ["ACQBULK", "PREEXIT"], False)
     write = ["PREEXIT"] + ["LDG.E.128"] * 8 + ["ACQBULK"] + ["LDG.E"] * 5 + ["STG.E.128"] * 8
@@ -159,7 +155,6 @@ def test_pdl_check_rules():
     assert pc.check("_renorm_write_kernel", dep, ["PREEXIT", "LDG.E", "ACQBULK", "STG.E"], True)
     assert pc.check("k", dep, ["PREEXIT", "@ACQBULK", "LDG.E"], True)  # a predicated wait
     assert pc.check("k", dep, ["PREEXIT", "@BRA", "ACQBULK", "LDG.E"], True)  # a branch could skip the wait
-    assert pc.check("k", late, ["ACQBULK", "STG.E", "PREEXIT", "RED.E.ADD"], True)  # a write after the signal
     vec = ["PREEXIT", "LDG.E", "LDG.E.128", "ACQBULK"] + ["LDG.E"] * 5 + ["STG.E.128"]
     assert pc.check("_renorm_write_kernel", dep, vec, True)  # a 32-bit (parameter) load before the wait
     assert pc.is_memory("LDG.E.128") and pc.is_memory("@ATOMG.E.ADD") and pc.is_memory("UTMALDG.2D")
@@ -169,7 +164,7 @@ def test_pdl_check_rules():
         fn = pc.record_launches
 
     ok = [(K, (), {"PDL": first}), (K, (), {"PDL": dep, "launch_pdl": True}),
-          (K, (), {"PDL": late, "launch_pdl": True})]
+          (K, (), {"PDL": dep, "launch_pdl": True})]
     assert pc.check_sequence(ok) == []
     assert pc.check_sequence([(K, (), {"PDL": dep, "launch_pdl": True})] + ok[1:])  # a dependent first
     assert pc.check_sequence(ok[:1] + [(K, (), {"PDL": dep})])  # a dependent without the attribute
@@ -178,13 +173,13 @@ def test_pdl_check_rules():
 @pytest.mark.slow
 def test_pdl_kernels_wait_before_memory(monkeypatch, capsys):
     """Every launch of every op (scalar and per-row parameters, with and without the fingerprint
-    slot) under pdl=1 and pdl=2, compiled for sm_90a by Triton's ptxas: the rules hold; and the
+    slot) under pdl=1, compiled for sm_90a by Triton's ptxas: the rules hold; and the
     check fails a compiled kernel that loads before its wait (its self-test, the run's first line)."""
     r = _pdl_check()
     assert r.returncode == 0 and "0 failing" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
     first = r.stdout.splitlines()[0]
     assert first.startswith("self-test: ") and first.endswith("-> ok") and "'_load_then_wait': [\"global memory" in first
-    assert "_bracket_select_kernel     PDL=3" in r.stdout and "_finalize_kernel" in r.stdout
+    assert "_bracket_select_kernel     PDL=1" in r.stdout and "_finalize_kernel" in r.stdout
     # under the interpreter it refuses in one line (its kernels would not be compiled)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert _load_pdl_check().main([]) == 2
