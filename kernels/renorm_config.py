@@ -64,11 +64,6 @@ class RenormConfig:
     # SM at 4 warps) where bracket_select needs its 128. H200, graph: top-p flat 330 -> 316 us at 80
     # (96: 320, 64: 320), top-p logits x 4 305 -> 298, min-p flat 206 -> 202
     bracket_pass_maxnreg: int = 80
-    # bracket pass copy-out (docs/design-renorm.md, "Registers and occupancy"): 2 (bracket pass 100 -> 75 us,
-    # top-p flat 386 -> 364) = one scan over the chunk, stored from a view in the load's own lane/warp layout
-    # (no shared-memory shuffle); used where that view fits (4 <= group <= 128, bracket chunk >= 128), else
-    # 0 = prefix over groups + scan inside each
-    bracket_copy: int = 2
     # B (docs/design-renorm.md, "Sub-bracket bins"): the bracket pass sums its entries' mass per 1/B
     # of [lo, hi) (by bit pattern); bracket_select searches only the sub-bracket holding the cutoff (a power of
     # two, 2..64). bracket_select 85 -> 50 us, the bracket pass 75 -> 95 us, top-p flat 363 -> 349 us at

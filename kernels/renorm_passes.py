@@ -131,7 +131,7 @@ def launch_row_stats(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormC
 
 @triton.jit
 def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slots_ptr,
-                    CHUNK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr, COPY_MODE: tl.constexpr,
+                    CHUNK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr, COPY_VIEW: tl.constexpr,
                     bmass_ptr=None, BINS: tl.constexpr = 0, BIN_SUB: tl.constexpr = 128, PDL: tl.constexpr = 0):
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -143,12 +143,12 @@ def _bracket_kernel(probs_ptr, vocab, n_chunks, plan_ptr, mhi_ptr, cnt_ptr, slot
         hi = tl.load(plan_ptr + row * 4 + 2)
         x = tl.load(probs_ptr + row * vocab + offs, mask=offs < vocab, other=0.0).to(tl.float32)
         bracket_chunk(tl.maximum(x, 0.0), row, chunk, n_chunks, status, lo, hi, mhi_ptr, cnt_ptr, slots_ptr,
-                      CHUNK, G, CAP, COPY_MODE, bmass_ptr, BINS, BIN_SUB)
+                      CHUNK, G, CAP, COPY_VIEW, bmass_ptr, BINS, BIN_SUB)
 
 
 @triton.jit
 def bracket_chunk(x, row, chunk, n_chunks, status, lo, hi, mhi_ptr, cnt_ptr, slots_ptr,
-                  CHUNK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr, COPY_MODE: tl.constexpr,
+                  CHUNK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr, COPY_VIEW: tl.constexpr,
                   bmass_ptr=None, BINS: tl.constexpr = 0, BIN_SUB: tl.constexpr = 128):
     """The bracket pass's work on one chunk of a FULL row (status >= 2), held as a [CHUNK // G, G]
     block of non-negative values: the float64 mass of the entries >= hi, the entries in [lo, hi)
@@ -157,14 +157,14 @@ def bracket_chunk(x, row, chunk, n_chunks, status, lo, hi, mhi_ptr, cnt_ptr, slo
     b = x.to(tl.int32, bitcast=True)
     mhi = tl.sum(tl.sum(tl.where(b >= hi, x.to(tl.float64), 0.0), axis=1), axis=0)
     inside = (b >= lo) & (b < hi)
-    if COPY_MODE == 2:
+    if COPY_VIEW:
         # one scan over the chunk (row-major: the same positions as the group prefix plus the
         # in-group scan), and the scatter on a 1-D view: Triton lays a store of unknown
         # contiguity out one entry per thread, index bits to lanes then warps then registers,
         # and this view's index bits 0-4 are the load's lane bits (a group's 16-byte lanes, the
         # warp's groups), 5-6 its warp bits, the rest its registers: only registers permute,
-        # no conversion through shared memory (modes 0 and 1 convert pointers, values and
-        # mask there: 18 more barriers). 1-D: Triton 3.6 and 3.8 order tied dims differently.
+        # no conversion through shared memory (the prefix path below converts pointers,
+        # values and mask there: 18 more barriers). 1-D: Triton 3.6 and 3.8 order tied dims differently.
         inside_f = tl.reshape(inside.to(tl.int32), (CHUNK,))
         n_in = tl.sum(inside_f, axis=0)
         if n_in > 0:
@@ -326,19 +326,20 @@ def bins_args(ws: Workspace, cfg: RenormConfig, **extra) -> dict:
     return dict(bmass_ptr=ws.bmass, BINS=cfg.bracket_bins, **extra)
 
 
-def copy_mode(cfg: RenormConfig) -> int:
-    """The bracket pass's copy-out: cfg.bracket_copy, but 2's store view needs 4 <= group <= 128 and
-    a chunk >= 128 (one lane per entry of a 32-wide slice); elsewhere mode 0 (same slots)."""
-    if cfg.bracket_copy == 2 and not (4 <= cfg.group <= 128 and cfg.chunk >= 128):
-        return 0
-    return cfg.bracket_copy
+def copy_view(cfg: RenormConfig) -> bool:
+    """The bracket pass's copy-out (docs/design-renorm.md, "Registers and occupancy"): one scan over the
+    chunk stored from a view in the load's own lane / warp layout, no shared-memory shuffle (bracket pass
+    100 -> 75 us, top-p flat 386 -> 364 on an H200), where that view fits: 4 <= group <= 128 and a chunk
+    >= 128 (one lane per entry of a 32-wide slice); elsewhere a prefix over the groups and a scan inside
+    each (the same slots)."""
+    return 4 <= cfg.group <= 128 and cfg.chunk >= 128
 
 
 def launch_bracket(probs: torch.Tensor, s: Shapes, ws: Workspace, cfg: RenormConfig) -> None:
     """Pass 3 (the bracket pass, FULL rows) and pass 4 (bracket_select, their exact cutoff)."""
     _bracket_kernel[(s.rows, s.n_chunks)](
         probs, s.vocab, s.n_chunks, ws.plan, ws.mhi, ws.cnt, ws.slots,
-        CHUNK=s.chunk, G=cfg.group, CAP=s.cap, COPY_MODE=copy_mode(cfg), **bins_args(ws, cfg),
+        CHUNK=s.chunk, G=cfg.group, CAP=s.cap, COPY_VIEW=copy_view(cfg), **bins_args(ws, cfg),
         **pdl_args(cfg, s, probs.device), num_warps=cfg.pass_warps,
         **reg_cap(cfg.bracket_pass_maxnreg or cfg.bracket_maxnreg, cfg.pass_warps),
     )

@@ -35,8 +35,6 @@ def shapes_for(rows: int, vocab: int, cfg: RenormConfig) -> Shapes:
     """Block shapes for a batch (cached: the host path of a call stays a few microseconds)."""
     if cfg.sample_stride % cfg.group or cfg.chunk % cfg.sample_stride:
         raise ValueError("RenormConfig: sample_stride must be a multiple of group, chunk of sample_stride")
-    if cfg.bracket_copy not in (0, 2):
-        raise ValueError("RenormConfig: bracket_copy must be 0 or 2")
     if cfg.bracket_bins & (cfg.bracket_bins - 1) or not 2 <= cfg.bracket_bins <= 64:
         raise ValueError("RenormConfig: bracket_bins must be a power of two in 2..64")
     if cfg.top_k_select_warps_short not in (0, 1, 2, 4, 8, 16):

@@ -248,7 +248,7 @@ def test_top_k_short_rows_select_warps():
     assert_matches(top_k_renorm_triton(x[:2], 40, cfg), ref.top_k_renorm_reference(x[:2], 40))
 
 
-# --- bracket_select's register searches; the copy-out option (docs/design-renorm.md): bracket_copy ---
+# --- bracket_select's register searches; the bracket pass's two copy-outs (docs/design-renorm.md) ---
 # Default block shapes (chunk 4096, groups of 32, 16384 bracket entries in registers) at vocab
 # 40000: two flat rows and a peaky row at p = 0.9999 take the bracket passes (FULL) and the
 # register search among the bracket entries. The other register search of bracket_select (the
@@ -328,7 +328,7 @@ def test_bracket_hi_samples_no_miss_near_tau(tps_split):
     assert_matches(out1, ref.top_p_renorm_reference(x, 0.8))
 
 
-def _bracket_copy_out(x, lo, hi, cap, mode, cfg=DEFAULT_CONFIG):
+def _bracket_copy_out(x, lo, hi, cap, view, cfg=DEFAULT_CONFIG):
     """The bracket pass alone (plan: every row FULL with bracket [lo, hi)): mhi, cnt, slots."""
     import tpguard.kernels.renorm_passes as passes
 
@@ -339,15 +339,15 @@ def _bracket_copy_out(x, lo, hi, cap, mode, cfg=DEFAULT_CONFIG):
     cnt = torch.zeros(rows * n_chunks, dtype=torch.int32, device=DEVICE)
     slots = torch.full((rows * n_chunks * cap,), -1.0, device=DEVICE)
     passes._bracket_kernel[(rows, n_chunks)](x, vocab, n_chunks, plan, mhi, cnt, slots, CHUNK=cfg.chunk,
-                                            G=cfg.group, CAP=cap, COPY_MODE=mode,
+                                            G=cfg.group, CAP=cap, COPY_VIEW=view,
                                             num_warps=cfg.pass_warps)
     return mhi, cnt, slots
 
 
 @pytest.mark.slow
 def test_bracket_copy_same_slots():
-    # the bracket pass alone: the chunk-wide scan stored from a view in the load's layout (2)
-    # writes the same slots, counts and masses as the group prefix + in-group scan (0) for the
+    # the bracket pass alone: the chunk-wide scan stored from a view in the load's layout (the
+    # default) writes the same slots, counts and masses as the group prefix + in-group scan for the
     # sample brackets of a real call, a bracket holding every entry (full groups, lane 31
     # included) and a narrow one, also with small CAPs (an overflowing chunk stops at CAP); also
     # with groups of 8 and 4 (other lane splits) and the smallest chunk it takes (128)
@@ -361,27 +361,18 @@ def test_bracket_copy_same_slots():
              (x, (lo, hi), 256, DEFAULT_CONFIG.replace(group=8, sample_stride=32)),
              (x[:, :2048].contiguous(), (lo, hi), 16, DEFAULT_CONFIG.replace(group=4, chunk=128, sample_stride=32))]
     for xs, (b_lo, b_hi), cap, cfg in cases:
-        want = _bracket_copy_out(xs, b_lo, b_hi, cap, 0, cfg)
+        want = _bracket_copy_out(xs, b_lo, b_hi, cap, False, cfg)
         assert (want[1] > 0).any()
-        got = _bracket_copy_out(xs, b_lo, b_hi, cap, 2, cfg)
+        got = _bracket_copy_out(xs, b_lo, b_hi, cap, True, cfg)
         for name, w, g in zip(("mhi", "cnt", "slots"), want, got):
             assert torch.equal(w, g), (name, cap, cfg.group)
-    # a whole call: the same workspace counts, slots and output bits
-    _, _, out, ws_c = _bracket_select_run("default", (("bracket_copy", 0),))  # the default is 2
-    assert torch.equal(ws_c.cnt, ws.cnt) and torch.equal(ws_c.mhi, ws.mhi)
-    written = torch.arange(ws.cap, device=DEVICE)[None, :] < ws.cnt.clamp(max=ws.cap)[:, None]  # (empty workspace)
-    assert torch.equal(ws_c.slots.view(-1, ws.cap)[written], ws.slots.view(-1, ws.cap)[written])
-    assert torch.equal(out.view(torch.int32), base.view(torch.int32))
-    # where mode 2's store view does not fit (a chunk below 128), mode 0 runs: same output
-    from tpguard.kernels.renorm_passes import copy_mode
+    # a whole call takes the view where it fits; where it does not (a chunk below 128), the prefix path
+    # gives the reference's kept sets
+    from tpguard.kernels.renorm_passes import copy_view
 
-    small = DEFAULT_CONFIG.replace(bracket_copy=2, chunk=64)
-    assert copy_mode(small) == 0 and copy_mode(DEFAULT_CONFIG) == 2
-    assert torch.equal(top_p_renorm_triton(x[:1], 0.9, config=small).view(torch.int32),
-                       top_p_renorm_triton(x[:1], 0.9, config=small.replace(bracket_copy=0)).view(torch.int32))
-    for bad in (1, 3):  # (1: the ballot copy-out, tried and lost: docs/design-renorm.md)
-        with pytest.raises(ValueError, match="bracket_copy"):
-            top_p_renorm_triton(x[:1], 0.9, config=DEFAULT_CONFIG.replace(bracket_copy=bad))
+    small = DEFAULT_CONFIG.replace(chunk=64)
+    assert copy_view(DEFAULT_CONFIG) and not copy_view(small) and not copy_view(small.replace(chunk=128, group=2))
+    assert_matches(top_p_renorm_triton(x[:1], 0.9, config=small), ref.top_p_renorm_reference(x[:1], 0.9))
 
 
 # --- sub-bracket option (docs/design-renorm.md, "Sub-bracket bins"): bracket_bins ---------
