@@ -54,13 +54,15 @@ def test_reading_rule_across_sites_and_null_values(tmp_path):
         # step 1: sampler differs in out_tokens, dflash in target_probs: target_probs comes first
         (1, "sampler", {"target_probs": a, "out_tokens": [a, b]}),
         (1, "dflash.verify", {"target_logits": a, "target_probs": [a, b], "bonus": [None, b]}),
-        (2, "dflash.verify", {"target_logits": [a, None], "target_probs": a}),  # nulls never compared
+        # a value null on one rank and captured on the other differs (a rank's lost value is no agreement)
+        (2, "dflash.verify", {"target_logits": [a, None], "target_probs": a}),
+        (3, "dflash.verify", {"target_logits": None, "target_probs": a}),  # null on every rank: not compared
     ])
     j = diagnose([tmp_path / "m.jsonl"]).to_json()
     f = j["first_divergence"]
     assert (f["step"], f["site"], f["quantity"]) == (1, "dflash.verify", "target_probs")
-    assert f["differing_at_step"] == ["target_probs", "out_tokens"]
-    assert j["divergent_steps"] == 1
+    assert f["differing_at_step"] == ["target_probs", "bonus", "out_tokens"]
+    assert j["divergent_steps"] == 2
     assert "renorm kernel non-determinism" in j["cause"]
 
 

@@ -416,3 +416,155 @@ def test_python_m_tpguard_is_the_tpguard_command(tmp_path):
         assert (a.returncode, a.stdout, a.stderr) == (b.returncode, b.stdout, b.stderr), args
     assert tpguard("diagnose", str(tmp_path), python_m=True).returncode == 1
     assert "Usage: tpguard" in tpguard("--help", python_m=True).stdout
+
+
+# --- a quantity some ranks recorded and others did not -------------------------------------------
+
+def _uncapture(path: Path, quantity: str, how: str, steps=lambda s: True) -> None:
+    """Rank's value of `quantity` null, its key deleted, or the key renamed, at the chosen steps."""
+    def edit(recs):
+        for r in recs[1:]:
+            if r.get("type") != "step" or not steps(r["step"]):
+                continue
+            if how == "null":
+                r["fp"][quantity] = None
+            else:
+                value = r["fp"].pop(quantity)
+                if how == "renamed":
+                    r["fp"][quantity + "_x"] = value
+    edit_lines(path, edit)
+
+
+@pytest.mark.parametrize("how", ["null", "deleted", "renamed"])
+@pytest.mark.parametrize("culprit", [0, 1])
+def test_quantity_recorded_on_one_rank_only_is_a_divergence(tmp_path, how, culprit):
+    """The truth: target_probs differs from step 10 on (as in a run with a non-deterministic
+    renorm). One rank's values of it are lost from step 10: that must not read as CLEAN."""
+    paths = write_synthetic_trace(tmp_path, 40)
+    _uncapture(paths[culprit], "target_probs", how, steps=lambda s: s >= 10)
+    p = tpguard("diagnose", str(tmp_path))
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert "DIVERGED at step 10, site synthetic.verify: first differing quantity 'target_probs'" in p.stdout
+    assert f"    not captured      ranks [{culprit}]\n" in p.stdout and "CLEAN" not in p.stdout
+    j = json.loads(tpguard("diagnose", str(tmp_path), "--json").stdout)
+    f = j["first_divergence"]
+    assert f["culprit_ranks"] == [culprit] and f["majority_ranks"] == [1 - culprit]
+    assert f["uncaptured_ranks"] == [culprit] and "renorm" not in j["cause"] and "not record" in j["cause"]
+    # Not captured on every rank: nothing to compare, as before.
+    _uncapture(paths[1 - culprit], "target_probs", how, steps=lambda s: s >= 10)
+    assert tpguard("diagnose", str(tmp_path)).returncode == 0
+
+
+def test_quantity_missing_on_one_of_three_ranks_names_that_rank(tmp_path):
+    paths = write_synthetic_trace(tmp_path, 20, ranks=3)
+    _uncapture(paths[2], "coins", "deleted", steps=lambda s: s == 7)
+    j = json.loads(tpguard("diagnose", str(tmp_path), "--json").stdout)
+    f = j["first_divergence"]
+    assert (f["step"], f["quantity"], f["culprit_ranks"], f["majority_ranks"]) == (7, "coins", [2], [0, 1])
+
+
+def test_unknown_quantity_on_one_rank_only_is_not_ignored(tmp_path):
+    """A record holding only a quantity the run does not list: compared like any other (after the
+    listed ones), so the run's own quantities, captured on the other rank, show as not captured."""
+    paths = write_synthetic_trace(tmp_path, 20)
+    edit_lines(paths[1], lambda recs: recs[6]["fp"].clear() or recs[6]["fp"].update(bogus_q="0123456789abcdef"))
+    j = json.loads(tpguard("diagnose", str(tmp_path), "--json").stdout)
+    f = j["first_divergence"]
+    assert j["verdict"] == "diverged" and (f["step"], f["quantity"], f["culprit_ranks"]) == (5, "rng_state", [1])
+    assert "bogus_q" in f["differing_at_step"]
+
+
+# --- a second header inside a file ---------------------------------------------------------------
+
+def test_files_of_two_ranks_concatenated_are_refused_with_file_and_line(tmp_path):
+    paths = write_synthetic_trace(tmp_path / "t", 30)
+    both = tmp_path / "all.jsonl"
+    both.write_bytes(paths[0].read_bytes() + paths[1].read_bytes())
+    err = one_line(tpguard("diagnose", str(both)), 2)
+    assert f"{both}:32: " in err and "rank(s) [1]" in err and "only rank" not in err
+
+
+def test_another_runs_trace_appended_is_refused(tmp_path):
+    ok = write_synthetic_trace(tmp_path / "ok", 30, run_id="ok")
+    div = write_synthetic_trace(tmp_path / "div", 30, run_id="div", diverge_at=3)
+    mixed = tmp_path / "mixed" / "ok.rank1.jsonl"
+    mixed.parent.mkdir()
+    shutil.copy(ok[0], mixed.parent)
+    mixed.write_bytes(ok[1].read_bytes() + div[1].read_bytes())
+    err = one_line(tpguard("diagnose", str(mixed.parent)), 2)
+    assert f"{mixed}:32: " in err and "'div'" in err
+    # A divergence or event record of another run, alone: refused the same way.
+    edit_lines(ok[1], lambda recs: recs.insert(5, {"type": "event", "run_id": "div", "kind": "timeout", "message": "x"}))
+    err = one_line(tpguard("diagnose", str(tmp_path / "ok")), 2)
+    assert f"{ok[1]}:6: " in err and "'div'" in err
+    # Rotated segments of one rank joined with cat (the same header again): read as one trace.
+    ok = write_synthetic_trace(tmp_path / "seg", 30, run_id="ok", diverge_at=20)
+    lines = ok[1].read_text().splitlines(keepends=True)
+    ok[1].write_text("".join(lines[:16] + lines[:1] + lines[16:]))
+    j = json.loads(tpguard("diagnose", str(tmp_path / "seg"), "--json").stdout)
+    assert j["first_divergence"]["step"] == 20 and j["compared_steps"] == 30
+
+
+# --- counts from a file that size memory or a message --------------------------------------------
+
+def _world_size(paths, n):
+    for p in paths:
+        edit_lines(p, lambda recs: recs[0].update(world_size=n))
+
+
+def test_huge_world_size_is_refused(tmp_path):
+    paths = write_synthetic_trace(tmp_path, 10)
+    _world_size(paths, 65537)
+    err = one_line(tpguard("diagnose", str(tmp_path)), 2)
+    assert str(paths[0]) in err and "world_size 65537" in err and "65536" in err and len(err) < 500
+
+
+def test_rank_lists_in_messages_are_cut_short(tmp_path):
+    paths = write_synthetic_trace(tmp_path, 10)
+    _world_size(paths, 65536)
+    p = tpguard("diagnose", str(tmp_path))
+    assert p.returncode == 0 and max(map(len, p.stdout.splitlines())) < 500
+    assert "no trace for rank(s) [2, 3, 4, 5, 6, 7, 8, 9, ... 65535] (65534 ranks)" in p.stdout
+    paths[1].unlink()
+    err = one_line(tpguard("diagnose", str(tmp_path)), 2)
+    assert len(err) < 500 and "(65535 ranks)" in err
+
+
+# --- a file in a trace directory that is not a regular file --------------------------------------
+
+@pytest.mark.parametrize("kind", ["dev-zero-link", "fifo"])
+def test_not_a_regular_file_in_a_directory_is_named(tmp_path, kind):
+    def replace(path):
+        path.unlink()
+        if kind == "fifo":
+            os.mkfifo(path)
+        else:
+            path.symlink_to("/dev/zero")
+
+    why = "a FIFO" if kind == "fifo" else "/dev/zero"
+    paths = write_synthetic_trace(tmp_path / "two", 10)
+    replace(paths[1])
+    err = one_line(tpguard("diagnose", str(tmp_path / "two")), 2)
+    assert f"{paths[1]}: not a regular file" in err and why in err and "skipped" in err
+    # Next to two usable ranks: read, with a warning naming it.
+    paths = write_synthetic_trace(tmp_path / "three", 10, ranks=3)
+    replace(paths[1])
+    p = tpguard("diagnose", str(tmp_path / "three"))
+    assert p.returncode == 0, p.stderr
+    assert any(f"{paths[1]}: not a regular file" in line and why in line for line in p.stdout.splitlines())
+
+
+# --- steps out of range ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [str(2 ** 63), str(10 ** 30), "9" * 5000], ids=["2^63", "1e30", "5000-digits"])
+@pytest.mark.parametrize("where", ["last-line", "middle-every-rank"])
+def test_step_out_of_range_is_refused(tmp_path, value, where):
+    paths = write_synthetic_trace(tmp_path, 3000)
+    targets = paths[1:] if where == "last-line" else paths
+    at = 3000 if where == "last-line" else 1501
+    for p in targets:
+        lines = p.read_text().splitlines(keepends=True)
+        lines[at] = lines[at].replace(f'"step":{at - 1},', f'"step":{value},')
+        p.write_text("".join(lines))
+    err = one_line(tpguard("diagnose", str(tmp_path)), 2)
+    assert f"{targets[0]}:{at + 1}: " in err and "out of range" in err and len(err) < 500

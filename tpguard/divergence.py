@@ -1,18 +1,23 @@
 """Comparing ranks' fingerprints: the first diverging quantity and its culprit ranks.
 
-This is the one place where values are compared; the live guard and `tpguard diagnose` both
-call `first_divergence`, so they always name the same quantity and ranks. The guard reports what
-it finds as a `tpguard.records.DivergenceRecord`, the record its trace holds.
+This is the one place where values are compared. The live guard calls `first_divergence` on the
+values it gathered and reports what it finds as a `tpguard.records.DivergenceRecord`, the record
+its trace holds; `tpguard diagnose` calls `site_divergence` on the records it reads back, which
+adds one rule for values a trace lacks. On records where every rank captured the same quantities
+(what the guard writes) both name the same quantity and ranks.
 
-Rules (trace format v1): null values are never compared; the culprits are the ranks outside the
-largest group of equal values; on a tie, the ranks outside the group that holds the lowest rank
-(rank 0 is the reference, as in a rank-0 broadcast).
+Rules (trace format v1): null values are never compared with each other; the culprits are the
+ranks outside the largest group of equal values; on a tie, the ranks outside the group that holds
+the lowest rank (rank 0 is the reference, as in a rank-0 broadcast). Read back (`site_divergence`),
+a quantity that some ranks holding a record of the step and site captured and others did not
+(null or absent) differs, those ranks among the culprits: a rank's lost or dropped value must not
+read as agreement.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -72,3 +77,48 @@ def first_divergence(
             if first is None:
                 first = d
     return first, differing
+
+
+@dataclass(frozen=True)
+class Uncaptured(Disagreement):
+    """A quantity that some ranks holding the record captured and others did not: never equal
+    (a rank's lost or dropped value must not read as agreement). Those ranks are culprits."""
+
+    uncaptured_ranks: list[int] = field(default_factory=list)
+
+
+def site_divergence(order: list[str], by_q: dict[str, dict[int, str | None]]) -> tuple[Disagreement | None, list[str]]:
+    """`tpguard.divergence.first_divergence` for one step and site, where a quantity captured on
+    some ranks that hold the record and not on others differs too. Quantities no rank captured
+    there are not compared (a site need not record every quantity)."""
+    holders = record_holders(by_q)
+    first: Disagreement | None = None
+    differing: list[str] = []
+    for q in causal_order(order, by_q):
+        cell = by_q.get(q)
+        d = None if cell is None else quantity_divergence(q, cell, holders)
+        if d is not None:
+            differing.append(q)
+            first = first or d
+    return first, differing
+
+
+def record_holders(by_q: dict[str, dict[int, str | None]]) -> set[int]:
+    """Ranks holding a record of the step and site: a captured value of some quantity."""
+    return {r for cell in by_q.values() for r, v in cell.items() if v is not None}
+
+
+def quantity_divergence(q: str, cell: dict[int, str | None], holders: set[int]) -> Disagreement | None:
+    """How the ranks' values of one quantity differ, if they do; ranks in `holders` that did not
+    capture it differ when any rank did."""
+    d = compare(q, cell)
+    captured = {r for r, v in cell.items() if v is not None}
+    lacking = sorted(holders - captured) if captured else []
+    if not lacking:
+        return d
+    if d is None:
+        values: dict[str, list[int]] = {}
+        for r in sorted(captured):
+            values.setdefault(cell[r], []).append(r)
+        return Uncaptured(q, values, sorted(captured), lacking, lacking)
+    return Uncaptured(q, d.values, d.majority_ranks, sorted({*d.culprit_ranks, *lacking}), lacking)

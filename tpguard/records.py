@@ -15,6 +15,10 @@ from tpguard.errors import TraceError
 from tpguard.quantities import CANONICAL_ORDER
 
 SCHEMA = "tpguard.trace/1"
+MAX_STEP = 2**63 - 1  # steps are int64 counters in the guard; a reader refuses larger ones
+# ranks a reader accepts: a world size sizes lists and messages, so a corrupt one must not cost memory
+# (tensor-parallel groups are far smaller)
+MAX_WORLD_SIZE = 1 << 16
 
 # A step record's fingerprint value: one hex string for every rank of the record, one entry per
 # rank, or null when not captured.

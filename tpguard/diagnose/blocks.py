@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import orjson
 
+from tpguard.records import MAX_STEP
+
 _MASK = bytes.maketrans(b"0123456789abcdef", b"\0" * 16)
 _CAPTURED = b'"' + b"\0" * 16 + b'"'  # a masked fingerprint: the template holds a compared value
 MAX_TEMPLATES = 32
@@ -47,8 +49,10 @@ def _layout(run_id: str, colon: bytes, comma: bytes) -> Layout:
     return Layout(
         start=b'{"type"' + colon + b'"step"' + comma,
         ranks_field=re.compile(re.escape(key(b"ranks")) + rb"(\[[0-9, ]*\])"),
-        step_number=re.compile(re.escape(key(b"step")) + rb"([0-9]+)" + re.escape(key(b"site") + b'"')),
-        step_site=re.compile(re.escape(key(b"step")) + rb"([0-9]+)" + re.escape(key(b"site")) + rb'"([^"\\]*)"'),
+        # at most 19 digits: a longer step is out of range (int() of thousands of digits even
+        # raises); the block is then not clean and the parsed path names the line
+        step_number=re.compile(re.escape(key(b"step")) + rb"([0-9]{1,19})" + re.escape(key(b"site") + b'"')),
+        step_site=re.compile(re.escape(key(b"step")) + rb"([0-9]{1,19})" + re.escape(key(b"site")) + rb'"([^"\\]*)"'),
         template=re.compile(template))
 
 
@@ -111,6 +115,8 @@ class BlockChecker:
         if len(numbers) != n:
             return None
         steps = list(map(int, numbers))
+        if max(steps) > MAX_STEP:
+            return None
         if not all(map(operator.lt, steps, steps[1:])) and not _in_order(layout, first, steps):
             return None
         if any(steps[0] <= c.last_step for c in cursors):

@@ -10,7 +10,7 @@ import html
 
 from tpguard.diagnose.matcher import StepView
 from tpguard.diagnose.report import Diagnosis
-from tpguard.divergence import causal_order, compare
+from tpguard.divergence import causal_order, quantity_divergence, record_holders
 
 MARKER = '<meta name="generator" content="tpguard diagnose">'
 # Reports written before the marker began with exactly this.
@@ -39,12 +39,14 @@ def _cell(view: StepView | None, q: str, is_first: bool) -> str:
         return '<td class="c null"><span class="tip">not recorded</span></td>'
     by_rank = view.by_quantity[q]
     present = {r: v for r, v in by_rank.items() if v is not None}
-    if len(present) < 2:
+    holders = record_holders(view.by_quantity)
+    lacking = holders - set(present)  # they hold this record without this quantity: it differs
+    if not present or (len(present) < 2 and not lacking):
         tip = "not captured" if not present else f"only rank {list(present)} captured"
         return f'<td class="c null"><span class="tip">{html.escape(tip)}</span></td>'
-    d = compare(q, by_rank)
+    d = quantity_divergence(q, by_rank, holders)
     lines = [f"step {view.step}  {view.site}  {q}"]
-    lines += [f"rank {r}: {v}" for r, v in sorted(by_rank.items())]
+    lines += [f"rank {r}: {by_rank.get(r) or 'not captured'}" for r in sorted(set(by_rank) | lacking)]
     if d is None:
         cls, mark = "ok", ""
     else:

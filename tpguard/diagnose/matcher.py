@@ -11,6 +11,8 @@ divergence (for the HTML grid) and a bounded list of missing records.
 A record (step, site) that some ranks hold and others lack hides whatever that rank's values
 were: before the first divergence it may hide the true first divergence (a finding, named);
 after it, it is counted; after a rank's last record, the rank stopped early (counted per rank).
+A quantity that some ranks holding the record captured and others did not (null or absent) is
+no such gap: the ranks did something different there, so it differs (`tpguard.divergence.Uncaptured`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import orjson
 
 from tpguard.diagnose.blocks import BlockChecker, CleanBlock, looks_like_step
 from tpguard.diagnose.reader import BLOCK_LINES, FileCursor, TraceSet
-from tpguard.divergence import Disagreement, causal_order, first_divergence
+from tpguard.divergence import Disagreement, causal_order, site_divergence
 from tpguard.records import expand_fp
 
 WINDOW_BEFORE = 5
@@ -33,7 +35,7 @@ CASCADE_LIMIT = 20
 LISTED_GAPS = 20  # missing records named one by one; the rest are counted
 SITES_SHOWN = 3
 MAX_BACKOFF = 64  # parsed steps between block attempts while blocks keep failing
-HEAD_STEP = re.compile(rb'"step": ?([0-9]+),')
+HEAD_STEP = re.compile(rb'"step": ?([0-9]{1,19}),')  # longer: out of range, for the parsed path to refuse
 
 
 @dataclass
@@ -129,7 +131,7 @@ def _combine(records: list[tuple], warn) -> dict[str, dict[str, dict[int, str | 
 def _views(records: list[tuple], order: list[str], warn) -> list[StepView]:
     views = []
     for site, by_q in _combine(records, warn).items():
-        first, differing = first_divergence(order, by_q)
+        first, differing = site_divergence(order, by_q)
         views.append(StepView(records[0][0], site, by_q, differing, first))
     return views
 
@@ -254,10 +256,10 @@ class _Walk:
         views = _views(records, self.order, self.ts.warn)
         site_ranks = {v.site: {r for cell in v.by_quantity.values() for r, x in cell.items() if x is not None}
                       for v in views}
-        compared = any(sum(x is not None for x in cell.values()) >= 2
-                       for v in views for cell in v.by_quantity.values())
-        self._count_step(step, compared)
         divergent = [v for v in views if v.first is not None]
+        compared = bool(divergent) or any(sum(x is not None for x in cell.values()) >= 2
+                                          for v in views for cell in v.by_quantity.values())
+        self._count_step(step, compared)
         if self.after_left > 0:
             a.window.extend(views)
             self.after_left -= 1
@@ -302,7 +304,7 @@ def _try_block(checker: BlockChecker, cursors: list[FileCursor], hint: int) -> t
     heads = []
     for c in live:
         line = c.buf[c.pos]
-        m = HEAD_STEP.search(line) if c.in_run and looks_like_step(line) else None
+        m = HEAD_STEP.search(line) if looks_like_step(line) else None
         if m is None:
             return None
         heads.append(int(m.group(1)))

@@ -14,7 +14,9 @@ import datetime as _dt
 import functools
 import glob
 import operator
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import orjson
 
 from tpguard.diagnose.source import open_trace_bytes, truncated
 from tpguard.errors import TraceError
-from tpguard.records import SCHEMA, DivergenceRecord, EventRecord, Header, from_json
+from tpguard.records import MAX_STEP, MAX_WORLD_SIZE, SCHEMA, DivergenceRecord, EventRecord, Header, from_json
 
 BLOCK_LINES = 4096
 # Files a directory argument stands for: traces and their rotated segments (NAME.jsonl.1, ...),
@@ -35,6 +37,7 @@ FIRST_LINE_LIMIT = 8 << 20  # a header is a few hundred bytes; more without a ne
 CREATED_TOLERANCE_S = 10.0
 FINGERPRINT = re.compile(r"[0-9a-f]{16}")
 HEX_RUN = re.compile(r"[0-9a-f]*")
+RANKS_SHOWN = 8
 _INT, _STR, _STR_OR_NONE, _SIXTEEN = {int}, {str}, {str, type(None)}, {16}
 _CAPTURED = functools.partial(operator.is_not, None)
 
@@ -70,12 +73,31 @@ def show(text: str, limit: int = 60) -> str:
     return text if text.isprintable() and len(text) <= limit else ascii(text[:limit])
 
 
+def show_ranks(ranks, shown: int = RANKS_SHOWN) -> str:
+    """A list of ranks for a message, cut short: a long list would make one line megabytes."""
+    ranks = list(ranks)
+    if len(ranks) <= shown + 2:
+        return repr(ranks)
+    head = ", ".join(map(repr, ranks[:shown]))
+    return f"[{head}, ... {ranks[-1]!r}] ({len(ranks)} ranks)"
+
+
+def _header_checked(h: Header, where: str) -> Header:
+    if h.world_size > MAX_WORLD_SIZE:
+        raise TraceError(f"{where}: header with world_size {h.world_size} (at most {MAX_WORLD_SIZE} ranks)")
+    bad = [r for r in h.ranks if not 0 <= r < h.world_size]
+    if bad:
+        raise TraceError(f"{where}: header with ranks {show_ranks(bad)} outside its world size {h.world_size}")
+    return h
+
+
 class FileCursor:
     """Buffered raw lines of one file, consumed as clean blocks or as one parsed step at a time.
 
     Step records come out as (step, site, ranks, fp). Divergence and event records met on the way
-    are kept in the TraceSet; records of other runs are skipped. Every parsed step record is
-    checked: a malformed one is a TraceError naming the file and line.
+    are kept in the TraceSet. Every parsed record is checked: a malformed one, a record of another
+    run, or a header of another run or rank (files concatenated) is a TraceError naming the file
+    and line.
     """
 
     def __init__(self, f: TraceFile, ts: TraceSet):
@@ -86,7 +108,6 @@ class FileCursor:
         self.pos = 0  # next unread line in buf
         self.lineno = 0  # lines consumed before buf[pos]
         self.eof = False
-        self.in_run = True
         self.header_run = f.header.run_id  # the run of the header above the current line
         self.header_ranks = frozenset(f.header.ranks)
         self.last_step = -1
@@ -132,10 +153,8 @@ class FileCursor:
                 continue
             kind = obj.get("type")
             if kind == "step":
-                rec = self._checked_step(obj)
-                if rec is not None:
-                    self._head = rec
-                    return rec
+                self._head = self._checked_step(obj)
+                return self._head
             self.skip(1)
             if kind != "step":
                 self._other(kind, obj)
@@ -158,14 +177,12 @@ class FileCursor:
     def where(self, offset: int = 1) -> str:
         return f"{self.file.path}:{self.lineno + offset}"
 
-    def _checked_step(self, obj: dict) -> tuple | None:
-        """The step record at the cursor, checked; None if it belongs to another run's header."""
+    def _checked_step(self, obj: dict) -> tuple:
+        """The step record at the cursor, checked."""
         rid = obj.get("run_id")
         if rid != self.header_run:
             raise TraceError(f"{self.where()}: step record of run {show(str(rid))!r} under a header of run "
                              f"{show(self.header_run)!r}")
-        if not self.in_run:
-            return None
         rec = self.step_fields(obj)
         step, site = rec[0], rec[1]
         if step < self.last_step:
@@ -179,36 +196,64 @@ class FileCursor:
     def _other(self, kind, obj) -> None:
         where = f"{self.file.path}:{self.lineno}"
         if kind == "header":
-            if obj.get("schema") != SCHEMA:
-                raise TraceError(f"{where}: unknown schema {obj.get('schema')!r}")
-            try:
-                header = from_json(obj)
-            except TraceError as e:
-                raise TraceError(f"{where}: {e}") from None
-            self.header_run = header.run_id
-            self.header_ranks = frozenset(header.ranks)
-            self.in_run = header.run_id == self.ts.run_id
-            if self.in_run:  # one file holding two runs that share a run id (files concatenated)
-                differ = header_differences(self.ts.files[0].header, header)
-                if differ:
-                    raise TraceError(f"{where}: a header of run {self.ts.run_id} that differs from the run's "
-                                     f"first header in {_describe(differ)}: two runs that reuse one run id?")
+            self._second_header(obj, where)
         elif kind in ("divergence", "event"):
-            if self.in_run and obj.get("run_id", self.ts.run_id) == self.ts.run_id:
-                try:
-                    rec = from_json(obj)
-                except TraceError as e:
-                    self.ts.warn(f"{where}: {e}; record ignored")
-                    return
-                (self.ts.divergences if kind == "divergence" else self.ts.events).append(rec)
+            rid = obj.get("run_id")
+            if rid is not None and rid != self.header_run:  # another run's record: files concatenated
+                raise TraceError(f"{where}: {kind} record of run {show(str(rid))!r} under a header of run "
+                                 f"{show(self.header_run)!r} (files concatenated?); give each run's files "
+                                 "separately")
+            try:
+                rec = from_json(obj)
+            except TraceError as e:
+                self.ts.warn(f"{where}: {e}; record ignored")
+                return
+            (self.ts.divergences if kind == "divergence" else self.ts.events).append(rec)
         else:
             self.ts.warn(f"{where}: unknown record type {show(str(kind))!r} ignored")
+
+    def scan_headers(self) -> None:
+        """Check every header after line 1 (a byte search, then a parse of the few lines found)."""
+        while self.fill(1):
+            raw = self.buf[self.pos]
+            if self.lineno > 0 and b'"header"' in raw:
+                obj = self._parse(raw, self.lineno + 1)
+                if obj is not None and obj.get("type") == "header":
+                    self._second_header(obj, self.where())
+            self.skip(1)
+
+    def _second_header(self, obj: dict, where: str) -> None:
+        """A header inside the file. Rotated segments of one rank joined with `cat` repeat the
+        file's header and read on; anything else is other files concatenated into this one, whose
+        records would be read as this rank's (or dropped): refused."""
+        if obj.get("schema") != SCHEMA:
+            raise TraceError(f"{where}: unknown schema {show(str(obj.get('schema')))!r}")
+        try:
+            header = from_json(obj)
+        except TraceError as e:
+            raise TraceError(f"{where}: {e}") from None
+        _header_checked(header, where)
+        mine = self.file.header
+        if header.run_id != mine.run_id:
+            raise TraceError(f"{where}: a header of run {show(header.run_id)!r} inside the trace of run "
+                             f"{show(mine.run_id)!r} (files concatenated?); give each run's files separately")
+        if sorted(header.ranks) != sorted(mine.ranks):
+            raise TraceError(f"{where}: a second header, of rank(s) {show_ranks(sorted(header.ranks))}, inside "
+                             f"the trace of rank(s) {show_ranks(sorted(mine.ranks))} (files concatenated?); "
+                             "give each rank's file separately")
+        differ = header_differences(self.ts.files[0].header, header)
+        if differ:  # one file holding two runs that share a run id
+            raise TraceError(f"{where}: a header of run {self.ts.run_id} that differs from the run's "
+                             f"first header in {_describe(differ)}: two runs that reuse one run id?")
 
     def _parse(self, raw: bytes, lineno: int) -> dict | None:
         path = self.file.path
         try:
             obj = orjson.loads(raw)
-        except orjson.JSONDecodeError:
+        except orjson.JSONDecodeError as e:
+            if "number is infinity" in str(e):  # a whole line (not torn) holding a huge number
+                raise TraceError(f"{path}:{lineno}: a number out of range (steps and ranks are integers "
+                                 f"from 0 to {MAX_STEP})") from None
             if lineno == 1:
                 raise TraceError(f"{path}: not a tpguard trace (line 1 is not JSON)") from None
             # A line the writer did not finish has no newline: it can only be the last one.
@@ -231,10 +276,14 @@ class FileCursor:
             step, site, ranks, fp = obj["step"], obj["site"], obj["ranks"], obj["fp"]
         except KeyError as e:
             raise TraceError(f"{self.where(offset)}: step record without {e.args[0]}") from None
+        if type(step) is float and abs(step) > MAX_STEP:  # orjson reads integers beyond 64 bits as floats
+            raise TraceError(f"{self.where(offset)}: step {step:g} out of range (0 to {MAX_STEP})")
         if type(step) is not int or type(fp) is not dict or type(ranks) is not list:
             raise TraceError(f"{self.where(offset)}: malformed step record")
         if step < 0:
             raise TraceError(f"{self.where(offset)}: negative step {step}")
+        if step > MAX_STEP:
+            raise TraceError(f"{self.where(offset)}: step {step} out of range (0 to {MAX_STEP})")
         if type(site) is not str:
             raise TraceError(f"{self.where(offset)}: step record whose site is not a string ({site!r})")
         if not (set(map(type, ranks)) <= _INT and self.header_ranks.issuperset(ranks)
@@ -258,10 +307,10 @@ class FileCursor:
 
     def _bad_ranks(self, ranks: list, offset: int) -> None:
         if any(type(r) is not int or not 0 <= r < self.ts.world_size for r in ranks):
-            raise TraceError(f"{self.where(offset)}: step record with bad ranks {ranks!r} "
+            raise TraceError(f"{self.where(offset)}: step record with bad ranks {show(repr(ranks), 120)} "
                              f"(integers in [0, {self.ts.world_size}))")
-        raise TraceError(f"{self.where(offset)}: step record of ranks {ranks} in a file whose header "
-                         f"covers ranks {sorted(self.header_ranks)}")
+        raise TraceError(f"{self.where(offset)}: step record of ranks {show_ranks(ranks)} in a file whose header "
+                         f"covers ranks {show_ranks(sorted(self.header_ranks))}")
 
     def _listed_values(self, fp: dict, ranks: list, offset: int) -> list[str]:
         """The captured values of an fp holding per-rank lists, each entry checked."""
@@ -317,31 +366,65 @@ def read_header(path: Path) -> Header:
     except TraceError as e:
         raise TraceError(f"{path}: {e}") from None
     assert isinstance(rec, Header)
-    return rec
+    return _header_checked(rec, str(path))
 
 
-def _expand(p: Path) -> list[Path]:
+def _not_regular(q: Path) -> str:
+    """What a path that is not a regular file is, for a message."""
+    try:
+        mode = os.stat(q).st_mode
+    except OSError:
+        return "a broken link" if q.is_symlink() else "unreadable"
+    kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a plain file")
+    if q.is_symlink():
+        kind += f", through a link to {show(os.path.realpath(q), 200)}"
+    return kind
+
+
+def _regular(found: list[Path], warn) -> list[Path]:
+    """The regular files of a directory's or a pattern's matches. The others (a FIFO or a device
+    could be read forever) are skipped, each named; sub-directories are not read, silently."""
+    out = []
+    for q in found:
+        if q.is_file():
+            out.append(q)
+        elif not q.is_dir():
+            warn(f"{q}: not a regular file ({_not_regular(q)}); skipped")
+    return out
+
+
+def _expand(p: Path, warn) -> list[Path]:
     """A file, the traces (and rotated segments) of a directory, or a quoted glob pattern."""
     if p.is_dir():
-        found = sorted(q for q in p.iterdir() if SEGMENT.search(q.name) and q.is_file())
+        skipped: list[str] = []
+        found = _regular(sorted(q for q in p.iterdir() if SEGMENT.search(q.name)), skipped.append)
+        for w in skipped:
+            warn(w)
         if not found:
-            raise TraceError(f"{p}: directory holds no *.jsonl trace (plain, .gz or .zst)")
+            raise TraceError(f"{p}: directory holds no *.jsonl trace (plain, .gz or .zst)"
+                             + "".join(f"; {w}" for w in skipped))
         return found
     if not p.exists() and glob.has_magic(str(p)):
-        found = sorted(Path(q) for q in glob.glob(str(p)) if Path(q).is_file())
+        skipped = []
+        found = _regular(sorted(Path(q) for q in glob.glob(str(p))), skipped.append)
+        for w in skipped:
+            warn(w)
         if not found:
-            raise TraceError(f"{p}: no file matches this pattern")
+            raise TraceError(f"{p}: no file matches this pattern" + "".join(f"; {w}" for w in skipped))
         return found
     if p.exists() and not p.is_file():  # a FIFO or a device (/dev/zero) could be read forever
-        raise TraceError(f"{p}: not a regular file")
+        raise TraceError(f"{p}: not a regular file ({_not_regular(p)})")
     return [p]
 
 
-def trace_paths(paths: list[str | Path]) -> list[Path]:
-    """The files the arguments stand for (directories and patterns expanded), each once."""
+def trace_paths(paths: list[str | Path], warn=None) -> list[Path]:
+    """The files the arguments stand for (directories and patterns expanded), each once; `warn`
+    hears of the files a directory or pattern holds that are skipped."""
     out, seen = [], set()
     for arg in paths:
-        for q in _expand(Path(arg)):
+        for q in _expand(Path(arg), warn or (lambda msg: None)):
             key = q.resolve()
             if key not in seen:  # the same file named twice (a file and its directory): read it once
                 seen.add(key)
@@ -351,7 +434,7 @@ def trace_paths(paths: list[str | Path]) -> list[Path]:
 
 def _read_headers(paths: list[str | Path], warn) -> list[TraceFile]:
     files, empty = [], []
-    for q in trace_paths(paths):
+    for q in trace_paths(paths, warn):
         try:
             files.append(TraceFile(q, read_header(q)))
         except EmptyTrace:
@@ -433,7 +516,7 @@ def open_trace_set(paths: list[str | Path], run: str | None = None) -> TraceSet:
     ranks = sorted({r for f in files for r in f.header.ranks})
     bad = [r for r in ranks if not 0 <= r < world_size]
     if bad:
-        raise TraceError(f"run {run_id}: ranks {bad} outside world size {world_size}")
+        raise TraceError(f"run {run_id}: ranks {show_ranks(bad)} outside world size {world_size}")
     orders = {tuple(f.header.quantities) for f in files}
     quantities = list(max(orders, key=len))
     ts = TraceSet(files=files, run_id=run_id, world_size=world_size, quantities=quantities,
@@ -449,11 +532,14 @@ def open_trace_set(paths: list[str | Path], run: str | None = None) -> TraceSet:
     if len(fp_versions) > 1:
         ts.warn(f"files hash with different fingerprint definitions ({', '.join(fp_versions)}): "
                 "their values differ even for equal tensors")
-    missing = [r for r in range(world_size) if r not in ranks]
+    covered = set(ranks)
+    missing = [r for r in range(world_size) if r not in covered]
     if len(ranks) < 2:
+        for c in ts.cursors():  # other ranks' files concatenated into this one: say that instead
+            c.scan_headers()
         skipped = "".join(f"; {w}" for w in early_warnings)
         raise TraceError(f"run {run_id}: only rank {ranks} has a trace here; need two ranks to compare "
-                         f"(world size {world_size}, missing ranks {missing}){skipped}")
+                         f"(world size {world_size}, missing ranks {show_ranks(missing)}){skipped}")
     if missing:
-        ts.warn(f"no trace for rank(s) {missing} of {world_size}: they are not compared")
+        ts.warn(f"no trace for rank(s) {show_ranks(missing)} of {world_size}: they are not compared")
     return ts

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tpguard.diagnose.matcher import Analysis, Gap
-from tpguard.diagnose.reader import TraceSet, show
+from tpguard.diagnose.reader import TraceSet, show, show_ranks
 from tpguard.diagnose.rules import explain
 from tpguard.replay.hint import replay_hint
 
 FINDINGS_SHOWN = 10
+MESSAGE_SHOWN = 2000  # an event's free-text message, as read from a trace
 
 
 @dataclass
@@ -52,7 +53,8 @@ class Diagnosis:
             first = {
                 "step": a.first.step, "site": a.first.site, "quantity": d.quantity,
                 "culprit_ranks": d.culprit_ranks, "majority_ranks": d.majority_ranks,
-                "values": d.values, "differing_at_step": a.first.differing_at_step,
+                "values": d.values, "uncaptured_ranks": getattr(d, "uncaptured_ranks", []),
+                "differing_at_step": a.first.differing_at_step,
                 "agreeing_before": a.first.agreeing_before, "not_captured": a.first.not_captured,
                 "rows": _rows_for(ts, a.first.step, a.first.site, d.quantity),
                 "replay": replay_hint(ts.files[0].path.parent, ts.run_id, a.first.step, a.first.site),
@@ -111,16 +113,17 @@ def build(ts: TraceSet, a: Analysis) -> Diagnosis:
         missing = sorted({r for t in diag.timeouts for r in t["missing_ranks"] or []} - set(dead))
         early = stopped_early(a.last_step_by_rank)
         if dead:
-            diag.cause = (f"rank(s) {dead} died (killed by a signal or crashed) before a divergence was seen"
-                          + (f"; rank(s) {missing} stopped answering" if missing else ""))
+            diag.cause = (f"rank(s) {show_ranks(dead)} died (killed by a signal or crashed) before a divergence "
+                          "was seen" + (f"; rank(s) {show_ranks(missing)} stopped answering" if missing else ""))
             named = dead
         elif missing:
-            diag.cause = f"rank(s) {missing} stopped reaching the guard (hung or died) before a divergence was seen"
+            diag.cause = (f"rank(s) {show_ranks(missing)} stopped reaching the guard (hung or died) before a "
+                          "divergence was seen")
             named = missing
         else:
             diag.cause = "a rank stopped reaching the guard (it hung or died) before a divergence was seen"
             named = early
-        who = f"rank(s) {named}'s" if named else "the ranks'"
+        who = f"rank(s) {show_ranks(named)}'s" if named else "the ranks'"
         diag.fix = (f"look at {who} own logs (a signal, an out-of-memory kill, an exception, a hang); a "
                     "divergence in an unguarded site or before the guard was enabled can wedge a later collective")
     return diag
@@ -157,6 +160,12 @@ def switches(ts: TraceSet) -> list[dict]:
         out.append({"step": ev.step, "site": ev.site, "what": _field(ev, "what"),
                     "from_step": _field(ev, "from_step"), "why": _field(ev, "why"), "message": ev.message})
     return sorted(out, key=lambda x: (x["step"] if type(x["step"]) is int else -1, str(x["site"])))
+
+
+def _plain(ranks: list[int]) -> str:
+    """Ranks for a line of text: '0, 1', or cut short when long."""
+    text = show_ranks(ranks)
+    return text[1:-1] if text.endswith("]") else text
 
 
 def _gap(g: Gap) -> str:
@@ -208,13 +217,14 @@ def render_text(diag: Diagnosis) -> str:
     elif f is None:
         lines.append(f"CLEAN: no quantity differs across ranks at any of the {j['compared_steps']} step(s) compared")
     else:
-        culprit = ", ".join(map(str, f["culprit_ranks"]))
-        majority = ", ".join(map(str, f["majority_ranks"]))
-        lines.append(f"DIVERGED at step {f['step']}, site {f['site']}: first differing quantity "
-                     f"{f['quantity']!r}")
+        culprit, majority = _plain(f["culprit_ranks"]), _plain(f["majority_ranks"])
+        lines.append(f"DIVERGED at step {f['step']}, site {show(f['site'])}: first differing quantity "
+                     f"{show(f['quantity'])!r}")
         lines.append(f"  culprit rank(s): {culprit}   majority/reference rank(s): {majority}")
         for fp, ranks in f["values"].items():
-            lines.append(f"    {fp}  ranks {ranks}")
+            lines.append(f"    {fp}  ranks {show_ranks(ranks)}")
+        if f["uncaptured_ranks"]:  # they hold a record of this step and site, without this quantity
+            lines.append(f"    {'not captured':16}  ranks {show_ranks(f['uncaptured_ranks'])}")
         if f["rows"]:
             lines.append(f"  diverging rows of {f['quantity']}: {f['rows']}")
         if f["replay"]:  # the dumps of that step (--dump / TPGUARD_DUMP=1): re-run it
@@ -237,12 +247,16 @@ def render_text(diag: Diagnosis) -> str:
             lines.append("  guard actions: " + ", ".join(f"{k} {v}" for k, v in j["guard_actions"].items()))
     if f is None and j["verdict"] != "nothing_compared":
         lines += [f"finding: {x}" for x in j["findings"]]
-    last = ", ".join(f"rank {r}: {s if s is not None else 'none'}" for r, s in j["last_step_by_rank"].items())
+    last_steps = [f"rank {r}: {s if s is not None else 'none'}" for r, s in j["last_step_by_rank"].items()]
+    if len(last_steps) > 10:  # one line whatever the world size
+        last_steps[8:-1] = ["..."]
+        last_steps[-1] += f" ({len(j['last_step_by_rank'])} ranks)"
+    last = ", ".join(last_steps)
     lines.append(f"last step by rank: {last}")
     if j["stopped_early"]:
-        lines.append(f"  rank(s) {j['stopped_early']} stopped before the others")
+        lines.append(f"  rank(s) {show_ranks(j['stopped_early'])} stopped before the others")
     for kind, msg in dict.fromkeys((t["kind"], t["message"]) for t in j["timeouts"]):  # each waiting rank writes one
-        lines.append(f"{kind}: {msg}")
+        lines.append(f"{show(str(kind))}: {show(str(msg), MESSAGE_SHOWN)}")
     for sw in j["switches"]:
         lines.append(f"switched at step {sw['step']}, site {show(sw['site'])}: {sw['message']}")
     if diag.cause:

@@ -96,12 +96,24 @@ RULES: tuple[Rule, ...] = (
          "check the commit path; " + FIX_BROADCAST),
 )
 
+UNCAPTURED = Rule(
+    "*",
+    "some ranks did not record this quantity at this step and site while the others did (null or "
+    "absent in their records): the ranks ran different code paths there (a branch or hook taken on "
+    "some ranks only), or a writer dropped the value; whether the values differ is unknown",
+    "look at what the rank(s) without the value ran at that step (their logs, the hook that records "
+    "the quantity at that site): a capture that depends on the rank hides divergences from the guard; "
+    "then diagnose again")
+
 GENERIC = Rule("*", "a quantity outside the canonical set differs first",
                "read the run's own documentation for that quantity; " + FIX_BROADCAST)
 
 
 def explain(first: FirstDivergence) -> Rule:
-    q = first.disagreement.quantity
+    d = first.disagreement
+    if getattr(d, "uncaptured_ranks", None) and len(d.values) == 1:  # only the capture differs
+        return UNCAPTURED
+    q = d.quantity
     agreeing = set(first.agreeing_before)
     for rule in RULES:
         if rule.quantity == q and all(n in agreeing for n in rule.needs_agreeing):
