@@ -2,7 +2,9 @@
 
 Torn and garbage files, a missing rank (with and without the partial file a dying rank leaves),
 dumps of two runs mixed, renamed files, the same rank twice, dumps without the world size or
-without a replay context (what the SGLang plugin wrote before it passed one), bad arguments.
+without a replay context (what the SGLang plugin wrote before it passed one), a replay context or
+sampling parameters of the wrong type or range, a FIFO or device where a dump should be, bad
+arguments.
 The dumps come from the real harness (2 ranks, `--dump`): `python -m tpguard.launch`'s main() in
 two rank processes that make both runs (tests/multiproc.py).
 """
@@ -10,7 +12,11 @@ two rank processes that make both runs (tests/multiproc.py).
 from __future__ import annotations
 
 import json
+import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -207,3 +213,124 @@ def test_the_runs_backend_cannot_run_here(dumps, tmp_path, capsys):
     assert [(r["backend"], r["differing"]) for r in j["runs"][1:]] == [("tpguard", 0), ("torch", 0)]
     assert any("the run used cuda, this replay cpu" in n for n in j["notes"])
     assert len(out.err.strip().splitlines()) == 1 and "flashinfer cannot run here" in out.err
+
+
+def set_context(path: Path, edit) -> None:
+    """Rewrite the dump's replay context with `edit(ctx)` applied (Python's json writes NaN as NaN)."""
+    with safe_open(str(path), framework="pt") as f:
+        ctx = json.loads(f.metadata()["context"])
+    edit(ctx)
+    rewrite(path, context=json.dumps(ctx))
+
+
+def set_param(path: Path, name: str, value) -> None:
+    """Every row of the sampling parameter `name` set to `value`, the metadata kept."""
+    with safe_open(str(path), framework="pt") as f:
+        meta = dict(f.metadata())
+    tensors = load_file(str(path))
+    tensors[name] = torch.full_like(tensors[name], value)
+    save_file(tensors, str(path), metadata=meta)
+
+
+def _ctx_edit(section, key, value):
+    def edit(ctx):
+        if key is None:
+            ctx[section] = value
+        else:
+            ctx[section][key] = value
+    return edit
+
+
+# Run a's dumps: target_probs differs first (the renorm re-run, then each rank's accept step), the
+# harness's top_p 0.9, so stages ["top_p"]. Before these were checked: exit 5 (a "tpguard bug"), an
+# exit 0 verdict on parameters no run can have, or a backend said to be unable to run.
+BAD_CONTEXTS = {
+    "renorm null": (_ctx_edit("renorm", None, None), "context.renorm"),
+    "threshold a string": (_ctx_edit("accept", "threshold_single", "x"), "context.accept.threshold_single"),
+    "threshold NaN": (_ctx_edit("accept", "threshold_single", math.nan), "context.accept.threshold_single"),
+    "threshold out of range": (_ctx_edit("accept", "threshold_acc", 7), "context.accept.threshold_acc"),
+    "unknown stage": (_ctx_edit("probs", "stages", ["top_z"]), "unknown renorm stage 'top_z'"),
+    "stages out of order": (_ctx_edit("probs", "stages", ["top_p", "top_k"]), "context.probs.stages"),
+    "no stages for top_p 0.9": (_ctx_edit("probs", "stages", []), "param.top_p"),
+    "a parent after its node": (_ctx_edit("tree_parents", None, [-1, 2, 0, 1]), "context.tree_parents"),
+    "coins larger than recorded": (_ctx_edit("coins", "shapes", [[10 ** 12]]), "context.coins.shapes"),
+    "versions not an object": (_ctx_edit("versions", None, "x"), "context.versions"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONTEXTS))
+def test_a_bad_replay_context_is_a_bad_dump(dumps, tmp_path, capsys, case):
+    edit, field = BAD_CONTEXTS[case]
+    d = copy_run(dumps / "a", tmp_path / "a")
+    for f in files(d):
+        set_context(f, edit)
+    msg = bad(capsys, d)
+    assert msg.startswith("tpguard replay: bad dump ") and field in msg, msg
+
+
+BAD_PARAMS = {
+    "temperature 0": ("param.temperature", 0.0),
+    "temperature NaN": ("param.temperature", math.nan),
+    "top_p -3": ("param.top_p", -3.0),
+    "top_p 0": ("param.top_p", 0.0),
+    "top_k -1": ("param.top_k", -1),
+    "min_p 2": ("param.min_p", 2.0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PARAMS))
+def test_invalid_sampling_parameters_are_a_bad_dump_not_a_verdict(dumps, tmp_path, capsys, case):
+    name, value = BAD_PARAMS[case]
+    d = copy_run(dumps / "a", tmp_path / "a")
+    for f in files(d):
+        set_param(f, name, value)
+    msg = bad(capsys, d)
+    assert msg.startswith("tpguard replay: bad dump ") and name in msg, msg
+
+
+def test_a_fifo_among_the_dumps_is_named_not_opened(dumps, tmp_path):
+    # opening a FIFO blocks until a writer comes: a subprocess, so a hang fails the test
+    d = copy_run(dumps / "a", tmp_path / "a")
+    f = files(d)[1]
+    f.unlink()
+    os.mkfifo(f)
+    p = subprocess.run([sys.executable, "-m", "tpguard", "replay", str(d), "--calls", "2"], capture_output=True,
+                       text=True, timeout=60, cwd=Path(__file__).resolve().parents[1])
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, (p.returncode, p.stderr)
+    assert f.name in lines[0] and "not a regular file (a FIFO)" in lines[0], lines[0]
+
+
+def test_a_device_or_fifo_given_as_the_dump(tmp_path, capsys):
+    assert "/dev/null: not a regular file (a character device)" in bad(capsys, "/dev/null")
+    os.mkfifo(tmp_path / "x.safetensors")
+    assert "not a regular file (a FIFO)" in bad(capsys, tmp_path / "x.safetensors")
+
+
+def test_truncated_files_say_their_size(dumps, tmp_path, capsys):
+    d = copy_run(dumps / "a", tmp_path / "a")
+    f = files(d)[1]
+    whole = f.read_bytes()
+    for size in (4, 200):
+        f.write_bytes(whole[:size])
+        msg = bad(capsys, d).split(f.name)[-1]  # the test's folder is named "...truncated..." too
+        assert f"{size} bytes" in msg and "truncated" in msg, msg
+    f.write_text("not a dump\n")
+    assert "not a safetensors file" in bad(capsys, d)
+
+
+def test_metadata_that_is_not_json_names_its_field(dumps, tmp_path, capsys):
+    d = copy_run(dumps / "a", tmp_path / "a")
+    rewrite(files(d)[1], context="{nope")
+    msg = bad(capsys, d)
+    assert "bad dump" in msg and "context is not JSON" in msg, msg
+    d2 = copy_run(dumps / "a", tmp_path / "b")
+    rewrite(files(d2)[0], quantities='["a", 1]')
+    assert "quantities" in bad(capsys, d2)
+
+
+def test_calls_has_a_maximum(tmp_path, capsys):
+    # checked before any dump is read
+    for calls in ("10001", "99999999999999999999999"):
+        msg = bad(capsys, tmp_path / "nope", "--calls", calls)
+        assert "--calls" in msg and "10000" in msg, msg

@@ -11,7 +11,9 @@ too (tpguard/__main__.py).
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from typing import List, Optional
 
 import typer
@@ -23,7 +25,7 @@ except ImportError:  # pragma: no cover - older typer
 
 from tpguard.cli_types import comma_list, one_of
 from tpguard.config import debug
-from tpguard.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, TPGuardError
+from tpguard.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_SIGINT, TPGuardError
 from tpguard.launch.options import HarnessOptions, with_harness_options
 
 app = typer.Typer(
@@ -67,11 +69,12 @@ def replay(
 ):
     """Re-run a divergent step from its dumps: tensor diff, the stage re-run, cause and fix confirmed."""
     from tpguard.commands.replay import run_replay
+    from tpguard.replay import MAX_CALLS
 
     if device is not None and device not in ("cpu", "cuda"):
         raise click_exc.BadParameter(f"must be cpu or cuda, got {device!r}", param_hint="'--device'")
-    if calls < 1:
-        raise click_exc.BadParameter(f"must be >= 1, got {calls}", param_hint="'--calls'")
+    if not 1 <= calls <= MAX_CALLS:
+        raise click_exc.BadParameter(f"must be in [1, {MAX_CALLS}], got {calls}", param_hint="'--calls'")
     if step is not None and step < 0:
         raise click_exc.BadParameter(f"must be >= 0, got {step}", param_hint="'--step'")
     raise typer.Exit(run_replay(paths, run=run, step=step, site=site, device=device, calls=calls,
@@ -270,16 +273,31 @@ def bench_diagnose(
     raise typer.Exit(bench_main(steps=steps, ranks=ranks, layout=layout, directory=directory, keep=keep) or 0)
 
 
+_interrupted = threading.Event()
+
+
+def _on_sigint(signum, frame):
+    """Python's own Ctrl-C (KeyboardInterrupt), remembered: typer turns it into a silent 130."""
+    _interrupted.set()
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: usage errors and tpguard errors become one line on stderr and exit code 2."""
+    _interrupted.clear()
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)  # (commands that handle SIGINT themselves replace it)
     try:
-        rv = app(args=argv, standalone_mode=False, prog_name="tpguard")
-        return int(rv or 0)
+        rv = int(app(args=argv, standalone_mode=False, prog_name="tpguard") or 0)
+        if rv == EXIT_SIGINT and _interrupted.is_set():
+            print("tpguard: interrupted", file=sys.stderr)
+        return rv
     except typer.Exit as e:
         return int(e.exit_code)
     except typer.Abort:
         print("tpguard: aborted", file=sys.stderr)
-        return 130
+        return EXIT_SIGINT
     except click_exc.NoArgsIsHelpError:
         return 0  # help was printed
     except click_exc.ClickException as e:  # usage errors included
@@ -293,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("tpguard: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_SIGINT
     except OSError as e:  # a path the user gave that cannot be read or written
         where = f"{e.filename}: " if e.filename else ""
         print(f"tpguard: error: {where}{e.strerror or e}", file=sys.stderr)

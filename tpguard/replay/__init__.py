@@ -1,15 +1,15 @@
 """`tpguard replay`: re-run a divergent step from its dumps.
 
-reader (find and check every rank's dump) -> diff (tensor by tensor, causal order) -> rerun (a
-stage, many calls) -> confirm (which stage, the verdict) -> report (text, JSON, exit code); hint
-(what `tpguard diagnose` prints next to a divergence). Imported lazily: `tpguard diagnose` loads
-only `hint`, which needs no torch.
+reader (find and check every rank's dump; validate: its replay context and sampling parameters)
+-> diff (tensor by tensor, causal order) -> rerun (a stage, many calls) -> confirm (which stage,
+the verdict) -> report (text, JSON, exit code); hint (what `tpguard diagnose` prints next to a
+divergence). Imported lazily: `tpguard diagnose` loads only `hint`, which needs no torch.
 """
 
 from __future__ import annotations
 
-_EXPORTS = {"replay": "confirm", "DEFAULT_CALLS": "confirm", "Replay": "report", "render_text": "report",
-            "ReplayInputError": "reader", "replay_hint": "hint"}
+_EXPORTS = {"replay": "confirm", "DEFAULT_CALLS": "confirm", "MAX_CALLS": "confirm", "Replay": "report",
+            "render_text": "report", "ReplayInputError": "reader", "replay_hint": "hint"}
 
 
 def __getattr__(name: str):

@@ -34,6 +34,7 @@ from tpguard.replay import rerun
 from tpguard.replay.rerun import DECISIONS, Repeat, StageUnavailable
 
 DEFAULT_CALLS = 100
+MAX_CALLS = 10000  # each call re-runs the stage on the whole batch: enough to find rare orders, still bounded
 RUN_SUFFIX = " (the run's backend)"
 
 
@@ -50,8 +51,8 @@ def choose_device(requested: str | None, context: dict | None) -> str:
 
 def replay(paths: list[str | Path], run: str | None = None, step: int | None = None, site: str | None = None,
            device: str | None = None, calls: int = DEFAULT_CALLS) -> Replay:
-    if calls < 1:
-        raise ReplayInputError(f"--calls must be >= 1, got {calls}")
+    if not 1 <= calls <= MAX_CALLS:
+        raise ReplayInputError(f"--calls must be in [1, {MAX_CALLS}], got {calls}")
     dumps = open_step(paths, run, step, site)
     dev = choose_device(device, dumps.context)
     diffs, params = diff_step(dumps)

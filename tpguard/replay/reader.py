@@ -3,13 +3,17 @@
 Input paths are trace directories (their `dumps/` folder is read), dump folders, or dump files.
 Files are named `<run>.step<N>.<site>.rank<R>.safetensors` (tpguard/dump.py); their metadata is
 the truth, the name an index. Anything that cannot be used is a `ReplayInputError` (one line, exit
-code 2): a torn or foreign file, several runs or sites without `--run` / `--site`, a step with no
-dumps, a rank whose dump is missing, files whose metadata and names disagree.
+code 2): a torn or foreign file, something other than a regular file, several runs or sites without
+`--run` / `--site`, a step with no dumps, a rank whose dump is missing, files whose metadata and
+names disagree, a replay context or sampling parameters replay cannot use (validate.py).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +24,8 @@ import torch
 from tpguard.dump import DUMP_FORMAT, DUMPS_SUBDIR, PARAM_PREFIX
 from tpguard.errors import TPGuardError
 from tpguard.quantities import CANONICAL_ORDER
+from tpguard.records import MAX_WORLD_SIZE
+from tpguard.replay.validate import BadField, check_context, check_params, show
 
 NAME = re.compile(r"^(?P<run>.+)\.step(?P<step>[0-9]+)\.(?P<site>.+)\.rank(?P<rank>[0-9]+)\.safetensors$")
 MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
@@ -98,18 +104,50 @@ def _short(e: BaseException) -> str:
     return " ".join(str(e).split())[:200] or type(e).__name__
 
 
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "not a file"
+
+
+def open_regular(path: Path):
+    """(binary file, size) of a regular file; anything else is a ReplayInputError naming it.
+
+    Opening a FIFO blocks until a writer comes, a device may never end: stat first, then open
+    without blocking and check what was opened (the path may have changed in between)."""
+    if not stat.S_ISREG(mode := os.stat(path).st_mode):
+        raise ReplayInputError(f"{path}: not a regular file ({_kind(mode)}): not a dump")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ReplayInputError(f"{path}: not a regular file ({_kind(st.st_mode)}): not a dump")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb"), st.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_index(path: Path) -> tuple[dict, dict[str, tuple[str, list[int]]]]:
     """(metadata, tensor index) of a safetensors file, checked against the file's size: a file cut
     short (a rank killed while writing, a copy cut off) is torn."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
+        fh, size = open_regular(path)
+        with fh:
             head = fh.read(8)
             if len(head) < 8:
-                raise ReplayInputError(f"{path}: torn or not a dump (file of {size} bytes)")
+                raise ReplayInputError(f"{path}: torn or not a dump: {size} bytes, truncated before the 8-byte "
+                                       "header length a safetensors file starts with")
             (n,) = struct.unpack("<Q", head)
-            if n > MAX_HEADER or 8 + n > size:
-                raise ReplayInputError(f"{path}: torn or not a dump (header of {n} bytes, file of {size})")
+            if n > MAX_HEADER:
+                raise ReplayInputError(f"{path}: torn or not a dump: not a safetensors file ({size} bytes; its first "
+                                       f"8 bytes give a header of {n} bytes, over safetensors' 100 MiB limit)")
+            if 8 + n > size:
+                raise ReplayInputError(f"{path}: torn or not a dump: {size} bytes, truncated inside its header or not "
+                                       f"a safetensors file (its first 8 bytes give a header of {n} bytes)")
             header = orjson.loads(fh.read(n))
     except OSError as e:
         raise ReplayInputError(f"{path}: cannot read ({e.strerror or e})") from None
@@ -132,6 +170,36 @@ def read_index(path: Path) -> tuple[dict, dict[str, tuple[str, list[int]]]]:
     return meta, entries
 
 
+def _meta_int(meta: dict, key: str, m: re.Match | None, path: Path, low: int, high: int | None = None) -> int | None:
+    """An integer metadata field (its name's value when the metadata lacks it); None when neither has it."""
+    if key not in meta:
+        return int(m.group(key)) if m and key in NAME.groupindex else None
+    try:
+        v = int(meta[key])
+    except ValueError:
+        v = None
+    if v is None or v < low or (high is not None and v > high):
+        span = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ReplayInputError(f"bad dump {path}: metadata {key} is {show(meta[key])}, expected an integer {span}")
+    return v
+
+
+def _meta_json(meta: dict, key: str, path: Path):
+    """A JSON metadata field, or None. The context is parsed again leniently when it is not strict
+    JSON (NaN, Infinity), so the check can name the field holding such a value."""
+    if key not in meta:
+        return None
+    try:
+        return orjson.loads(meta[key])
+    except ValueError as e:
+        if key == "context":
+            try:
+                return json.loads(meta[key])
+            except ValueError:
+                pass
+        raise ReplayInputError(f"bad dump {path}: {key} is not JSON ({' '.join(str(e).split())[:120]})") from None
+
+
 def load_rank_dump(path: Path) -> RankDump:
     m = NAME.match(path.name)
     meta, entries = read_index(path)
@@ -140,25 +208,29 @@ def load_rank_dump(path: Path) -> RankDump:
     fmt = meta.get("format")
     if fmt is not None and fmt != DUMP_FORMAT:
         raise ReplayInputError(f"{path}: dump format {fmt!r} is not supported (this tpguard reads {DUMP_FORMAT})")
-    try:
-        run_id = meta.get("run_id") or (m and m.group("run"))
-        step = int(meta.get("step") if "step" in meta else m.group("step"))
-        site = meta.get("site") or (m and m.group("site"))
-        rank = int(meta.get("rank") if "rank" in meta else m.group("rank"))
-        world = int(meta["world_size"]) if "world_size" in meta else None
-        quantities = orjson.loads(meta["quantities"]) if "quantities" in meta else None
-        context = orjson.loads(meta["context"]) if "context" in meta else None
-    except (AttributeError, TypeError, ValueError):
+    run_id = meta.get("run_id") or (m and m.group("run"))
+    site = meta.get("site") or (m and m.group("site"))
+    step = _meta_int(meta, "step", m, path, 0)
+    rank = _meta_int(meta, "rank", m, path, 0)
+    if not run_id or not site or step is None or rank is None:
         raise ReplayInputError(f"{path}: not a tpguard dump (no run, step, site and rank in its metadata "
-                               "or name)") from None
-    if not run_id or not site:
-        raise ReplayInputError(f"{path}: not a tpguard dump (no run id or site)")
+                               "or name)")
+    world = _meta_int(meta, "world_size", None, path, 1, MAX_WORLD_SIZE)
+    quantities = _meta_json(meta, "quantities", path)
+    if quantities is not None and not (isinstance(quantities, list) and all(isinstance(q, str) for q in quantities)):
+        raise ReplayInputError(f"bad dump {path}: quantities is {show(quantities)}, expected a list of quantity names")
+    context = _meta_json(meta, "context", path)
     if m and (m.group("run"), int(m.group("step")), m.group("site"), int(m.group("rank"))) != (run_id, step, site, rank):
         raise ReplayInputError(f"{path}: its metadata says run {run_id}, step {step}, site {site}, rank {rank}, "
                                "its name says otherwise (renamed or mixed dumps)")
-    if context is not None and not isinstance(context, dict):
-        raise ReplayInputError(f"{path}: bad replay context in its metadata")
-    return RankDump(path, run_id, step, site, rank, world, quantities, context, entries)
+    dump = RankDump(path, run_id, step, site, rank, world, quantities, context, entries)
+    try:
+        if context is not None:
+            check_context(context, entries)
+        check_params(dump, context)
+    except BadField as e:
+        raise ReplayInputError(f"bad dump {path}: {e}") from None
+    return dump
 
 
 class _Named:
@@ -184,7 +256,13 @@ def dump_files(paths: list[str | Path]) -> tuple[list[Path], Path | None, list[P
             files.append(p)
             trace_dir = trace_dir or (p.parent.parent if p.parent.name == DUMPS_SUBDIR else p.parent)
         else:
-            raise ReplayInputError(f"{p}: no such file or directory")
+            try:
+                mode = p.stat().st_mode
+            except FileNotFoundError:
+                raise ReplayInputError(f"{p}: no such file or directory") from None
+            except OSError as e:
+                raise ReplayInputError(f"{p}: cannot read ({e.strerror or e})") from None
+            raise ReplayInputError(f"{p}: not a regular file ({_kind(mode)}): not a dump or a folder of dumps")
     if not files:
         where = ", ".join(map(str, paths))
         raise ReplayInputError(f"no dumps under {where} (a run writes them with --dump / TPGUARD_DUMP=1, "
@@ -200,11 +278,16 @@ def _trace_world_size(trace_dir: Path | None, run_id: str) -> int | None:
 
     for path in (merged_trace_path(trace_dir, run_id), rank_trace_path(trace_dir, run_id, 0)):
         try:
-            with open(path, "rb") as fh:
+            fh, _ = open_regular(Path(path))  # a FIFO in its place must not hang the replay
+            with fh:
                 head = orjson.loads(fh.readline())
-            return int(head["world_size"])
+            world = int(head["world_size"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
+        if not 1 <= world <= MAX_WORLD_SIZE:
+            raise ReplayInputError(f"{path}: the trace header's world_size is {world}, expected an integer in "
+                                   f"[1, {MAX_WORLD_SIZE}]")
+        return world
     return None
 
 
