@@ -42,13 +42,19 @@ def split_majority(values: Mapping[str, Iterable[int]]) -> tuple[list[int], list
     return majority, culprits
 
 
-def compare(quantity: str, by_rank: Mapping[int, str | None]) -> Disagreement | None:
-    """A Disagreement if at least two ranks captured the quantity and their values differ."""
+def _groups(by_rank: Mapping[int, str | None]) -> dict[str, list[int]]:
+    """Captured value -> the ranks holding it, in rank order (null values left out)."""
     values: dict[str, list[int]] = {}
     for rank in sorted(by_rank):
         v = by_rank[rank]
         if v is not None:
             values.setdefault(v, []).append(rank)
+    return values
+
+
+def compare(quantity: str, by_rank: Mapping[int, str | None]) -> Disagreement | None:
+    """A Disagreement if at least two ranks captured the quantity and their values differ."""
+    values = _groups(by_rank)
     if len(values) < 2:
         return None
     majority, culprits = split_majority(values)
@@ -63,15 +69,17 @@ def causal_order(order: Iterable[str], present: Iterable[str]) -> list[str]:
 
 
 def first_divergence(
-    order: Iterable[str], by_quantity: Mapping[str, Mapping[int, str | None]]
+    order: Iterable[str], by_quantity: Mapping[str, Mapping[int, str | None]], holders: set[int] | None = None
 ) -> tuple[Disagreement | None, list[str]]:
-    """The first differing quantity in causal order, and the names of all differing ones."""
+    """The first differing quantity in causal order, and the names of all differing ones.
+    `holders` (`site_divergence`): ranks holding the record; those without a quantity that
+    another rank captured differ too."""
     first: Disagreement | None = None
     differing: list[str] = []
     for q in causal_order(order, by_quantity):
         if q not in by_quantity:
             continue
-        d = compare(q, by_quantity[q])
+        d = compare(q, by_quantity[q]) if holders is None else quantity_divergence(q, by_quantity[q], holders)
         if d is not None:
             differing.append(q)
             if first is None:
@@ -88,19 +96,10 @@ class Uncaptured(Disagreement):
 
 
 def site_divergence(order: list[str], by_q: dict[str, dict[int, str | None]]) -> tuple[Disagreement | None, list[str]]:
-    """`tpguard.divergence.first_divergence` for one step and site, where a quantity captured on
-    some ranks that hold the record and not on others differs too. Quantities no rank captured
-    there are not compared (a site need not record every quantity)."""
-    holders = record_holders(by_q)
-    first: Disagreement | None = None
-    differing: list[str] = []
-    for q in causal_order(order, by_q):
-        cell = by_q.get(q)
-        d = None if cell is None else quantity_divergence(q, cell, holders)
-        if d is not None:
-            differing.append(q)
-            first = first or d
-    return first, differing
+    """`first_divergence` for one step and site read back, where a quantity captured on some ranks
+    that hold the record and not on others differs too. Quantities no rank captured there are not
+    compared (a site need not record every quantity)."""
+    return first_divergence(order, by_q, record_holders(by_q))
 
 
 def record_holders(by_q: dict[str, dict[int, str | None]]) -> set[int]:
@@ -111,14 +110,10 @@ def record_holders(by_q: dict[str, dict[int, str | None]]) -> set[int]:
 def quantity_divergence(q: str, cell: dict[int, str | None], holders: set[int]) -> Disagreement | None:
     """How the ranks' values of one quantity differ, if they do; ranks in `holders` that did not
     capture it differ when any rank did."""
-    d = compare(q, cell)
-    captured = {r for r, v in cell.items() if v is not None}
+    values = _groups(cell)
+    captured = {r for ranks in values.values() for r in ranks}
     lacking = sorted(holders - captured) if captured else []
     if not lacking:
-        return d
-    if d is None:
-        values: dict[str, list[int]] = {}
-        for r in sorted(captured):
-            values.setdefault(cell[r], []).append(r)
-        return Uncaptured(q, values, sorted(captured), lacking, lacking)
-    return Uncaptured(q, d.values, d.majority_ranks, sorted({*d.culprit_ranks, *lacking}), lacking)
+        return compare(q, cell)
+    majority, culprits = split_majority(values)
+    return Uncaptured(q, values, majority, sorted({*culprits, *lacking}), lacking)

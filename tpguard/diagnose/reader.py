@@ -14,9 +14,7 @@ import datetime as _dt
 import functools
 import glob
 import operator
-import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +22,7 @@ import orjson
 
 from tpguard.diagnose.source import open_trace_bytes, truncated
 from tpguard.errors import TraceError
+from tpguard.paths import describe
 from tpguard.records import MAX_STEP, MAX_WORLD_SIZE, SCHEMA, DivergenceRecord, EventRecord, Header, from_json
 
 BLOCK_LINES = 4096
@@ -369,20 +368,6 @@ def read_header(path: Path) -> Header:
     return _header_checked(rec, str(path))
 
 
-def _not_regular(q: Path) -> str:
-    """What a path that is not a regular file is, for a message."""
-    try:
-        mode = os.stat(q).st_mode
-    except OSError:
-        return "a broken link" if q.is_symlink() else "unreadable"
-    kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "not a plain file")
-    if q.is_symlink():
-        kind += f", through a link to {show(os.path.realpath(q), 200)}"
-    return kind
-
-
 def _regular(found: list[Path], warn) -> list[Path]:
     """The regular files of a directory's or a pattern's matches. The others (a FIFO or a device
     could be read forever) are skipped, each named; sub-directories are not read, silently."""
@@ -391,7 +376,7 @@ def _regular(found: list[Path], warn) -> list[Path]:
         if q.is_file():
             out.append(q)
         elif not q.is_dir():
-            warn(f"{q}: not a regular file ({_not_regular(q)}); skipped")
+            warn(f"{q}: not a regular file ({describe(q)}); skipped")
     return out
 
 
@@ -415,7 +400,7 @@ def _expand(p: Path, warn) -> list[Path]:
             raise TraceError(f"{p}: no file matches this pattern" + "".join(f"; {w}" for w in skipped))
         return found
     if p.exists() and not p.is_file():  # a FIFO or a device (/dev/zero) could be read forever
-        raise TraceError(f"{p}: not a regular file ({_not_regular(p)})")
+        raise TraceError(f"{p}: not a regular file ({describe(p)})")
     return [p]
 
 

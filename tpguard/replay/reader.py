@@ -23,6 +23,7 @@ import torch
 
 from tpguard.dump import DUMP_FORMAT, DUMPS_SUBDIR, PARAM_PREFIX
 from tpguard.errors import TPGuardError
+from tpguard.paths import file_kind
 from tpguard.quantities import CANONICAL_ORDER
 from tpguard.records import MAX_WORLD_SIZE
 from tpguard.replay.validate import BadField, check_context, check_params, show
@@ -104,26 +105,18 @@ def _short(e: BaseException) -> str:
     return " ".join(str(e).split())[:200] or type(e).__name__
 
 
-def _kind(mode: int) -> str:
-    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return what
-    return "not a file"
-
-
 def open_regular(path: Path):
     """(binary file, size) of a regular file; anything else is a ReplayInputError naming it.
 
     Opening a FIFO blocks until a writer comes, a device may never end: stat first, then open
     without blocking and check what was opened (the path may have changed in between)."""
     if not stat.S_ISREG(mode := os.stat(path).st_mode):
-        raise ReplayInputError(f"{path}: not a regular file ({_kind(mode)}): not a dump")
+        raise ReplayInputError(f"{path}: not a regular file ({file_kind(mode)}): not a dump")
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ReplayInputError(f"{path}: not a regular file ({_kind(st.st_mode)}): not a dump")
+            raise ReplayInputError(f"{path}: not a regular file ({file_kind(st.st_mode)}): not a dump")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb"), st.st_size
     except BaseException:
@@ -262,7 +255,7 @@ def dump_files(paths: list[str | Path]) -> tuple[list[Path], Path | None, list[P
                 raise ReplayInputError(f"{p}: no such file or directory") from None
             except OSError as e:
                 raise ReplayInputError(f"{p}: cannot read ({e.strerror or e})") from None
-            raise ReplayInputError(f"{p}: not a regular file ({_kind(mode)}): not a dump or a folder of dumps")
+            raise ReplayInputError(f"{p}: not a regular file ({file_kind(mode)}): not a dump or a folder of dumps")
     if not files:
         where = ", ".join(map(str, paths))
         raise ReplayInputError(f"no dumps under {where} (a run writes them with --dump / TPGUARD_DUMP=1, "
