@@ -65,6 +65,19 @@ _REFERENCES = {
 }
 
 
+_RENORM_PLAN = None  # kernels/renorm_plan.py once imported: an import statement costs ~0.3 us per eager call
+
+
+def _renorm_plan():
+    """kernels/renorm_plan.py, imported on first use (the torch reference path needs no Triton)."""
+    global _RENORM_PLAN
+    if _RENORM_PLAN is None:
+        from tpguard.kernels import renorm_plan
+
+        _RENORM_PLAN = renorm_plan
+    return _RENORM_PLAN
+
+
 def run_op(op: str, probs: torch.Tensor, top_k: Param | None = None, top_p: Param | None = None, *,
            backend: str = "deterministic", fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """`op` (top_k, top_p, top_k_top_p or min_p; min-p's parameter is `top_p`) on probabilities and
@@ -75,11 +88,9 @@ def run_op(op: str, probs: torch.Tensor, top_k: Param | None = None, top_p: Para
     if fingerprint_out is not None:
         check_fingerprint_slot(fingerprint_out, probs.device)
     if kernel_for(probs, backend) == "tpguard":
-        from tpguard.kernels import renorm_plan
-
         k = device_top_k(top_k, probs) if top_k is not None else None
         p = device_param(top_p, probs, torch.float32) if top_p is not None else None
-        return renorm_plan.run(op, probs.contiguous(), k, p, fingerprint_out=fingerprint_out)
+        return _renorm_plan().run(op, probs.contiguous(), k, p, fingerprint_out=fingerprint_out)
     out = _REFERENCES[op](probs, top_k, top_p)
     if fingerprint_out is not None:  # the torch path honours it too: fingerprint(out), one extra read
         fill_fingerprint(out, fingerprint_out)
@@ -122,9 +133,7 @@ def min_p_renorm(probs: torch.Tensor, min_p: Param, *, backend: str = "determini
 
 def clear_plans() -> None:
     """Drop the cached call plans (workspaces, recorded launches: kernels/renorm_plan.py)."""
-    from tpguard.kernels import renorm_plan
-
-    renorm_plan.clear_plans()
+    _renorm_plan().clear_plans()
 
 
 __all__ = ["DTYPES", "TIE_RULE", "clear_plans", "min_p_renorm", "run_op", "top_k_renorm", "top_k_top_p_renorm",

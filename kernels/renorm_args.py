@@ -95,11 +95,19 @@ def check_range(value, name: str, validate: bool, lo: float, hi: float, lo_open:
 
 
 def check_top_p(top_p, rows: int, validate: bool) -> None:
+    if type(top_p) is float:  # the usual call, ahead of the general checks (host time per eager call)
+        if not 0.0 < top_p <= 1.0:  # NaN fails too
+            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+        return
     check_param(top_p, rows, "top_p", integer=False)
     check_range(top_p, "top_p", validate, 0.0, 1.0, lo_open=True)
 
 
 def check_top_k(top_k, rows: int, validate: bool) -> None:
+    if type(top_k) is int:  # the usual call, ahead of the general checks (host time per eager call)
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k!r}")
+        return
     check_param(top_k, rows, "top_k", integer=True)
     if isinstance(top_k, torch.Tensor):
         if validate and top_k.numel() and bool((top_k < 1).any()):
@@ -121,6 +129,8 @@ def device_param(value: Param, probs: torch.Tensor, dtype: torch.dtype):
 def device_top_k(top_k: Param, probs: torch.Tensor):
     """k clamped to [1, vocab]: an int, or an int32 [rows] tensor on probs' device (no sync)."""
     vocab = probs.shape[1]
+    if type(top_k) is int:
+        return min(max(top_k, 1), vocab)
     if not isinstance(top_k, torch.Tensor):
         return int(min(max(int(top_k), 1), vocab))
     t = top_k.detach().reshape(-1).to(device=probs.device).clamp(1, vocab).to(torch.int32)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from unittest import mock
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -641,6 +642,11 @@ def test_api_triton_backend():
     assert_matches(top_k_top_p_renorm(x, 40, torch.tensor(0.9), backend="tpguard"),
                    ref.top_k_top_p_renorm_reference(x, 40, 0.9))
     assert top_p_renorm(x[:0], 0.9, backend="tpguard").shape == (0, 500)
+    # a Python int / float takes a short path through the checks and the clamp: the same bits as numpy's
+    assert torch.equal(top_k_renorm(x, 1 << 40, backend="tpguard"),
+                       top_k_renorm(x, np.int64(1 << 40), backend="tpguard"))
+    assert torch.equal(top_k_top_p_renorm(x, 7, 0.8, backend="tpguard"),
+                       top_k_top_p_renorm(x, np.int64(7), np.float64(0.8), backend="tpguard"))
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
         top_p_renorm(x.double(), 0.9, backend="tpguard")
     with pytest.raises(ValueError, match="values for 3 rows"):

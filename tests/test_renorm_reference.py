@@ -199,3 +199,26 @@ def test_bad_input_is_one_line_value_error(call, message):
         call(x)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("call, same_as", [
+    (lambda x: top_k_renorm(x, -3), lambda x: top_k_renorm(x, np.int64(-3))),
+    (lambda x: top_p_renorm(x, 1.5), lambda x: top_p_renorm(x, np.float64(1.5))),
+    (lambda x: top_p_renorm(x, float("nan")), lambda x: top_p_renorm(x, np.float32("nan"))),
+    (lambda x: top_k_top_p_renorm(x, 0, 0.5), lambda x: top_k_top_p_renorm(x, np.int32(0), 0.5)),
+])
+def test_plain_int_and_float_checks_say_what_the_general_ones_say(call, same_as):
+    # a Python int / float parameter takes a short path through the checks (host time per call)
+    x = probs_rows(3, 16)
+    messages = []
+    for fn in (call, same_as):
+        with pytest.raises(ValueError) as info:
+            fn(x)
+        messages.append(str(info.value).split(", got")[0])
+    assert messages[0] == messages[1]
+
+
+def test_plain_int_and_float_parameters_give_the_same_bits():
+    x = probs_rows(4, 300, seed=9)
+    assert torch.equal(top_k_renorm(x, 1 << 40), top_k_renorm(x, np.int64(1 << 40)))  # clamped to the vocab
+    assert torch.equal(top_k_top_p_renorm(x, 7, 0.8), top_k_top_p_renorm(x, np.int64(7), np.float64(0.8)))

@@ -147,6 +147,9 @@ def check_run_id(run_id: object, what: str = "run id") -> str:
 # (Triton itself reads TRITON_INTERPRET when a kernel is decorated; interpreting() answers with the
 # same rule, so a caller can tell which kind of kernel it holds.)
 
+_ENCODED_KEYS: dict[str, object] = {}  # knob name -> os.environ's key for it (encoding it costs a call)
+
+
 def env_value(name: str, default: str = "") -> str:
     """os.environ.get(name, default), read from os.environ's own dict: for an unset variable
     os.environ.get raises and catches a KeyError (~1 us), and the renorms read three unset knobs on
@@ -154,7 +157,10 @@ def env_value(name: str, default: str = "") -> str:
     data = getattr(os.environ, "_data", None)
     if data is None:
         return os.environ.get(name, default)
-    raw = data.get(os.environ.encodekey(name))
+    key = _ENCODED_KEYS.get(name)
+    if key is None:
+        key = _ENCODED_KEYS[name] = os.environ.encodekey(name)
+    raw = data.get(key)
     return default if raw is None else os.environ.decodevalue(raw)
 
 
