@@ -129,8 +129,11 @@ def hooks_idle(enter, exit_) -> bool:
         now = launch_hooks()
     except Exception:  # noqa: BLE001
         return False
-    return (enter is now[0] and exit_ is now[1]
-            and all(h is None or (hasattr(h, "calls") and not h.calls) for h in (enter, exit_)))
+    return enter is now[0] and exit_ is now[1] and _calls_nothing(enter) and _calls_nothing(exit_)
+
+
+def _calls_nothing(hook) -> bool:  # a function, not a generator over both: ~0.3 us per eager call
+    return hook is None or (hasattr(hook, "calls") and not hook.calls)
 
 
 class _NoGuard:

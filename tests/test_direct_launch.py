@@ -145,3 +145,20 @@ def test_one_tensor_in_two_roles_is_refused(monkeypatch):
     captured = [dl.Captured(kernel, (3,), (probs, ws, probs, 40), {"BLOCK": 16}, kernel.compiled)]
     refusal = dl.LaunchSet.record(captured, [], [probs, probs, 40], (PROBS, OUT), {"k_val": K})
     assert refusal == "stand_in: one tensor passed in two roles"
+
+
+def test_hooks_idle_only_while_no_hook_is_added_or_swapped():
+    # a profiler adds a launch hook (or replaces the chain): recorded templates then stop being used
+    enter, exit_ = dl.launch_hooks()
+    assert dl.hooks_idle(enter, exit_)
+    for chain in (enter, exit_):
+        def hook(*_):
+            return None
+
+        chain.add(hook)
+        try:
+            assert not dl.hooks_idle(enter, exit_)
+        finally:
+            chain.remove(hook)
+        assert dl.hooks_idle(enter, exit_)
+    assert not dl.hooks_idle(object(), exit_)  # not the chain Triton calls now
