@@ -1,5 +1,6 @@
 """Host time of an eager renorm call, layer by layer (no sync in the loops): the public call, run_op,
-the plan cache (renorm_plan.run), the plan's own call, its direct launches, one launch, and the pieces
+the plan cache (renorm_plan.run), the plan's own call, its direct launches, one launch (and the compiled
+launcher alone, its arguments built beforehand: the driver's share), and the pieces
 of the cache lookup; flashinfer's default beside it (docs/design-renorm.md, "Host time").
 
     python gpu/host_layers.py
@@ -64,8 +65,15 @@ def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
         direct = list(values)
         direct[1] = torch.empty_like(x)
         stream = dl.current_stream()
+        first = plan.direct.launches[0]
+        args = first.template.copy()  # the launcher's arguments as `launch` builds them, built once here
+        args[3] = stream
+        for i, role, as_ptr in first.slots:
+            args[i] = direct[role].data_ptr() if as_ptr else direct[role]
+        args = tuple(args)
         out += [(f"direct launches ({len(plan.direct.launches)})", host(lambda: plan.direct(direct))),
-                ("one launch", host(lambda: plan.direct.launches[0].launch(stream, direct))),
+                ("one launch", host(lambda: first.launch(stream, direct))),
+                ("one launch, its arguments prebuilt (the launcher alone)", host(lambda: first.run(*args))),
                 ("accepts", python_only(lambda: plan.direct.accepts(direct)))]
     cfg = default_config()
     out += [("empty_like", host(lambda: torch.empty_like(x))), ("default_config", python_only(default_config)),
