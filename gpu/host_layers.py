@@ -1,6 +1,6 @@
 """Host time of an eager renorm call, layer by layer (no sync in the loops): the public call, run_op,
-the plan cache (renorm_plan.run), the plan's own call, its direct launches, one launch (and the compiled
-launcher alone, its arguments built beforehand: the driver's share), and the pieces
+the plan cache (renorm_plan.run), the plan's own call, its direct launches, one launch (and Triton's C
+launcher alone, its arguments built beforehand: mostly the driver's call), and the pieces
 of the cache lookup; flashinfer's default beside it (docs/design-renorm.md, "Host time").
 
     python gpu/host_layers.py
