@@ -6,8 +6,9 @@ of the cache lookup; flashinfer's default beside it (docs/design-renorm.md, "Hos
     python gpu/host_layers.py
 
 CPU (``--cpu``, under ``TRITON_INTERPRET=1``): tpguard's own Python in front of the plan's call, every
-plan's call swapped for a no-op (no kernel runs): the public call, run_op, the plan cache and the
-lookup's pieces, us per call (the best of 5 rounds of N calls).
+plan's call swapped for a no-op (no kernel runs): the public call, the drop-in surface with a tensor
+parameter (as the SGLang plugin calls it), run_op, the plan cache and the lookup's pieces, us per call
+(the best of 5 rounds of N calls).
 
     TRITON_INTERPRET=1 python gpu/host_layers.py --cpu
 """
@@ -19,6 +20,7 @@ import time
 
 import torch
 from tpguard.kernels import direct_launch as dl
+from tpguard.kernels import flashinfer_api
 from tpguard.kernels import renorm as tk
 from tpguard.kernels import renorm_plan
 from tpguard.kernels.renorm_config import default_config
@@ -92,8 +94,13 @@ def cpu_layers(op: str) -> list[tuple[str, float]]:
     k, p = (40, None) if op == "top_k" else (None, 0.9)
     public = (lambda: tk.top_k_renorm(x, 40, backend="tpguard")) if op == "top_k" else \
         (lambda: tk.top_p_renorm(x, 0.9, backend="tpguard"))
+    # SGLang's parameters: an int32 / float32 tensor of one value per row, through the drop-in surface
+    kt, pt = torch.full((1,), 40, dtype=torch.int32), torch.full((1,), 0.9)
+    drop_in = (lambda: flashinfer_api.top_k_renorm_probs(x, kt)) if op == "top_k" else \
+        (lambda: flashinfer_api.top_p_renorm_probs(x, pt))
     cfg = default_config()
-    calls = [("public call", public), ("run_op", lambda: tk.run_op(op, x, k, p, backend="tpguard")),
+    calls = [("public call", public), ("drop-in surface, a tensor parameter", drop_in),
+             ("run_op", lambda: tk.run_op(op, x, k, p, backend="tpguard")),
              ("renorm_plan.run", lambda: renorm_plan.run(op, x, k, p)), ("default_config", default_config),
              ("plan limits", renorm_plan.renorm_plan_limits),
              ("plan_key", lambda: renorm_plan.plan_key(op, x, k, p, cfg, None))]

@@ -116,9 +116,16 @@ def check_top_k(top_k, rows: int, validate: bool) -> None:
         raise ValueError(f"top_k must be >= 1, got {top_k!r}")
 
 
+def _ready(t: torch.Tensor, probs: torch.Tensor, dtype: torch.dtype) -> bool:
+    """`t` is already what the kernels take: a contiguous [rows] `dtype` tensor on probs' device (SGLang's
+    per-request parameters): passed as it is, with no torch call (each costs host time on every call)."""
+    return t.dtype == dtype and t.dim() == 1 and t.shape[0] == probs.shape[0] and t.device == probs.device \
+        and t.is_contiguous()
+
+
 def device_param(value: Param, probs: torch.Tensor, dtype: torch.dtype):
     """A scalar stays a Python number; a tensor becomes a contiguous [rows] tensor on probs' device."""
-    if not isinstance(value, torch.Tensor):
+    if not isinstance(value, torch.Tensor) or _ready(value, probs, dtype):
         return value
     t = value.detach().reshape(-1).to(device=probs.device, dtype=dtype)
     if t.numel() == 1 and probs.shape[0] != 1:
@@ -127,12 +134,15 @@ def device_param(value: Param, probs: torch.Tensor, dtype: torch.dtype):
 
 
 def device_top_k(top_k: Param, probs: torch.Tensor):
-    """k clamped to [1, vocab]: an int, or an int32 [rows] tensor on probs' device (no sync)."""
+    """An int k clamped to [1, vocab], or an int32 [rows] tensor on probs' device (no sync), clamped unless it
+    was one already (the kernels clamp what they load)."""
     vocab = probs.shape[1]
     if type(top_k) is int:
         return min(max(top_k, 1), vocab)
     if not isinstance(top_k, torch.Tensor):
         return int(min(max(int(top_k), 1), vocab))
+    if _ready(top_k, probs, torch.int32):
+        return top_k  # the kernels clamp a loaded k to [1, vocab] themselves (top_k_select_row): no clamp launch
     t = top_k.detach().reshape(-1).to(device=probs.device).clamp(1, vocab).to(torch.int32)
     if t.numel() == 1 and probs.shape[0] != 1:
         t = t.expand(probs.shape[0])

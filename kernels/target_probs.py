@@ -56,6 +56,7 @@ from tpguard.kernels.renorm_args import (
     check_range,
     check_top_k,
     check_top_p,
+    device_param,
     device_top_k,
     fill_fingerprint,
     kernel_for,
@@ -154,14 +155,6 @@ def _target_select_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                      HAS_K_ARR, HAS_P_ARR, WITH_TOP_P, G, SG, CH_BLOCK, NG_BLOCK, NS_BLOCK, SUB, REG,
                      TAU_GROUPS, CSUB, mp_ptr, mp_val, chunk_mp_ptr, HAS_MP_ARR, WITH_MIN_P, True,
                      SHORT, ENTRY_ROUNDS)
-
-
-def _row_values(value, rows: int, device, dtype):
-    """A scalar stays a Python number; a tensor becomes a contiguous [rows] tensor on `device`."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    t = value.detach().reshape(-1).to(device=device, dtype=dtype)
-    return (t.expand(rows) if t.numel() == 1 else t).contiguous()
 
 
 def temperature_scale(temperature: Param, rows: int, device) -> Union[float, torch.Tensor]:
@@ -322,10 +315,10 @@ def target_probs(logits: torch.Tensor, temperature: Param = 1.0, top_k: Optional
         check_fingerprint_slot(fingerprint_out, logits.device)
     rows = logits.shape[0]
     if kernel_for(logits, backend) == "tpguard":
-        t = _row_values(temperature, rows, logits.device, torch.float32)
+        t = device_param(temperature, logits, torch.float32)
         k = device_top_k(top_k, logits) if top_k is not None else None
-        p = _row_values(top_p, rows, logits.device, torch.float32)
-        mp = _row_values(min_p, rows, logits.device, torch.float32)
+        p = device_param(top_p, logits, torch.float32)
+        mp = device_param(min_p, logits, torch.float32)
         # through its call plan (renorm_plan.py): cached workspace, direct launches on a GPU
         return renorm_plan.run(PLAN_OP, logits.contiguous(), k, p, fingerprint_out=fingerprint_out, min_p=mp,
                                temperature=t)

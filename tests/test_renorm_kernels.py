@@ -23,6 +23,7 @@ from tpguard.kernels import reference as ref
 from tpguard.kernels.radix_select import (bin_shift, kth_largest_block, mass_cutoff_block,
                                           mass_cutoff_block_bins, search_start)
 from tpguard.kernels.renorm import min_p_renorm, top_k_renorm, top_k_top_p_renorm, top_p_renorm
+from tpguard.kernels.renorm_args import device_param, device_top_k
 from tpguard.kernels.renorm_min_p import min_p_renorm_triton
 from tpguard.kernels.renorm_config import default_config, top_k_select_warps, top_p_tau_groups
 from tpguard.kernels.renorm_top_k import top_k_renorm_triton, top_k_top_p_renorm_triton
@@ -659,6 +660,16 @@ def test_api_without_validation_clamps_like_the_reference():
     k = torch.tensor([-3, 0, 1000, 10], device=DEVICE)
     assert_matches(top_p_renorm(x, p, backend="tpguard", validate=False), ref.top_p_renorm_reference(x, p))
     assert_matches(top_k_renorm(x, k, backend="tpguard", validate=False), ref.top_k_renorm_reference(x, k))
+    # an int32 [rows] k reaches the kernels as it is (no clamp launch): they clamp what they load
+    k32 = k.to(torch.int32)
+    assert device_top_k(k32, x) is k32 and device_param(p, x, torch.float32) is p
+    assert_matches(top_k_renorm(x, k32, backend="tpguard", validate=False), ref.top_k_renorm_reference(x, k))
+    assert_matches(top_k_top_p_renorm(x, k32, p, backend="tpguard", validate=False),
+                   ref.top_k_top_p_renorm_reference(x, k, p))
+    # anything else is converted first: another dtype, a strided view, one value for every row
+    assert device_top_k(k, x).dtype == torch.int32 and device_top_k(k32[::2], x[:2]).is_contiguous()
+    assert torch.equal(device_param(p.double(), x, torch.float32), p)
+    assert torch.equal(device_param(p[:1], x, torch.float32), p[:1].expand(4))
 
 
 def _top_p_plan_run(x, p, cfg):
