@@ -51,6 +51,10 @@ def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
     k, p = (40, None) if op == "top_k" else (None, 0.9)
     public = (lambda: tk.top_k_renorm(x, 40, validate=False)) if op == "top_k" else \
         (lambda: tk.top_p_renorm(x, 0.9, validate=False))
+    rows = x.shape[0]  # SGLang's parameters: int32 / float32 tensors of one value per row, through the drop-in
+    kt, pt = torch.full((rows,), 40, dtype=torch.int32, device=x.device), torch.full((rows,), 0.9, device=x.device)
+    drop_in = (lambda: flashinfer_api.top_k_renorm_probs(x, kt)) if op == "top_k" else \
+        (lambda: flashinfer_api.top_p_renorm_probs(x, pt))
     out = [("public call", host(public)), ("run_op", host(lambda: tk.run_op(op, x, k, p))),
            ("renorm_plan.run", host(lambda: renorm_plan.run(op, x, k, p)))]
     plan = next(plan for key, plan in renorm_plan.plans() if key[0] == op and key[1] == x.shape[0])
@@ -83,6 +87,8 @@ def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
             ("current_stream", python_only(dl.current_stream)), ("capturing", python_only(dl.capturing)),
             ("device_guard", python_only(lambda: dl.device_guard(x.device))),
             ("plan_key", python_only(lambda: renorm_plan.plan_key(op, x, k, p, cfg, None)))]
+    # last: its plan (a tensor parameter's) must not be the one the layers above pick
+    out.append(("drop-in surface, a tensor parameter", host(drop_in)))
     if fs is not None:
         theirs = (lambda: fs.top_k_renorm_probs(x, 40)) if op == "top_k" else (lambda: fs.top_p_renorm_probs(x, 0.9))
         out.append(("flashinfer default", host(theirs)))
