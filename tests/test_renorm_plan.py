@@ -413,5 +413,6 @@ def test_host_layers_cpu_mode_prints_its_layers():
     assert run.returncode == 0, run.stderr[-2000:]
     for op in ("top_k", "top_p"):
         assert f"{op} 1 x 32000 on the CPU" in run.stdout
-    lines = [line.split() for line in run.stdout.splitlines() if line.startswith("  public call")]
-    assert len(lines) == 2 and all(0 < float(line[-1]) < 1000 for line in lines), run.stdout
+    for layer in ("  public call", "  drop-in surface, a tensor parameter"):
+        lines = [line.split() for line in run.stdout.splitlines() if line.startswith(layer)]
+        assert len(lines) == 2 and all(0 < float(line[-1]) < 1000 for line in lines), run.stdout
