@@ -95,8 +95,9 @@ class RenormConfig:
     # (sm_90+): every launch of a call after its first is made with the PDL attribute and waits
     # (griddepcontrol.wait) before it touches anything an earlier launch wrote; 1: every kernel signals its
     # dependents at its start, so the next kernel's CTAs are resident (and the write pass has its chunk
-    # loaded) when the one before ends. Same bits (the same kernels, the same order of sums). H200, 256 x 163840, eager / graph us: top-p flat 304.4 / 290.9 -> 295.8 / 286.9,
-    # top-k(40) 169.0 / 163.1 -> 163.5 / 158.7, top-k + top-p 180.2 / 174.5 -> 173.6 / 169.7, min-p
+    # loaded) when the one before ends. Same bits (the same kernels, the same order of sums). H200, 256 x
+    # 163840, eager / graph us: top-p flat 304.4 / 290.9 -> 295.8 / 286.9, top-k(40) 169.0 / 163.1 -> 163.5 /
+    # 158.7, top-k + top-p 180.2 / 174.5 -> 173.6 / 169.7, min-p
     # 203.3 / 193.9 -> 198.6 / 190.0; top-p peaky 210.4 / 193.0 -> 209.4 / 198.9
     pdl: int = 1
     # calls of fewer rows launch plainly (a split call's parts as the whole call: renorm_plan._part_config):

@@ -54,7 +54,10 @@ def _groups(by_rank: Mapping[int, str | None]) -> dict[str, list[int]]:
 
 def compare(quantity: str, by_rank: Mapping[int, str | None]) -> Disagreement | None:
     """A Disagreement if at least two ranks captured the quantity and their values differ."""
-    values = _groups(by_rank)
+    return _disagreement(quantity, _groups(by_rank))
+
+
+def _disagreement(quantity: str, values: dict[str, list[int]]) -> Disagreement | None:
     if len(values) < 2:
         return None
     majority, culprits = split_majority(values)
@@ -114,6 +117,6 @@ def quantity_divergence(q: str, cell: dict[int, str | None], holders: set[int]) 
     captured = {r for ranks in values.values() for r in ranks}
     lacking = sorted(holders - captured) if captured else []
     if not lacking:
-        return compare(q, cell)
+        return _disagreement(q, values)
     majority, culprits = split_majority(values)
     return Uncaptured(q, values, majority, sorted({*culprits, *lacking}), lacking)

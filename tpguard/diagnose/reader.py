@@ -368,40 +368,27 @@ def read_header(path: Path) -> Header:
     return _header_checked(rec, str(path))
 
 
-def _regular(found: list[Path], warn) -> list[Path]:
-    """The regular files of a directory's or a pattern's matches. The others (a FIFO or a device
-    could be read forever) are skipped, each named; sub-directories are not read, silently."""
-    out = []
-    for q in found:
-        if q.is_file():
-            out.append(q)
-        elif not q.is_dir():
-            warn(f"{q}: not a regular file ({describe(q)}); skipped")
-    return out
-
-
 def _expand(p: Path, warn) -> list[Path]:
-    """A file, the traces (and rotated segments) of a directory, or a quoted glob pattern."""
+    """A file, the traces (and rotated segments) of a directory, or a quoted glob pattern. Of a
+    directory's or a pattern's matches only regular files are read: the others (a FIFO or a device
+    could be read forever) are skipped, each named to `warn`; sub-directories silently."""
     if p.is_dir():
-        skipped: list[str] = []
-        found = _regular(sorted(q for q in p.iterdir() if SEGMENT.search(q.name)), skipped.append)
-        for w in skipped:
-            warn(w)
-        if not found:
-            raise TraceError(f"{p}: directory holds no *.jsonl trace (plain, .gz or .zst)"
-                             + "".join(f"; {w}" for w in skipped))
-        return found
-    if not p.exists() and glob.has_magic(str(p)):
-        skipped = []
-        found = _regular(sorted(Path(q) for q in glob.glob(str(p))), skipped.append)
-        for w in skipped:
-            warn(w)
-        if not found:
-            raise TraceError(f"{p}: no file matches this pattern" + "".join(f"; {w}" for w in skipped))
-        return found
-    if p.exists() and not p.is_file():  # a FIFO or a device (/dev/zero) could be read forever
+        matches, none = sorted(q for q in p.iterdir() if SEGMENT.search(q.name)), \
+            f"{p}: directory holds no *.jsonl trace (plain, .gz or .zst)"
+    elif not p.exists() and glob.has_magic(str(p)):
+        matches, none = sorted(Path(q) for q in glob.glob(str(p))), f"{p}: no file matches this pattern"
+    elif p.exists() and not p.is_file():  # a FIFO or a device (/dev/zero) could be read forever
         raise TraceError(f"{p}: not a regular file ({describe(p)})")
-    return [p]
+    else:
+        return [p]
+    found = [q for q in matches if q.is_file()]
+    skipped = [f"{q}: not a regular file ({describe(q)}); skipped" for q in matches
+               if not q.is_file() and not q.is_dir()]
+    for w in skipped:
+        warn(w)
+    if not found:
+        raise TraceError(none + "".join(f"; {w}" for w in skipped))
+    return found
 
 
 def trace_paths(paths: list[str | Path], warn=None) -> list[Path]:
