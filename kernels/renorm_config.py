@@ -105,11 +105,22 @@ class RenormConfig:
     # eagerly 84.3 -> 98.3; top-k gained 1-5 us from a graph there); at 256 rows top-p flat, top-k, top-k +
     # top-p and min-p gained 4-9 us eagerly and 4-5 from a graph, top-p peaky lost 5.9 from a graph
     pdl_min_rows: int = 128
+    # top-k (alone, or with top-p) on rows of more than SHORT_ROW_GROUPS groups: PDL from this many rows
+    # (`op_config`; 0: pdl_min_rows). H100, 64 rows, graph: top-k 163840 bf16 43.1 -> 40.8 us, fp32 flat 68.4 ->
+    # 64.8, top-k + top-p 75.3 / 76.9 -> 72.9 / 72.7 fp32, 49.9 / 51.4 -> 47.4 / 47.8 bf16; at 32000 it lost
+    # (top-k fp32 flat 20.5 -> 24.0), and top-p there and at 163840 (docs/benchmarks.md, "PDL below 128 rows")
+    top_k_pdl_min_rows: int = 64
     # (kernels/renorm_top_k_fused.py; 0 = the three launches at every batch size) top-k alone, or top-k + top-p
     # with a scalar k < vocab, at <= this many rows: one launch (row stats, select and write in one grid, a
     # row's CTAs waiting on its select) instead of three; same bits. H200, 163840, eager: top-k(40) at 1 / 8
     # rows 52 / 51 -> 38 / 37 us (flashinfer 45 / 47)
     fused_rows: int = 8
+    # top-k alone on rows of <= SHORT_ROW_GROUPS groups (vocab <= 32768 at G = 32): the one launch up to this
+    # many rows (`top_k_fused_rows`; 0: fused_rows there too; fused_rows = 0 turns the one launch off
+    # everywhere). H100, 64 x 32000, graph: 20.6 -> 22.7 us fp32, 18.1 -> 19.2 bf16, but one launch's host
+    # time instead of three (22.6 -> 15.3 us): eagerly ~24 vs ~27 (docs/benchmarks.md, "Vocab 32000 (H100)");
+    # on longer rows it lost (64 x 163840 graph 61.3 vs 93.9)
+    fused_rows_short: int = 64
     # chunks per CTA of the one-launch kernel (same chunk sums); 0: the fewest that fit the grid on the GPU
     # at one CTA per SM (renorm_top_k_fused.chunks_per_cta)
     fused_per_cta: int = 0
@@ -151,6 +162,31 @@ def top_k_select_warps(cfg: RenormConfig, n_groups: int, with_top_p: bool) -> in
     if cfg.top_k_select_warps_short and n_groups <= SHORT_ROW_GROUPS and not with_top_p:
         return cfg.top_k_select_warps_short
     return cfg.select_warps
+
+
+def top_k_fused_rows(cfg: RenormConfig, n_groups: int, with_top_p: bool) -> int:
+    """Most rows of a call that takes the one-launch top-k (kernels/renorm_top_k_fused.py) at a row of
+    `n_groups` groups: fused_rows, or fused_rows_short for top-k alone on short rows (0: never)."""
+    if cfg.fused_rows and cfg.fused_rows_short and n_groups <= SHORT_ROW_GROUPS and not with_top_p:
+        return max(cfg.fused_rows, cfg.fused_rows_short)
+    return cfg.fused_rows
+
+
+def op_config(cfg: RenormConfig, op: str, rows: int, vocab: int) -> RenormConfig:
+    """The config one call of renorm `op` runs under, its launches and its plan key alike: `cfg`, or for
+    top-k (alone or with top-p) on rows of more than SHORT_ROW_GROUPS groups at top_k_pdl_min_rows to
+    pdl_min_rows rows, `cfg` with PDL from top_k_pdl_min_rows rows. Launch options only: the same bits."""
+    low = cfg.top_k_pdl_min_rows
+    if (op == "top_k" or op == "top_k_top_p") and cfg.pdl and 0 < low <= rows < cfg.pdl_min_rows \
+            and vocab > SHORT_ROW_GROUPS * cfg.group:
+        return _pdl_from(cfg, low)
+    return cfg
+
+
+@functools.lru_cache(maxsize=16)
+def _pdl_from(cfg: RenormConfig, rows: int) -> RenormConfig:
+    # one object per (config, rows): the plan key hashes it, and a call must not pay for replace()
+    return cfg.replace(pdl_min_rows=rows)
 
 
 def search_rounds(cfg: RenormConfig, dtype: torch.dtype) -> int:

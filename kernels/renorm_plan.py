@@ -45,7 +45,7 @@ from tpguard.config import renorm_plan_limits
 from tpguard.kernels import direct_launch as dl
 from tpguard.kernels import renorm_graph, renorm_min_p, renorm_top_k, renorm_top_p, row_split
 from tpguard.kernels.reference import bits
-from tpguard.kernels.renorm_config import RenormConfig, default_config
+from tpguard.kernels.renorm_config import RenormConfig, default_config, op_config
 from tpguard.kernels.renorm_graph import FP, K, OUT, P, PROBS, ROLES
 from tpguard.kernels.renorm_workspace import shapes_for, workspace_for
 
@@ -78,6 +78,7 @@ class PlanOp:
     scalar_slots: tuple
     out_dtype: Optional[torch.dtype] = None
     row_split: bool = False
+    by_op_config: bool = False  # the call's config from renorm_config.op_config (the renorms)
 
 
 def _op_module(op: str):
@@ -106,7 +107,8 @@ def _renorm_workspace(op: str, rows: int, vocab: int, cfg: RenormConfig, device,
 
 # the renorms' table; min-p's parameter arrives in role P, as kernel parameter mp_val
 RENORM_OPS = {op: PlanOp(op, functools.partial(_launch_renorm, op), functools.partial(_renorm_workspace, op),
-                         ((K, "k_val"), (P, "mp_val" if op == "min_p" else "p_val")), row_split=True)
+                         ((K, "k_val"), (P, "mp_val" if op == "min_p" else "p_val")), row_split=True,
+                         by_op_config=True)
               for op in OPS}
 
 
@@ -340,6 +342,8 @@ def run(op, probs: torch.Tensor, top_k=None, top_p=None, config: RenormConfig | 
 def _run(spec: PlanOp, probs: torch.Tensor, top_k, top_p, cfg: RenormConfig, fingerprint_out, min_p,
          temperature) -> torch.Tensor:
     rows, vocab = probs.shape
+    if spec.by_op_config:
+        cfg = op_config(cfg, spec.name, rows, vocab)
     capturing = _capturing(probs)
     # a captured call's rows in parts on side streams (kernels/row_split.py); the streams are made
     # by an eager call (the warm-up before a capture), never during a capture

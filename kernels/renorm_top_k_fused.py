@@ -1,6 +1,7 @@
 """One-launch top-k (+ top-p) renorm for small batches (Triton). Reference:
 kernels/reference.py (``top_k_renorm_reference``, ``top_k_top_p_renorm_reference``); the
-three-launch pipeline it replaces at <= ``RenormConfig.fused_rows`` rows: renorm_top_k.py.
+three-launch pipeline it replaces at <= ``RenormConfig.fused_rows`` rows (``fused_rows_short`` for top-k alone
+on rows of <= 32768 entries: renorm_config.top_k_fused_rows): renorm_top_k.py.
 
 Why: at 1-8 rows a top-k call is three short launches (row stats, select, write; ~25 us of GPU
 work) and an eager call's time is the host's time to issue them (docs/design-renorm.md, "Host time").
@@ -38,7 +39,7 @@ import triton
 import triton.language as tl
 
 from tpguard.kernels.direct_launch import sm_count as _device_sms
-from tpguard.kernels.renorm_config import RenormConfig, reg_cap
+from tpguard.kernels.renorm_config import RenormConfig, reg_cap, top_k_fused_rows
 from tpguard.kernels.renorm_passes import load_write_params, row_stats_chunk, store_probs, write_value
 from tpguard.kernels.renorm_top_k_select import top_k_select_row, workspace_flags
 
@@ -116,9 +117,10 @@ def chunks_per_cta(rows: int, n_chunks: int, cfg: RenormConfig, sms: int) -> int
 def fused_fits(rows: int, vocab: int, top_k, top_p, fingerprint_out, cfg: RenormConfig,
                device: torch.device) -> bool:
     """Whether a call takes the one-launch kernel: top-k alone (any k), or top-k + top-p with a scalar
-    k < vocab (module doc); no fingerprint slot, at most ``cfg.fused_rows`` rows, and a row's CTAs fit
-    the GPU at once."""
-    if not (0 < rows <= cfg.fused_rows) or fingerprint_out is not None:
+    k < vocab (module doc); no fingerprint slot, at most `top_k_fused_rows` rows (``cfg.fused_rows``, or
+    ``fused_rows_short`` for top-k alone on short rows), and a row's CTAs fit the GPU at once."""
+    most = top_k_fused_rows(cfg, triton.cdiv(vocab, cfg.group), top_p is not None)
+    if not (0 < rows <= most) or fingerprint_out is not None:
         return False
     if workspace_flags(vocab, top_k, top_p)[1]:
         return False  # plain top-p rows: the bracket passes (renorm_top_k.py)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from tpguard.kernels.renorm_config import RenormConfig
+from tpguard.kernels.renorm_config import RenormConfig, top_k_fused_rows
 
 MAX_BLOCK = 1 << 20  # register blocks searched by kth_largest_block (20-bit count fields)
 
@@ -138,9 +138,9 @@ def workspace_for(s: Shapes, cfg: RenormConfig, device: torch.device, with_sampl
         parts = torch.empty(sum(sizes), dtype=dtype, device=device).split(sizes)
         views.update(zip(names, parts[::2]))
     views["plan"] = views["plan"].view(s.rows, 4)
-    # only where the one launch may run (<= fused_rows rows): the zeros are a fill launch per workspace
-    sync = torch.zeros(s.rows * SYNC_WORDS if with_sync and s.rows <= cfg.fused_rows else 0, dtype=torch.int32,
-                       device=device)
+    # only where the one launch may run (renorm_config.top_k_fused_rows): the zeros are a fill launch per workspace
+    fused = with_sync and s.rows <= top_k_fused_rows(cfg, s.n_groups, False)
+    sync = torch.zeros(s.rows * SYNC_WORDS if fused else 0, dtype=torch.int32, device=device)
     return Workspace(list_cap=list_cap, cap=s.cap, sync=sync, **views)
 
 

@@ -16,7 +16,7 @@ import torch
 from renorm_setup import DEVICE, SMALL, mixed_batch
 
 from tpguard.kernels import pdl, renorm_plan as rp
-from tpguard.kernels.renorm_config import default_config, pdl_args, pdl_mode
+from tpguard.kernels.renorm_config import default_config, op_config, pdl_args, pdl_mode
 from tpguard.kernels.renorm_workspace import shapes_for
 
 DEFAULT_CONFIG = default_config()  # the process's config (TPGUARD_RENORM_CONFIG)
@@ -54,6 +54,42 @@ def test_split_parts_launch_as_the_whole_call():
     assert rp._part_config(cfg, 100) == cfg.replace(pdl=0)
     assert rp._part_config(cfg.replace(pdl=0), 200) == cfg.replace(pdl=0)
     assert pdl_args(cfg, shapes_for(200, 4096, cfg), torch.device("cpu")) == {"PDL": pdl.OFF}
+
+
+def test_top_k_on_long_rows_takes_pdl_from_fewer_rows():
+    """op_config: top-k (alone or with top-p) on rows of more than 32768 entries takes PDL from
+    top_k_pdl_min_rows (64) rows, every other op, shorter rows and other batch sizes keep the config;
+    the call plan is keyed on (and its row parts launch from) that config. On an sm_90+ GPU a 64-row
+    top-k call's recorded launches carry the PDL attribute after the first."""
+    cfg = DEFAULT_CONFIG.replace(pdl=1, pdl_min_rows=128, top_k_pdl_min_rows=64)
+    long, short = 163840, 32000
+    for op in ("top_k", "top_k_top_p"):
+        for rows in (64, 100, 127):
+            got = op_config(cfg, op, rows, long)
+            assert got == cfg.replace(pdl_min_rows=64) and got is op_config(cfg, op, rows, long)  # one object
+            assert rp._part_config(got, rows) == cfg.replace(pdl_min_rows=0)  # the parts launch with PDL too
+        for rows, vocab in ((63, long), (128, long), (1024, long), (64, short), (100, 32768)):
+            assert op_config(cfg, op, rows, vocab) is cfg, (op, rows, vocab)
+        assert op_config(cfg.replace(pdl=0), op, 64, long).pdl_min_rows == 128
+        assert op_config(cfg.replace(top_k_pdl_min_rows=0), op, 64, long).pdl_min_rows == 128
+    for op in ("top_p", "min_p"):
+        assert op_config(cfg, op, 64, long) is cfg
+    assert op_config(cfg, "top_k", 64, 32769) == cfg.replace(pdl_min_rows=64)
+    assert rp.RENORM_OPS["top_k"].by_op_config and not rp.PlanOp("x", None, None, ()).by_op_config
+    if DEVICE == "cpu":
+        return
+    dev = torch.device(DEVICE, torch.cuda.current_device())
+    if not pdl.supported(dev):
+        pytest.skip("GPU before sm_90: no programmatic dependent launch")
+    x = mixed_batch(64, long)
+    rp.clear_plans()
+    want = rp._run_op("top_k", x, 40, None, cfg.replace(pdl=0), None, None)
+    for _ in range(3):
+        assert torch.equal(rp.run("top_k", x, 40, None, cfg).view(torch.int32), want.view(torch.int32))
+    (key, plan), = rp.plans()
+    assert cfg.replace(pdl_min_rows=64) in key and plan.state == "on", plan.refusal
+    attrs = [bool(getattr(d.compiled.metadata, "launch_pdl", False)) for d in plan.direct.launches]
+    assert attrs == [False, True, True], attrs
 
 
 @pytest.mark.slow

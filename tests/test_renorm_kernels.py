@@ -238,11 +238,12 @@ def test_top_k_short_rows_select_warps():
     assert top_k_select_warps(cfg.replace(top_k_select_warps_short=0), 1000, False) == 8
     x = make_rows(9, 5000, "flat", seed=91)  # 157 groups
     fused_launches = 2 if DEVICE == "cpu" else 1  # (the interpreter runs the one-launch grid as two launches)
+    three = cfg.replace(fused_rows=0)  # (top-k alone on short rows takes one launch up to fused_rows_short rows)
     for kernel, call, want in (
-            (tk_mod._top_k_select_kernel, lambda: top_k_renorm_triton(x, 40, cfg), [4]),
-            (passes._row_stats_kernel, lambda: top_k_renorm_triton(x, 40, cfg), [4]),
+            (tk_mod._top_k_select_kernel, lambda: top_k_renorm_triton(x, 40, three), [4]),
+            (passes._row_stats_kernel, lambda: top_k_renorm_triton(x, 40, three), [4]),
             (tk_mod._top_k_select_kernel, lambda: top_k_top_p_renorm_triton(x, 40, 0.9, cfg), [8]),
-            (tk_mod._top_k_select_kernel, lambda: top_k_renorm_triton(x, 40, cfg.replace(top_k_select_warps_short=0)),
+            (tk_mod._top_k_select_kernel, lambda: top_k_renorm_triton(x, 40, three.replace(top_k_select_warps_short=0)),
              [8]),
             (fused._top_k_fused_kernel, lambda: top_k_renorm_triton(x[:2], 40, cfg), [4] * fused_launches)):
         assert launch_values(kernel, call, "num_warps") == want

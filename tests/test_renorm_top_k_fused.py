@@ -82,10 +82,13 @@ def test_special_rows(vocab):
 
 @pytest.mark.slow
 def test_batch_invariant_and_repeatable():
-    """A row's bits are the same alone, in a batch of 8 (one launch) and in a batch of 20 (three launches)."""
+    """A row's bits are the same alone, in a batch of 8 (one launch) and in a batch of 66 (three launches:
+    more than fused_rows_short rows of 6000 entries)."""
     x = torch.cat([make_rows(10, 6000, "flat", seed=5), make_rows(10, 6000, "peaky", seed=6)])
+    x = torch.cat([x, x, x, x[:6]])  # the 20 rows, then repeats of them
     big = top_k_renorm(x, 40, backend="tpguard")
-    assert not fused.fused_fits(20, 6000, 40, None, None, DEFAULT_CONFIG, x.device)
+    assert not fused.fused_fits(66, 6000, 40, None, None, DEFAULT_CONFIG, x.device)
+    assert fused.fused_fits(8, 6000, 40, None, None, DEFAULT_CONFIG, x.device)
     for start in (0, 9, 12):
         part = x[start:start + 8]
         first = top_k_renorm(part, 40, backend="tpguard")
@@ -95,7 +98,7 @@ def test_batch_invariant_and_repeatable():
         assert torch.equal(bits(top_k_renorm(x[start:start + 1], 40, backend="tpguard")), bits(big[start:start + 1]))
     both = top_k_top_p_renorm(x, 40, 0.8, backend="tpguard")
     assert torch.equal(bits(top_k_top_p_renorm(x[3:11], 40, 0.8, backend="tpguard")), bits(both[3:11]))
-    k = torch.tensor([40, 6000, 7, 1 << 30] * 5, dtype=torch.int32)  # per-row k, top-k off on some rows
+    k = torch.tensor([40, 6000, 7, 1 << 30] * 17, dtype=torch.int32)[:66]  # per-row k, top-k off on some rows
     big = top_k_renorm(x, k, backend="tpguard")
     for start in (0, 5, 13):
         assert torch.equal(bits(top_k_renorm(x[start:start + 7], k[start:start + 7], backend="tpguard")),
@@ -122,6 +125,17 @@ def test_routing_rule():
     assert workspace_flags(1000, 40)[2] and workspace_flags(1000, 1000)[2] and workspace_flags(1000, kt)[2]
     assert workspace_flags(1000, 40, 0.9)[2] and not workspace_flags(1000, 1000, 0.9)[2]
     assert not workspace_flags(1000, kt, 0.9)[2]
+    # short rows (<= 1024 groups: vocab <= 32768): top-k alone in one launch up to fused_rows_short rows
+    short = 32000
+    assert cfg.fused_rows_short > cfg.fused_rows
+    for k in (40, 32000, torch.tensor([40] * cfg.fused_rows_short)):
+        assert fused.fused_fits(cfg.fused_rows_short, short, k, None, None, cfg, dev)
+        assert not fused.fused_fits(cfg.fused_rows_short + 1, short, k, None, None, cfg, dev)
+    assert fused.fused_fits(cfg.fused_rows_short, 32768, 40, None, None, cfg, dev)
+    assert not fused.fused_fits(cfg.fused_rows + 1, 32769, 40, None, None, cfg, dev)
+    assert not fused.fused_fits(cfg.fused_rows + 1, short, 40, 0.9, None, cfg, dev)  # top-k + top-p: fused_rows
+    assert not fused.fused_fits(cfg.fused_rows + 1, short, 40, None, None, cfg.replace(fused_rows_short=0), dev)
+    assert not fused.fused_fits(1, short, 40, None, None, cfg.replace(fused_rows=0), dev)  # 0: off everywhere
     if DEVICE == "cuda":  # a row's CTAs must fit the GPU at once
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         assert not fused.fused_fits(1, (sms + 1) * cfg.chunk, 40, None, None, cfg, dev)
@@ -160,6 +174,33 @@ def test_chunks_per_cta():
     for per in (2, 4, 8):
         out = top_k_renorm_triton(x, 40, DEFAULT_CONFIG.replace(fused_per_cta=per))
         assert torch.equal(bits(out), bits(expect)), per
+
+
+def test_one_launch_on_short_rows_up_to_fused_rows_short():
+    """Top-k alone on short rows at fused_rows_short rows: one launch (the sync words in its workspace,
+    zero again after the call), the three launches' bits, scalar and per-row k."""
+    x = torch.cat([make_rows(12, 3000, "flat", seed=21), make_rows(12, 3000, "peaky", seed=22)])
+    cfg = DEFAULT_CONFIG.replace(fused_rows_short=24)
+    k_rows = torch.tensor([40, 3000, 1, 7, 1 << 30, 300] * 4, dtype=torch.int32, device=x.device)
+    for k in (40, k_rows):
+        assert fused.fused_fits(24, 3000, k, None, None, cfg, x.device)
+        ws = workspace_for(shapes_for(24, 3000, cfg), cfg, x.device, False, False, True)
+        assert ws.sync.numel() == 24 * SYNC_WORDS
+        out = top_k_renorm_triton(x, k, cfg, workspace=ws)
+        assert not ws.sync.any()
+        assert torch.equal(bits(out), bits(top_k_renorm_triton(x, k, cfg.replace(fused_rows=0))))
+    assert workspace_for(shapes_for(25, 3000, cfg), cfg, x.device, False, False, True).sync.numel() == 0
+    if DEVICE == "cuda":  # the default rule through the call plan: 64 x 32000 is one recorded launch
+        from tpguard.kernels import renorm_plan
+
+        x = make_rows(64, 32000, "flat", seed=23)
+        renorm_plan.clear_plans()
+        first = top_k_renorm(x, 40)
+        for _ in range(3):
+            assert torch.equal(bits(top_k_renorm(x, 40)), bits(first))
+        assert torch.equal(bits(first), bits(top_k_renorm_triton(x, 40, DEFAULT_CONFIG.replace(fused_rows=0))))
+        plan = renorm_plan.plans()[-1][1]
+        assert plan.state == "on" and len(plan.direct.launches) == 1, plan.refusal
 
 
 def test_workspace_without_sync_words_takes_three_launches():
