@@ -106,21 +106,18 @@ class RenormConfig:
     # top-p and min-p gained 4-9 us eagerly and 4-5 from a graph, top-p peaky lost 5.9 from a graph
     pdl_min_rows: int = 128
     # top-k (alone, or with top-p) on rows of more than SHORT_ROW_GROUPS groups: PDL from this many rows
-    # (`op_config`; 0: pdl_min_rows). H100, 64 rows, graph: top-k 163840 bf16 43.1 -> 40.8 us, fp32 flat 68.4 ->
-    # 64.8, top-k + top-p 75.3 / 76.9 -> 72.9 / 72.7 fp32, 49.9 / 51.4 -> 47.4 / 47.8 bf16; at 32000 it lost
-    # (top-k fp32 flat 20.5 -> 24.0), and top-p there and at 163840 (docs/benchmarks.md, "Top-k at 16-64 rows")
+    # (`op_config`; 0: pdl_min_rows). H100, 64 x 163840, graph: bf16 top-k 43.1 -> 40.8 us; it lost at 32000, and
+    # top-p lost at 64 rows on both (docs/benchmarks.md, "Top-k at 16-64 rows")
     top_k_pdl_min_rows: int = 64
     # (kernels/renorm_top_k_fused.py; 0 = the three launches at every batch size) top-k alone, or top-k + top-p
     # with a scalar k < vocab, at <= this many rows: one launch (row stats, select and write in one grid, a
     # row's CTAs waiting on its select) instead of three; same bits. H200, 163840, eager: top-k(40) at 1 / 8
     # rows 52 / 51 -> 38 / 37 us (flashinfer 45 / 47)
     fused_rows: int = 8
-    # top-k alone on rows of <= SHORT_ROW_GROUPS groups (vocab <= 32768 at G = 32): the one launch up to this
-    # many rows (`top_k_fused_rows`; 0: fused_rows there too; fused_rows = 0 turns the one launch off
-    # everywhere). H100, 64 x 32000, graph: 20.6 -> 22.7 us fp32, 18.1 -> 19.2 bf16, for one launch's host time
-    # instead of three (the public call 17.0 us at 1 row, 24.4 at 64 rows with three); eagerly at 64 x 32000 fp32
-    # 24 / 23 us against flashinfer's 25 (three launches: 28 / 26); on longer rows it lost (64 x 163840, H200,
-    # graph 93.9 vs 61.3) (docs/benchmarks.md, "Top-k at 16-64 rows")
+    # top-k alone on rows of <= SHORT_ROW_GROUPS groups (vocab <= 32768 at G = 32): the one launch up to this many
+    # rows (`top_k_fused_rows`; 0: fused_rows there too; fused_rows = 0: no one launch anywhere). H100, 64 x 32000:
+    # 0.1-2 us more device time for two launches' host time fewer (~7 us); on longer rows it lost
+    # (docs/benchmarks.md, "Top-k at 16-64 rows")
     fused_rows_short: int = 64
     # chunks per CTA of the one-launch kernel (same chunk sums); 0: the fewest that fit the grid on the GPU
     # at one CTA per SM (renorm_top_k_fused.chunks_per_cta)
