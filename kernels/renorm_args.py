@@ -134,16 +134,11 @@ def device_param(value: Param, probs: torch.Tensor, dtype: torch.dtype):
 
 
 def device_top_k(top_k: Param, probs: torch.Tensor):
-    """An int k clamped to [1, vocab], or an int32 [rows] tensor on probs' device (no sync), clamped unless it
-    was one already (the kernels clamp what they load)."""
-    vocab = probs.shape[1]
-    if type(top_k) is int:
-        return min(max(top_k, 1), vocab)
-    if not isinstance(top_k, torch.Tensor):
-        return int(min(max(int(top_k), 1), vocab))
-    if _ready(top_k, probs, torch.int32):
+    """A scalar k as given (renorm_plan.run clamps it to [1, vocab]), or an int32 [rows] tensor on probs' device
+    (no sync), clamped unless it was one already (the kernels clamp what they load)."""
+    if not isinstance(top_k, torch.Tensor) or _ready(top_k, probs, torch.int32):
         return top_k  # the kernels clamp a loaded k to [1, vocab] themselves (top_k_select_row): no clamp launch
-    t = top_k.detach().reshape(-1).to(device=probs.device).clamp(1, vocab).to(torch.int32)
+    t = top_k.detach().reshape(-1).to(device=probs.device).clamp(1, probs.shape[1]).to(torch.int32)
     if t.numel() == 1 and probs.shape[0] != 1:
         t = t.expand(probs.shape[0])
     return t.contiguous()

@@ -78,7 +78,6 @@ class PlanOp:
     scalar_slots: tuple
     out_dtype: Optional[torch.dtype] = None
     row_split: bool = False
-    by_op_config: bool = False  # the call's config from renorm_config.op_config (the renorms)
 
 
 def _op_module(op: str):
@@ -107,8 +106,7 @@ def _renorm_workspace(op: str, rows: int, vocab: int, cfg: RenormConfig, device,
 
 # the renorms' table; min-p's parameter arrives in role P, as kernel parameter mp_val
 RENORM_OPS = {op: PlanOp(op, functools.partial(_launch_renorm, op), functools.partial(_renorm_workspace, op),
-                         ((K, "k_val"), (P, "mp_val" if op == "min_p" else "p_val")), row_split=True,
-                         by_op_config=True)
+                         ((K, "k_val"), (P, "mp_val" if op == "min_p" else "p_val")), row_split=True)
               for op in OPS}
 
 
@@ -342,8 +340,9 @@ def run(op, probs: torch.Tensor, top_k=None, top_p=None, config: RenormConfig | 
 def _run(spec: PlanOp, probs: torch.Tensor, top_k, top_p, cfg: RenormConfig, fingerprint_out, min_p,
          temperature) -> torch.Tensor:
     rows, vocab = probs.shape
-    if spec.by_op_config:
-        cfg = op_config(cfg, spec.name, rows, vocab)
+    cfg = op_config(cfg, spec.name, rows, vocab)
+    top_k, top_p = _scalars(probs, top_k, top_p)  # every path below, plans or not, gets them so
+    min_p, temperature = _float(min_p), _float(temperature)
     capturing = _capturing(probs)
     # a captured call's rows in parts on side streams (kernels/row_split.py); the streams are made
     # by an eager call (the warm-up before a capture), never during a capture
@@ -358,8 +357,6 @@ def _run(spec: PlanOp, probs: torch.Tensor, top_k, top_p, cfg: RenormConfig, fin
     max_plans, max_bytes = renorm_plan_limits()
     if rows == 0 or not plan_allowed(capturing, max_plans):
         return spec.launch([probs, None, top_k, top_p, fingerprint_out, min_p, temperature], cfg, None)
-    top_k, top_p = _scalars(probs, top_k, top_p)
-    min_p, temperature = _float(min_p), _float(temperature)
     key = plan_key(spec, probs, top_k, top_p, cfg, fingerprint_out, min_p, temperature)
     values = [probs, None, top_k, top_p, fingerprint_out, min_p, temperature]
     with _LOCK:
