@@ -12,8 +12,9 @@ attribute. Per compiled launch (its PDL constexpr): FIRST: a signal, no wait; DE
 launched with the PDL attribute, an unpredicated wait with no branch before it, before every global
 memory instruction (the write pass: before every store, and its five 32-bit parameter loads after
 it), and a signal. Cases: every op, scalar and per-row parameters, with and without the fingerprint
-slot, vocab 163840 and 151937 (not a multiple of 16), at the default RenormConfig, 256 rows; Triton's
-specialisation of the arguments (16-byte pointers, ints == 1 and % 16) is rebuilt from the values.
+slot, vocab 163840 and 151937 (not a multiple of 16), at the default RenormConfig, 256 rows (and top-k at
+64 rows of 163840, which takes PDL from 64 rows on long rows); Triton's specialisation of the arguments
+(16-byte pointers, ints == 1 and % 16) is rebuilt from the values.
 
 Usage (a process without TRITON_INTERPRET, exit code 2 otherwise; Triton's bundled ptxas and nvdisasm):
     python gpu/pdl_check.py [--ops top_p,top_k,...]
@@ -261,11 +262,13 @@ def self_test() -> int:
     return 0 if ok else 1
 
 
-CASES = [  # (op, vocab, per-row parameter tensors, fingerprint slot); 151937: not a multiple of 16
-    ("top_p", 163840, False, False), ("top_p", 163840, True, True), ("top_k", 163840, False, False),
-    ("top_k", 163840, True, False), ("top_k_top_p", 163840, False, True), ("top_k_top_p", 163840, True, False),
-    ("min_p", 163840, False, False), ("min_p", 163840, True, True), ("top_p", 151937, False, True),
-    ("top_k_top_p", 151937, True, False),
+CASES = [  # (op, vocab, per-row parameter tensors, fingerprint slot, rows); 151937: not a multiple of 16; 64 rows:
+    # top-k on long rows takes PDL from 64 rows (RenormConfig.top_k_pdl_min_rows, renorm_config.op_config)
+    ("top_p", 163840, False, False, 256), ("top_p", 163840, True, True, 256), ("top_k", 163840, False, False, 256),
+    ("top_k", 163840, True, False, 256), ("top_k_top_p", 163840, False, True, 256),
+    ("top_k_top_p", 163840, True, False, 256), ("min_p", 163840, False, False, 256), ("min_p", 163840, True, True, 256),
+    ("top_p", 151937, False, True, 256), ("top_k_top_p", 151937, True, False, 256), ("top_k", 163840, True, False, 64),
+    ("top_k_top_p", 163840, False, False, 64),
 ]
 
 
@@ -287,11 +290,11 @@ def main(argv=None) -> int:
         return self_test()
 
     seen, failures = set(), self_test()
-    for op, vocab, tensors, fp in (c for c in CASES if c[0] in a.ops):
-        launches = record_launches(op, 1, vocab, tensor_params=tensors, fingerprint=fp)
+    for op, vocab, tensors, fp, rows in (c for c in CASES if c[0] in a.ops):
+        launches = record_launches(op, 1, vocab, tensor_params=tensors, fingerprint=fp, rows=rows)
         order = check_sequence(launches)
         failures += bool(order)
-        print(f"{op:12s} vocab {vocab} {'per-row' if tensors else 'scalar'} parameters"
+        print(f"{op:12s} {rows} x {vocab} {'per-row' if tensors else 'scalar'} parameters"
               f"{', fingerprint slot' if fp else ''}: {len(launches)} launches, order "
               + ("ok" if not order else "FAIL " + "; ".join(order)), flush=True)
         for kernel, args, kwargs in launches:
