@@ -262,13 +262,14 @@ def self_test() -> int:
     return 0 if ok else 1
 
 
-CASES = [  # (op, vocab, per-row parameter tensors, fingerprint slot, rows); 151937: not a multiple of 16; 64 rows:
-    # top-k on long rows takes PDL from 64 rows (RenormConfig.top_k_pdl_min_rows, renorm_config.op_config)
-    ("top_p", 163840, False, False, 256), ("top_p", 163840, True, True, 256), ("top_k", 163840, False, False, 256),
-    ("top_k", 163840, True, False, 256), ("top_k_top_p", 163840, False, True, 256),
-    ("top_k_top_p", 163840, True, False, 256), ("min_p", 163840, False, False, 256), ("min_p", 163840, True, True, 256),
-    ("top_p", 151937, False, True, 256), ("top_k_top_p", 151937, True, False, 256), ("top_k", 163840, True, False, 64),
-    ("top_k_top_p", 163840, False, False, 64),
+CASES = [c + (256,) for c in (  # (op, vocab, per-row parameter tensors, fingerprint slot, rows); 151937: not a
+    # multiple of 16
+    ("top_p", 163840, False, False), ("top_p", 163840, True, True), ("top_k", 163840, False, False),
+    ("top_k", 163840, True, False), ("top_k_top_p", 163840, False, True), ("top_k_top_p", 163840, True, False),
+    ("min_p", 163840, False, False), ("min_p", 163840, True, True), ("top_p", 151937, False, True),
+    ("top_k_top_p", 151937, True, False),
+)] + [  # top-k on long rows takes PDL from 64 rows (RenormConfig.top_k_pdl_min_rows, renorm_config.op_config)
+    ("top_k", 163840, True, False, 64), ("top_k_top_p", 163840, False, False, 64),
 ]
 
 
