@@ -41,7 +41,7 @@ class RenormConfig:
     # top-p searches of whole short rows (<= SHORT_ROW_GROUPS groups: vocab <= 32768 at G = 32; the top-p renorm
     # and the rows top-k leaves whole): at most this many tau groups (`top_p_tau_groups`; 0: tau_groups
     # everywhere). Same bits; top-p on peaky rows 12-17 % faster at 32000, while at 128256 and 163840 fewer
-    # groups lose from 64 peaky rows (docs/benchmarks.md, "Vocab 32000 (H100)")
+    # groups lose from 64 peaky rows (docs/benchmarks.md, "Top-p's tau groups on short rows")
     tau_groups_short: int = 256
     # warps of top-k alone's select kernel (its three launches and the one-launch kernel; its row stats run at
     # the same warps) on rows of <= SHORT_ROW_GROUPS groups (vocab <= 32768 at G = 32); 0: select_warps. 4 CTAs
