@@ -262,8 +262,8 @@ def self_test() -> int:
     return 0 if ok else 1
 
 
-CASES = [c + (256,) for c in (  # (op, vocab, per-row parameter tensors, fingerprint slot, rows); 151937: not a
-    # multiple of 16
+# (op, vocab, per-row parameter tensors, fingerprint slot, rows); 151937: not a multiple of 16
+CASES = [c + (256,) for c in (
     ("top_p", 163840, False, False), ("top_p", 163840, True, True), ("top_k", 163840, False, False),
     ("top_k", 163840, True, False), ("top_k_top_p", 163840, False, True), ("top_k_top_p", 163840, True, False),
     ("min_p", 163840, False, False), ("min_p", 163840, True, True), ("top_p", 151937, False, True),
