@@ -10,6 +10,9 @@ in the capture allocates.
 
     graph = DriverGraph.capture(lambda: launches(values), side_stream)  # thread-local capture
     graph.launch(current_stream)
+    args = graph.pointer_args({buf.data_ptr(): role, ...})  # kernel arguments set per launch
+    args.set(tensors_by_role)  # (cuGraphExecKernelNodeSetParams: no copy into the graph's buffers)
+    graph.launch(current_stream)
 
 Stream handles are the raw ``cudaStream_t`` values (``torch.cuda.Stream.cuda_stream``,
 `direct_launch.current_stream()`). Only direct launches (Triton's C launcher: ``cuLaunchKernelEx``)
@@ -21,7 +24,10 @@ from __future__ import annotations
 import ctypes
 
 _CAPTURE_MODE_THREAD_LOCAL = 1  # CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+_NODE_TYPE_KERNEL = 0  # CU_GRAPH_NODE_TYPE_KERNEL
+_MAX_PARAMS = 1024
 _lib = None
+_node_api: bool | None = None  # the driver has the kernel-node calls pointer_args needs (CUDA >= 12.4)
 
 
 def _cuda():
@@ -40,6 +46,37 @@ def _cuda():
             fn.argtypes, fn.restype = args, ctypes.c_int
         _lib = lib
     return _lib
+
+
+class _KernelNodeParams(ctypes.Structure):
+    """CUDA_KERNEL_NODE_PARAMS_v2 (cuda.h)."""
+
+    _fields_ = [("func", ctypes.c_void_p), ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
+                ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint),
+                ("blockDimZ", ctypes.c_uint), ("sharedMemBytes", ctypes.c_uint),
+                ("kernelParams", ctypes.POINTER(ctypes.c_void_p)), ("extra", ctypes.POINTER(ctypes.c_void_p)),
+                ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+
+def _node_calls() -> bool:
+    """Declare the kernel-node calls; False where the driver lacks one (cuFuncGetParamInfo: CUDA 12.4)."""
+    global _node_api
+    if _node_api is None:
+        lib = _cuda()
+        p, size = ctypes.c_void_p, ctypes.c_size_t
+        params = ctypes.POINTER(_KernelNodeParams)
+        try:
+            for name, args in (("cuGraphGetNodes", [p, ctypes.POINTER(p), ctypes.POINTER(size)]),
+                               ("cuGraphNodeGetType", [p, ctypes.POINTER(ctypes.c_int)]),
+                               ("cuGraphKernelNodeGetParams_v2", [p, params]),
+                               ("cuFuncGetParamInfo", [p, size, ctypes.POINTER(size), ctypes.POINTER(size)]),
+                               ("cuGraphExecKernelNodeSetParams_v2", [p, p, params])):
+                fn = getattr(lib, name)
+                fn.argtypes, fn.restype = args, ctypes.c_int
+            _node_api = True
+        except AttributeError:
+            _node_api = False
+    return _node_api
 
 
 def _check(result: int, what: str) -> None:
@@ -80,6 +117,52 @@ class DriverGraph:
     def launch(self, stream: int) -> None:
         _check(_lib.cuGraphLaunch(self._exec, ctypes.c_void_p(stream)), "launch graph")
 
+    def pointer_args(self, addresses: dict) -> "PointerArgs":
+        """The kernel arguments of this graph that hold one of `addresses` (address -> key), made
+        settable per launch (`PointerArgs.set`). Found by value: every 8-byte argument equal to an
+        address (the graph's own buffers: no other argument holds such a value). RuntimeError where
+        the driver lacks the calls, the graph holds anything but kernel nodes, or an address is in
+        no kernel's arguments."""
+        if not _node_calls():
+            raise RuntimeError("the driver has no cuFuncGetParamInfo (CUDA < 12.4)")
+        lib = _cuda()
+        count = ctypes.c_size_t(0)
+        _check(lib.cuGraphGetNodes(self._graph, None, ctypes.byref(count)), "graph nodes")
+        nodes = (ctypes.c_void_p * count.value)()
+        _check(lib.cuGraphGetNodes(self._graph, nodes, ctypes.byref(count)), "graph nodes")
+        holders = {key: ctypes.c_uint64(address) for address, key in addresses.items()}
+        patched, found = [], set()
+        for node in nodes:
+            kind = ctypes.c_int(-1)
+            _check(lib.cuGraphNodeGetType(node, ctypes.byref(kind)), "node type")
+            if kind.value != _NODE_TYPE_KERNEL:
+                raise RuntimeError(f"a graph node of type {kind.value}, not a kernel")
+            params = _KernelNodeParams()
+            _check(lib.cuGraphKernelNodeGetParams_v2(node, ctypes.byref(params)), "kernel node parameters")
+            if not params.func or not params.kernelParams or params.extra:
+                raise RuntimeError("a kernel node without a function or a kernelParams array")
+            n = _param_count(params.func)
+            own = (ctypes.c_void_p * max(n, 1))()
+            hit = False
+            for i in range(n):
+                own[i] = params.kernelParams[i]
+                offset, size = ctypes.c_size_t(0), ctypes.c_size_t(0)
+                _check(lib.cuFuncGetParamInfo(params.func, i, ctypes.byref(offset), ctypes.byref(size)),
+                       "parameter size")
+                if size.value == 8:
+                    key = addresses.get(ctypes.c_uint64.from_address(own[i]).value)
+                    if key is not None:
+                        own[i] = ctypes.addressof(holders[key])
+                        found.add(key)
+                        hit = True
+            if hit:
+                params.kernelParams = ctypes.cast(own, ctypes.POINTER(ctypes.c_void_p))
+                patched.append((ctypes.c_void_p(node), params, own))
+        missing = set(holders) - found
+        if missing:
+            raise RuntimeError(f"addresses of {sorted(map(str, missing))} in no kernel's arguments")
+        return PointerArgs(self, patched, holders)
+
     def __del__(self):
         try:
             if self._exec:
@@ -90,4 +173,36 @@ class DriverGraph:
             pass
 
 
-__all__ = ["DriverGraph"]
+def _param_count(func) -> int:
+    """How many parameters a kernel function takes (cuFuncGetParamInfo answers up to the last)."""
+    lib, n, offset = _cuda(), 0, ctypes.c_size_t(0)
+    while n < _MAX_PARAMS and lib.cuFuncGetParamInfo(func, n, ctypes.byref(offset), None) == 0:
+        n += 1
+    return n
+
+
+class PointerArgs:
+    """Pointer arguments of a graph's kernel nodes, each bound to a key, set per launch in the
+    instantiated graph (cuGraphExecKernelNodeSetParams: later launches only; a launch already
+    enqueued keeps the values it had)."""
+
+    def __init__(self, graph: DriverGraph, patched: list, holders: dict):
+        self._graph = graph  # the nodes' own argument values live as long as the graph
+        self._patched = [(node, ctypes.byref(params), params, own) for node, params, own in patched]
+        self._holders = list(holders.items())
+        self._set_params = _lib.cuGraphExecKernelNodeSetParams_v2
+        self.keys = tuple(holders)
+
+    def set(self, values) -> bool:
+        """Point the bound arguments at ``values[key].data_ptr()`` for every key; False (the
+        graph then holds some old values) where the driver refused an update."""
+        for key, holder in self._holders:
+            holder.value = values[key].data_ptr()
+        fn, exec_ = self._set_params, self._graph._exec
+        ok = True
+        for node, ref, _params, _own in self._patched:
+            ok = fn(exec_, node, ref) == 0 and ok
+        return ok
+
+
+__all__ = ["DriverGraph", "PointerArgs"]

@@ -1,31 +1,34 @@
-"""Eager small-batch renorm calls replayed from CUDA graphs that their call plan owns (host time;
-docs/design-renorm.md, "Host time"; docs/kernels.md "Call plans").
+"""Eager renorm calls replayed from CUDA graphs that their call plan owns, the call's tensors set as
+the graph's pointer arguments (host time; docs/design-renorm.md, "Host time"; docs/kernels.md "Call plans").
 
-An eager call of a few rows is host-bound: its 3-6 direct launches cost more host time than the
-GPU spends on them (H200: top-k(40) at 1 row 55 us of host time for 23 us of GPU work,
-flashinfer's one launch 46 us). A plan (kernels/renorm_plan.py) whose direct launches are
-validated, whose rows are <= ``TPGUARD_RENORM_GRAPH_ROWS`` (default 8) and whose call makes at
-least GRAPH_MIN_LAUNCHES launches (`worth_graph`) captures those launches once into a CUDA graph
-over buffers it owns: probs in (the fused op's logits), the output, tensor parameters and the
-fingerprint slot. A call then copies probs (and any parameter tensor) in, replays the graph on the
-current stream and clones the output (and copies the fingerprint out): 3-5 torch operations
-and one graph launch instead of the launches and their arguments. The GPU does two extra copies
-of the batch (~2 us at 1 row), so this pays only where host time dominates.
+An eager call's 3-6 direct launches cost 35-230 us of host time (H100, top-p on flat rows of 32000:
+41 us at 8 rows for ~40 us of GPU work, where the GPU waits for the host; 226 us at 1024 rows, host time
+a serving process spends on nothing else). A plan (kernels/renorm_plan.py) whose direct launches are
+validated, whose rows are <= ``TPGUARD_RENORM_GRAPH_ROWS`` (default 1024) and whose call makes at
+least GRAPH_MIN_LAUNCHES launches (`worth_graph`: top-p, min-p, the fused logits -> target probs op,
+and top-k and top-k + top-p where they take three launches) captures those launches once into a
+CUDA graph. A call then sets the graph's pointer arguments to its own tensors (probs or logits, a new
+output, tensor parameters, the fingerprint slot: `DriverGraph.pointer_args`, one driver call per
+kernel node) and launches the graph on the current stream: no copy, one graph launch instead of
+the launches and their arguments.
 
-* Same kernels with the same arguments but for the buffers' addresses (at the recorded 16-byte
-  alignments): the same bits, checked once per graph against the direct launches (one sync).
+* Same kernels with the same arguments: the same bits, checked against the direct launches on the
+  call's own tensors (one sync) the first time a process captures a plan's launches (`CHECKED`).
+* Captured over placeholders: one distinct 16-byte slot per tensor role at its recorded alignment
+  (Triton specialises pointers on it), so each pointer argument is found by its value and belongs
+  to one role (a call may pass one tensor in two roles); nothing runs during a capture, and every
+  launch sets every role's arguments first. No buffer of the batch's size: graphs at any batch size.
 * A scalar parameter is baked into a graph: one graph per scalar value, at most
   GRAPHS_PER_PLAN per plan (least recently used dropped; after GRAPHS_PER_PLAN drops the plan's
-  graphs go off: values that keep changing would cost a capture and a sync each); tensor
-  parameters are copied in.
+  graphs go off: values that keep changing would cost a capture and a sync each).
 * Captured on a side stream in thread-local capture mode through the driver API
   (kernels/driver_graph.py: torch's CUDAGraph would tie the process's CUDA generator to each
   graph and refill its state before every replay), with no allocation inside (the workspace is
   the plan's); launched on the caller's current stream, the plan's stream.
-* The buffers are ordinary tensors even when the plan is made under `torch.inference_mode()`
-  (a later call outside it copies into them).
-* Any failure (capture refused, bits differ): the plan keeps its direct launches and frees the
-  buffers (`direct_launch.FAILURES` says why).
+* A call whose tensors sit at other 16-byte alignments than the recorded ones takes the plan's
+  path without the graph (Triton's launches). Any failure (capture refused, a driver without
+  cuFuncGetParamInfo, bits differ, an argument update refused): the plan keeps its direct launches
+  (`direct_launch.FAILURES` says why).
 """
 
 from __future__ import annotations
@@ -39,19 +42,24 @@ from tpguard.kernels import direct_launch as dl
 from tpguard.kernels.driver_graph import DriverGraph
 from tpguard.kernels.reference import bits
 
-# H200 (docs/benchmarks.md): the copy in, the graph launch and the clone cost about what 3-4 direct
-# launches do. Eager us per call, direct launches vs graph, A/B in one process: top-p and min-p
-# (5 launches) 88.5 -> 75.1 and 75.6 -> 60.4 at 1 row, 87.8 -> 72.8 and 70.4 -> 61.3 at 8; top-k and
-# top-k + top-p with a scalar k (then 3 launches; one at <= 8 rows: renorm_top_k_fused.py) within
-# +-1.6 us. At 64 rows the two copies of the batch cost more GPU time than the graph saves (top-p
-# eager 166 vs 129 us). Hence up to TPGUARD_RENORM_GRAPH_ROWS rows (default 8; tpguard.config.
-# renorm_graph_rows, read when a plan decides) and GRAPH_MIN_LAUNCHES launches.
-GRAPH_MIN_LAUNCHES = 5
+# H100 (docs/benchmarks.md, "Plan graphs"): eager us per call, direct launches vs the plan's graph, one
+# process: top-p at 1 / 8 / 64 / 256 / 1024 x 32000 fp32 flat 67.6 / 51.7 / 52.1 / 105.6 / 387.7 -> 44.8 /
+# 40.7 / 48.7 / 104.1 / 386.5 (host time 58 / 41 / 35 / 61 / 226 -> 40 / 21 / 24 / 51 / 37); top-k + top-p
+# (three launches) at 64 x 32000 31.3 -> 29.0; min-p at 8 x 32000 39.1 -> 25.5; within noise elsewhere.
+# One launch (top-k at <= 8 rows, <= 64 on short rows: renorm_top_k_fused.py) stays a direct launch. Up to
+# TPGUARD_RENORM_GRAPH_ROWS rows (tpguard.config.renorm_graph_rows, read when a plan decides; measured to 1024).
+GRAPH_MIN_LAUNCHES = 3
 GRAPHS_PER_PLAN = 4
 # the roles of a plan call's values (renorm_plan.py); MP (min-p) and T (the temperature) only in
 # the fused logits -> target probs op's calls (kernels/target_probs.py)
 PROBS, OUT, K, P, FP, MP, T = ROLES = tuple(range(7))
-PARAMS = (K, P, MP, T)  # a tensor parameter is copied in per call; a scalar one is baked into a graph
+PARAMS = (K, P, MP, T)  # a tensor parameter is a pointer argument; a scalar one is baked into a graph
+SLOT = 32  # bytes between two placeholders
+# (launch variants, tensor roles) of the graphs checked in this process: the binding of the pointer
+# arguments depends on the compiled kernels and the roles, not on the grid or the data, so later
+# graphs of the same launches skip the check and its sync (a plan is made again whenever the batch
+# size comes back after an eviction)
+CHECKED: set = set()
 
 
 def worth_graph(rows: int, launches: int) -> bool:
@@ -78,107 +86,108 @@ def aligned_like(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 class PlanGraphs:
-    """The graphs of one plan: its buffers, and one captured graph per scalar-parameter value."""
+    """The graphs of one plan: one captured graph per scalar-parameter value, and its placeholders."""
 
-    def __init__(self, op: str, direct: dl.LaunchSet, values: list, out_dtype: torch.dtype | None = None):
-        """`values`: a call's roles (ROLES; OUT unused); `out_dtype`: the output's (None: probs')."""
-        self.op, self.direct = op, direct
-        # each buffer at the alignment its role was recorded with (the recorded out: a fresh empty_like)
-        residue = dict(direct.tensor_roles)
-        probs = values[PROBS]
-        with torch.inference_mode(False):  # copied into per call, maybe outside inference mode
-            self.bufs = [aligned_to(v, residue[r]) if r in residue and r != OUT else None
-                         for r, v in enumerate(values)]
-            self.bufs[OUT] = (aligned_to(probs, residue[OUT], out_dtype) if OUT in residue
-                              else torch.empty_like(probs, dtype=out_dtype))
-        self.nbytes = sum(b.untyped_storage().nbytes() for b in self.bufs if b is not None)
+    def __init__(self, op: str, direct: dl.LaunchSet, device: torch.device, out_dtype: torch.dtype | None = None):
+        """`direct`: the plan's validated launches; `out_dtype`: the output's (None: probs')."""
+        self.op, self.direct, self.out_dtype = op, direct, out_dtype
+        with torch.inference_mode(False):  # (made under inference mode, used outside it)
+            self._scratch = torch.empty(SLOT * (len(ROLES) + 1), dtype=torch.uint8, device=device)
+        base = self._scratch.data_ptr()
+        self.placeholders = [None] * len(ROLES)  # tensor role -> a uint8 view at its recorded alignment
+        for r, residue in direct.tensor_roles:
+            at = SLOT * r + (residue - base) % 16
+            self.placeholders[r] = self._scratch[at:at + 1]
         self.graphs: OrderedDict = OrderedDict()
         self.state, self.refusal = "on", ""
         self.captures = self.evictions = 0
 
     def release(self) -> None:
-        """Off for good (a failed capture, scalar values that keep changing): the buffers go."""
+        """Off for good (a failed capture, scalar values that keep changing)."""
         self.state = "off"
         self.graphs.clear()
-        self.bufs, self.nbytes = [None] * len(ROLES), 0
 
     def __call__(self, values: list):
-        """The call's output from a graph replay, or None (the caller launches directly)."""
-        if self.state != "on" or not dl.hooks_idle(*self.direct.hooks):
+        """The call's output from a graph replay, or None (the caller launches directly; its
+        values[OUT] then None again)."""
+        if self.state != "on":
             return None
-        bufs = self.bufs
-        key = tuple([None if bufs[r] is not None else values[r] for r in PARAMS])
-        graph = self.graphs.get(key)
-        if graph is None:
-            graph = self._capture(key, values)
-            if graph is None:
-                return None
-        else:
-            self.graphs.move_to_end(key)
-        self._copy_in(values)
+        probs = values[PROBS]  # (no dtype= keyword where it is None: ~0.2 us per call)
+        values[OUT] = torch.empty_like(probs) if self.out_dtype is None else torch.empty_like(probs, dtype=self.out_dtype)
+        if not self.direct.accepts(values):  # other alignments (or launch hooks): the plan's own path
+            values[OUT] = None
+            return None
+        key = tuple([None if values[r] is None or isinstance(values[r], torch.Tensor) else values[r] for r in PARAMS])
+        entry = self.graphs.get(key)
+        if entry is None:
+            if self._capture(key, values):  # the check's replay is this call's
+                return values[OUT]
+            values[OUT] = None
+            return None
+        self.graphs.move_to_end(key)
+        graph, args = entry
+        if not args.set(values):
+            values[OUT] = None
+            return self._give_up("the driver refused a kernel node's new arguments")
         graph.launch(dl.current_stream())
-        fp = values[FP]
-        if fp is not None:
-            fp.view(1).copy_(bufs[FP].view(1))  # a 0-d slot or a [1] view: one element either way
-        return bufs[OUT].clone()
+        return values[OUT]
 
-    def _copy_in(self, values: list) -> None:
-        """The call's probs and tensor parameters into the graph's buffers."""
-        b = self.bufs  # (detach only where needed: it costs host time on every call)
-        for r in (PROBS,) + PARAMS:
-            if b[r] is not None:
-                v = values[r]
-                b[r].copy_(v.detach() if v.requires_grad else v)
+    def _give_up(self, why: str):
+        self.refusal = why
+        dl.FAILURES[f"renorm graph {self.op}"] = why
+        self.release()
+        return None
 
-    def _values(self, values: list, out=None, fp=None) -> list:
-        """The launches' roles over the buffers (scalar parameters: the call's)."""
-        b = self.bufs
-        mine = [b[r] if b[r] is not None else values[r] for r in ROLES]
-        mine[OUT] = b[OUT] if out is None else out
-        mine[FP] = b[FP] if fp is None else fp
-        return mine
-
-    def _capture(self, key, values: list):
-        """Capture the direct launches over the buffers for this scalar key, then check one
-        replay against a direct run on the call's own data, bit for bit (one sync). None (and
-        the graphs released) on failure; also when scalar values keep changing (each new one
-        would cost a capture and a sync)."""
+    def _capture(self, key, values: list) -> bool:
+        """Capture the direct launches over the placeholders for this scalar key and bind their
+        pointer arguments (`DriverGraph.pointer_args`), then replay the call (`values`, its output
+        allocated and accepted), checked against a direct run on the same tensors bit for bit (one
+        sync) the first time these launches are captured in this process (CHECKED). False (and the
+        graphs released) on failure; also when scalar values keep changing."""
         if self.evictions >= GRAPHS_PER_PLAN:
-            self.refusal = f"{self.evictions} graphs dropped for new scalar values: graphs off"
-            self.release()
-            return None
+            self._give_up(f"{self.evictions} graphs dropped for new scalar values: graphs off")
+            return False
         try:
-            mine = self._values(values)
-            if not self.direct.accepts(mine):
-                raise RuntimeError("the graph's buffers are refused by the recorded launches (alignment)")
-            side = torch.cuda.Stream(device=self.bufs[PROBS].device)
+            held = [self.placeholders[r] if self.placeholders[r] is not None else values[r] for r in ROLES]
+            if not self.direct.accepts(held):
+                raise RuntimeError("the placeholders are refused by the recorded launches (alignment)")
+            side = torch.cuda.Stream(device=values[PROBS].device)
             with torch.cuda.stream(side):  # the direct launches go to the current stream: the side one
-                graph = DriverGraph.capture(lambda: self.direct(mine), side.cuda_stream)
+                graph = DriverGraph.capture(lambda: self.direct(held), side.cuda_stream)
             self.captures += 1
-            # the check: the call's probs through the direct launches and through a replay (no
-            # random data: a draw here would move the process's CUDA generator)
-            self._copy_in(values)
-            want_out = aligned_like(self.bufs[OUT])
-            want_fp = aligned_like(self.bufs[FP])
-            self.direct(self._values(values, want_out, want_fp))
-            self.bufs[OUT].fill_(float("nan"))
-            if want_fp is not None:
-                self.bufs[FP].copy_(want_fp).bitwise_not_()  # a replay that wrote no fingerprint shows
+            args = graph.pointer_args({held[r].data_ptr(): r for r in ROLES if self.placeholders[r] is not None})
+            checked = (tuple(launch.variant for launch in self.direct.launches), self.direct.tensor_roles)
+            if checked in CHECKED:
+                if not args.set(values):
+                    raise RuntimeError("the driver refused a kernel node's new arguments")
+                graph.launch(dl.current_stream())
+                self._keep(key, graph, args)
+                return True
+            # the check (no random data: a draw here would move the process's CUDA generator)
+            out, fp = values[OUT], values[FP]
+            want = list(values)
+            want[OUT], want[FP] = aligned_like(out), aligned_like(fp)
+            self.direct(want)
+            out.fill_(float("nan"))  # a replay that wrote nothing shows
+            if fp is not None:
+                fp.copy_(want[FP]).bitwise_not_()
+            if not args.set(values):
+                raise RuntimeError("the driver refused a kernel node's new arguments")
             graph.launch(dl.current_stream())
-            same = torch.equal(bits(self.bufs[OUT]), bits(want_out)) and \
-                (want_fp is None or torch.equal(self.bufs[FP], want_fp))
-            if not same:
+            if not (torch.equal(bits(out), bits(want[OUT])) and (fp is None or torch.equal(fp, want[FP]))):
                 raise RuntimeError("a graph replay differs from the direct launches")
+            CHECKED.add(checked)
         except Exception as e:  # noqa: BLE001 - any failure: the direct launches, as before
-            self.refusal = f"{type(e).__name__}: {e}"[:300]
-            dl.FAILURES[f"renorm graph {self.op}"] = self.refusal
-            self.release()
-            return None
-        self.graphs[key] = graph
+            self._give_up(f"{type(e).__name__}: {e}"[:300])
+            return False
+        self._keep(key, graph, args)
+        return True
+
+    def _keep(self, key, graph: DriverGraph, args) -> None:
+        self.graphs[key] = (graph, args)
         while len(self.graphs) > GRAPHS_PER_PLAN:
             self.graphs.popitem(last=False)
             self.evictions += 1
-        return graph
 
 
 __all__ = ["GRAPHS_PER_PLAN", "GRAPH_MIN_LAUNCHES", "PARAMS", "ROLES", "PlanGraphs", "aligned_like", "aligned_to",

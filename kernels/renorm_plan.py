@@ -21,9 +21,9 @@ min-p and the temperature as two more parameters) to `run`.
   ``k == 1`` and ``k % 16 == 0`` into the kernel, so those (and ``k >= vocab``, which changes the
   launches) are part of the key. Tensors must keep the recorded 16-byte alignment (Triton
   specialises pointers on it), else that call takes Triton's launch with the plan's workspace.
-* Small batches (``TPGUARD_RENORM_GRAPH_ROWS``, default 8 rows; calls of 5 or more launches: top-p,
-  min-p): the recorded launches captured once into a CUDA graph the plan owns and replayed per call
-  (kernels/renorm_graph.py).
+* Graphs (up to ``TPGUARD_RENORM_GRAPH_ROWS`` rows, default 1024; calls of 3 or more launches): the
+  recorded launches captured once into a CUDA graph the plan owns, replayed per call with the call's
+  tensors as its pointer arguments (kernels/renorm_graph.py).
 * Bounded: at most ``TPGUARD_RENORM_PLANS`` plans (default 16; 0 = no plans: a fresh workspace and
   Triton's launches per call) and ``TPGUARD_RENORM_PLAN_MB`` MiB of plan memory (default 256; a plan
   larger than that alone is used for its one call and dropped), least recently used evicted first;
@@ -189,8 +189,7 @@ class RenormPlan:
         self.state = "untested" if (dl.enabled() and device.type == "cuda") else "off"
         self.refusal = ""
         self.calls = 0
-        self.graphs: renorm_graph.PlanGraphs | None = None  # small batches: replays (renorm_graph.py)
-        self.graphs_bytes = 0  # counted in nbytes
+        self.graphs: renorm_graph.PlanGraphs | None = None  # replays (renorm_graph.py)
         self.graphs_tried = False  # made once per plan, or refused for good
         self.rows = rows
         # a fingerprint slot with more rows than one finalize program hashes takes a torch copy
@@ -212,9 +211,8 @@ class RenormPlan:
                 out = self.graphs(values)
                 if out is not None:
                     return out
-                if self.graphs.state == "off" and self.graphs_bytes:  # released: its buffers are gone
-                    self.nbytes -= self.graphs_bytes
-                    self.graphs_bytes = 0
+                if self.graphs.state == "off":  # refused for good (renorm_graph.PlanGraphs.refusal)
+                    self.graphs = None
             out_dtype = self.spec.out_dtype  # no dtype= keyword where it is None: ~0.2 us per call
             values[OUT] = torch.empty_like(values[PROBS]) if out_dtype is None else \
                 torch.empty_like(values[PROBS], dtype=out_dtype)
@@ -229,23 +227,11 @@ class RenormPlan:
         return self.spec.launch(values, self.cfg, self.ws)
 
     def _new_graphs(self, values: list) -> None:
-        """The plan's graphs (renorm_graph.py), if their buffers fit the plan memory cap without
-        evicting anything (a plan that evicted others, or itself, for its graphs would be rebuilt
-        and capture again and again); else, or if the buffers cannot be made, none for good."""
-        probs = values[PROBS]
-        out_size = (self.spec.out_dtype or probs.dtype).itemsize
-        need = probs.numel() * (probs.element_size() + out_size) + 4096
-        max_bytes = renorm_plan_limits()[1]
-        if self.nbytes + need > max_bytes or plan_bytes() + need > max_bytes:
-            dl.FAILURES[f"renorm graph {self.op}"] = f"{need >> 20} MiB of graph buffers over the plan memory cap"
-            return
+        """The plan's graphs (renorm_graph.py; they hold no buffer of the batch), or none for good."""
         try:
-            self.graphs = renorm_graph.PlanGraphs(self.op, self.direct, values, self.spec.out_dtype)
-        except Exception as e:  # noqa: BLE001 - e.g. out of memory: the direct launches serve
+            self.graphs = renorm_graph.PlanGraphs(self.op, self.direct, values[PROBS].device, self.spec.out_dtype)
+        except Exception as e:  # noqa: BLE001 - the direct launches serve
             dl.FAILURES[f"renorm graph {self.op}"] = f"{type(e).__name__}: {e}"[:300]
-            return
-        self.graphs_bytes = self.graphs.nbytes
-        self.nbytes += self.graphs_bytes
 
     def poison(self) -> None:
         """Garbage in every workspace buffer (NaN floats, zero ints): a later call must not
@@ -256,6 +242,7 @@ class RenormPlan:
     def _record(self, values: list):
         """Triton's launches (the caller's result), recorded; then, once per compiled variant per
         process, a direct run from a poisoned workspace that must give the same bits."""
+        values = distinct_roles(values)
         out = None
         try:
             with dl.capture_launches() as (captured, torch_ops):
@@ -292,6 +279,19 @@ class RenormPlan:
         else:
             self.state, self.refusal = "off", dl.FAILURES.get(launches.names, "validation failed")
         return out
+
+
+def distinct_roles(values: list) -> list:
+    """`values` with a tensor passed in two roles (the fused op's top-p and min-p may be one tensor)
+    as two objects over the same memory: the recording finds a role's arguments by identity, and a
+    later call may pass two tensors there."""
+    seen, out = set(), list(values)
+    for r, v in enumerate(out):
+        if isinstance(v, torch.Tensor):
+            if id(v) in seen:
+                out[r] = v.detach()
+            seen.add(id(out[r]))
+    return out
 
 
 def _evict(newest, max_plans: int, max_bytes: int) -> None:
@@ -389,5 +389,5 @@ def plan_bytes() -> int:
     return sum(plan.nbytes for plan in _PLANS.values())
 
 
-__all__ = ["OPS", "RENORM_OPS", "PlanOp", "RenormPlan", "clear_plans", "plan_allowed", "plan_bytes",
-           "plan_key", "plans", "run"]
+__all__ = ["OPS", "RENORM_OPS", "PlanOp", "RenormPlan", "clear_plans", "distinct_roles", "plan_allowed",
+           "plan_bytes", "plan_key", "plans", "run"]

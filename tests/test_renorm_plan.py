@@ -241,6 +241,22 @@ def test_direct_launches_on_gpu():
                 assert all(launch.run is not launch.compiled.run for launch in plan.direct.launches), dl.LAUNCHERS
 
 
+def test_one_tensor_in_two_roles_is_recorded_as_two():
+    """The fused op may get one tensor as top-p and min-p (SGLang's parameters go to the kernels as
+    they are): the recording sees two objects over the same memory, so each role gets its own
+    argument slot (a later call may pass two tensors); distinct tensors stay as they are."""
+    from tpguard.kernels.renorm_graph import MP, P, PROBS, T
+
+    x, p, t = torch.rand(2, 5), torch.rand(2), torch.rand(2)
+    values = [x, None, None, p, None, p, t]
+    got = rp.distinct_roles(values)
+    assert got is not values and values[MP] is p  # the caller's list untouched
+    assert got[P] is p and got[MP] is not p and got[MP].data_ptr() == p.data_ptr()
+    assert got[PROBS] is x and got[T] is t
+    assert len({id(v) for v in got if isinstance(v, torch.Tensor)}) == 4
+    assert rp.distinct_roles([x, None, 7, 0.5, None, None, 0.8])[2:] == [7, 0.5, None, None, 0.8]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.int64, torch.uint8])
 def test_aligned_like_keeps_the_16_byte_alignment(dtype):
     """The plan's scratch copies (the direct launches' check, the graphs' buffers) sit at the
@@ -259,36 +275,32 @@ def test_aligned_like_keeps_the_16_byte_alignment(dtype):
     assert aligned_like(None) is None
 
 
-def test_graph_buffers_follow_the_recorded_roles():
-    """A plan graph's buffers (kernels/renorm_graph.py): one per tensor role, at the alignment it was
-    recorded with, the output in the op's dtype (the fused op: float32 out of bf16 logits); scalar
-    roles stay the call's and key the graph; a call's tensors are copied in. (Capture and replay: on
-    a GPU, test_graph_replays_on_gpu and tests/test_target_probs.py's test_direct_launches_on_gpu.)"""
+def test_graph_placeholders_follow_the_recorded_roles():
+    """A plan graph is captured over placeholders (kernels/renorm_graph.py): one per tensor role, each
+    at the 16-byte alignment its role was recorded with, at distinct addresses (a pointer argument is
+    bound to its role by its value, and a call may pass one tensor in two roles); scalar roles have
+    none (they key the graphs). (Capture and replay: on a GPU, test_graph_replays_on_gpu and
+    tests/test_target_probs.py's test_direct_launches_on_gpu.)"""
     from tpguard.kernels import renorm_graph as rg
 
-    x = torch.randn(4, 100).bfloat16()
-    k, t = torch.tensor([3, 5, 7, 9], dtype=torch.int32), torch.rand(4)
-    values = [x, None, k, 0.9, None, 0.05, t]
-    recorded = dl.LaunchSet([], tensor_roles=((rg.PROBS, 0), (rg.OUT, 0), (rg.K, 4), (rg.T, 8)))
-    graphs = rg.PlanGraphs("target_probs", recorded, values, torch.float32)
-    b = graphs.bufs
-    assert [r for r in rg.ROLES if b[r] is not None] == [rg.PROBS, rg.OUT, rg.K, rg.T]
-    assert (b[rg.PROBS].dtype, b[rg.OUT].dtype, b[rg.OUT].shape) == (torch.bfloat16, torch.float32, x.shape)
-    assert [b[r].data_ptr() % 16 for r in (rg.PROBS, rg.OUT, rg.K, rg.T)] == [0, 0, 4, 8]
-    mine = graphs._values(values)
-    assert mine[rg.P] == 0.9 and mine[rg.MP] == 0.05 and mine[rg.FP] is None
-    assert all(mine[r] is b[r] for r in (rg.PROBS, rg.OUT, rg.K, rg.T))
-    graphs._copy_in(values)
-    assert torch.equal(b[rg.PROBS], x) and torch.equal(b[rg.K], k) and torch.equal(b[rg.T], t)
-    assert graphs.nbytes >= x.numel() * (2 + 4)
+    recorded = dl.LaunchSet([], tensor_roles=((rg.PROBS, 0), (rg.OUT, 0), (rg.K, 4), (rg.P, 4), (rg.T, 8)))
+    graphs = rg.PlanGraphs("target_probs", recorded, torch.device("cpu"), torch.float32)
+    held = graphs.placeholders
+    assert [r for r in rg.ROLES if held[r] is not None] == [rg.PROBS, rg.OUT, rg.K, rg.P, rg.T]
+    assert [held[r].data_ptr() % 16 for r in (rg.PROBS, rg.OUT, rg.K, rg.P, rg.T)] == [0, 0, 4, 4, 8]
+    addresses = [held[r].data_ptr() for r in rg.ROLES if held[r] is not None]
+    assert len(set(addresses)) == len(addresses)
+    storage = graphs._scratch.untyped_storage()
+    assert all(held[r].untyped_storage().data_ptr() == storage.data_ptr() for r in rg.ROLES if held[r] is not None)
+    assert max(addresses) < storage.data_ptr() + storage.nbytes()
 
 
 @pytest.mark.skipif(not INTERPRET, reason="counts the interpreter's launches")
 def test_default_graph_rule_counts_launches(monkeypatch):
-    """By default a plan replays a graph of its own (renorm_graph.worth_graph) only where it replaces
-    >= 5 launches at <= 8 rows: top-p and min-p; top-k and top-k + top-p with a scalar k < vocab make
-    one launch at <= 8 rows (renorm_top_k_fused.py; two here, under the interpreter) and 3 above, which a
-    graph's copy in, launch and clone cost about as much as (kernels/renorm_graph.py)."""
+    """By default a plan replays a graph of its own (renorm_graph.worth_graph) where it replaces >= 3
+    launches at <= 1024 rows: top-p and min-p, and top-k and top-k + top-p above the rows of their one
+    launch (renorm_top_k_fused.py; two launches here, under the interpreter), which a graph launch costs
+    about as much as."""
     import triton.runtime.interpreter as interp
 
     from tpguard.config import renorm_graph_rows
@@ -310,10 +322,11 @@ def test_default_graph_rule_counts_launches(monkeypatch):
 
 @pytest.mark.skipif(DEVICE != "cuda" or not dl.enabled(), reason="plan graphs replay direct launches: CUDA")
 def test_graph_replays_on_gpu(monkeypatch):
-    """Small-batch plans replaying their own CUDA graph (kernels/renorm_graph.py): the fresh path's
-    bits for every op and parameter kind, new scalar values (a graph each), tensor parameters refilled
-    in place, the fingerprint slot; outputs never alias each other; a user's capture still takes
-    the fresh-workspace path."""
+    """Plans replaying their own CUDA graph with the call's tensors as its pointer arguments
+    (kernels/renorm_graph.py): the fresh path's bits for every op and parameter kind, new scalar values
+    (a graph each), tensor parameters refilled in place, the fingerprint slot; outputs never alias each
+    other; probs at the recorded alignment and off it in turn (the graph, then Triton's launches); a
+    user's capture still takes the fresh-workspace path."""
     from tpguard.kernels import renorm_graph
 
     monkeypatch.setenv("TPGUARD_RENORM_GRAPH_ROWS", "64")
@@ -344,7 +357,7 @@ def test_graph_replays_on_gpu(monkeypatch):
                 for _ in range(2):
                     assert torch.equal(bits(rp.run(op, x, k2, p2, SMALL, fp)), bits(fresh(op, x, k2, p2))), op
                 assert plan.graphs.captures == 2
-    # probs 4 bytes off 16-byte alignment: the buffers take the recorded alignments
+    # probs 4 bytes off 16-byte alignment: recorded so, and replayed so
     k, p = params("top_p", False)
     buf = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
     x_off = buf[1:].view(x.shape)
@@ -354,6 +367,32 @@ def test_graph_replays_on_gpu(monkeypatch):
         assert torch.equal(bits(rp.run("top_p", x_off, k, p, SMALL)), bits(expect))
     plan = rp.plans()[-1][1]
     assert plan.graphs is not None and plan.graphs.state == "on", plan.graphs and plan.graphs.refusal
+    # the same plan with probs at the recorded alignment and off it, in turn: the graph, then Triton's
+    # launches (the graph stays)
+    x2 = x_off.clone()
+    x2[0] = x2[0].flip(0)
+    expect2 = fresh("top_p", x2, k, p)
+    buf2 = torch.empty_like(buf)
+    x2_off = buf2[1:].view(x.shape)
+    x2_off.copy_(x2)
+    for _ in range(2):
+        assert torch.equal(bits(rp.run("top_p", x2_off, k, p, SMALL)), bits(expect2))
+        assert torch.equal(bits(rp.run("top_p", x2, k, p, SMALL)), bits(expect2))
+        assert torch.equal(bits(rp.run("top_p", x_off, k, p, SMALL)), bits(expect))
+    assert plan.graphs.state == "on" and plan.graphs.captures == 1, plan.graphs.refusal
+    # another plan of the same launches (3 rows): its graph is not checked again (no sync), same bits
+    def checked_key(plan):
+        return tuple(launch.variant for launch in plan.direct.launches), plan.direct.tensor_roles
+
+    before = set(renorm_graph.CHECKED)  # the 4-row plans' launches above (probs aligned)
+    x3 = x[:3].clone()
+    expect3 = fresh("top_p", x3, k, p)
+    for _ in range(4):
+        assert torch.equal(bits(rp.run("top_p", x3, k, p, SMALL)), bits(expect3))
+    plan3 = rp.plans()[-1][1]
+    assert plan3.graphs is not None and plan3.graphs.captures == 1, plan3.graphs and plan3.graphs.refusal
+    assert checked_key(plan3) in renorm_graph.CHECKED
+    assert checked_key(plan3) not in before or renorm_graph.CHECKED == before
     # a capture of the caller's own never replays (or builds) a plan graph: the capture stream's plan
     # has its graph from the warm-up, and the capture leaves it alone
     expect = fresh("top_p", x, k, p)
@@ -372,7 +411,7 @@ def test_graph_replays_on_gpu(monkeypatch):
     torch.cuda.synchronize()
     assert torch.equal(bits(holder["out"]), bits(expect))
     assert side_plan.graphs.captures == 1
-    # a plan (and its graph buffers) made under inference mode, then called outside it
+    # a plan (and its graph's placeholders) made under inference mode, then called outside it
     rp.clear_plans()
     k, p = params("top_k", True)
     with torch.inference_mode():
@@ -381,12 +420,13 @@ def test_graph_replays_on_gpu(monkeypatch):
     out = rp.run("top_k", x, k, p, SMALL)
     assert torch.equal(bits(out), bits(fresh("top_k", x, k, p)))
     assert rp.plans()[-1][1].graphs.state == "on"
-    # scalar values that keep changing: the graphs go off (and their buffers) after 4 are dropped
+    # scalar values that keep changing: the graphs go off for good after 4 are dropped
     k, p = params("top_p", False)
     for i in range(12):
         rp.run("top_p", x, k, 0.3 + i / 100, SMALL)
     plan = rp.plans()[-1][1]
-    assert plan.graphs.state == "off" and plan.graphs_bytes == 0, plan.graphs.refusal
+    assert plan.graphs is None and plan.graphs_tried, plan.graphs and plan.graphs.refusal
+    assert "graphs off" in dl.FAILURES["renorm graph top_p"]
     assert torch.equal(bits(rp.run("top_p", x, k, 0.5, SMALL)), bits(fresh("top_p", x, k, 0.5)))
 
 

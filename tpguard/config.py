@@ -209,7 +209,7 @@ def _plan_limits(plans_raw: str, mb_raw: str) -> tuple[int, int]:  # both parses
 
 def renorm_graph_rows() -> int:
     """TPGUARD_RENORM_GRAPH_ROWS: up to how many rows a renorm call is replayed as a CUDA graph."""
-    return _env_number("TPGUARD_RENORM_GRAPH_ROWS", "8", int)
+    return _env_number("TPGUARD_RENORM_GRAPH_ROWS", "1024", int)
 
 
 def _env_number(name: str, default: str, kind):
