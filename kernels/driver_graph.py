@@ -10,8 +10,8 @@ in the capture allocates.
 
     graph = DriverGraph.capture(lambda: launches(values), side_stream)  # thread-local capture
     graph.launch(current_stream)
-    args = graph.pointer_args({buf.data_ptr(): role, ...})  # kernel arguments set per launch
-    args.set(tensors_by_role)  # (cuGraphExecKernelNodeSetParams: no copy into the graph's buffers)
+    args = graph.pointer_args({placeholder.data_ptr(): role, ...})  # captured addresses, by role
+    args.set(tensors_by_role)  # cuGraphExecKernelNodeSetParams: the next launch uses these tensors
     graph.launch(current_stream)
 
 Stream handles are the raw ``cudaStream_t`` values (``torch.cuda.Stream.cuda_stream``,
@@ -120,7 +120,7 @@ class DriverGraph:
     def pointer_args(self, addresses: dict) -> "PointerArgs":
         """The kernel arguments of this graph that hold one of `addresses` (address -> key), made
         settable per launch (`PointerArgs.set`). Found by value: every 8-byte argument equal to an
-        address (the graph's own buffers: no other argument holds such a value). RuntimeError where
+        address (captured placeholders' addresses, which no other argument holds). RuntimeError where
         the driver lacks the calls, the graph holds anything but kernel nodes, or an address is in
         no kernel's arguments."""
         if not _node_calls():
@@ -191,7 +191,6 @@ class PointerArgs:
         self._patched = [(node, ctypes.byref(params), params, own) for node, params, own in patched]
         self._holders = list(holders.items())
         self._set_params = _lib.cuGraphExecKernelNodeSetParams_v2
-        self.keys = tuple(holders)
 
     def set(self, values) -> bool:
         """Point the bound arguments at ``values[key].data_ptr()`` for every key; False (the

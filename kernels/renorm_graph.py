@@ -14,13 +14,13 @@ the launches and their arguments.
 
 * Same kernels with the same arguments: the same bits, checked against the direct launches on the
   call's own tensors (one sync) the first time a process captures a plan's launches (`CHECKED`).
-* Captured over placeholders: one distinct 16-byte slot per tensor role at its recorded alignment
+* Captured over placeholders: one distinct address per tensor role, at its recorded 16-byte alignment
   (Triton specialises pointers on it), so each pointer argument is found by its value and belongs
   to one role (a call may pass one tensor in two roles); nothing runs during a capture, and every
   launch sets every role's arguments first. No buffer of the batch's size: graphs at any batch size.
 * A scalar parameter is baked into a graph: one graph per scalar value, at most
   GRAPHS_PER_PLAN per plan (least recently used dropped; after GRAPHS_PER_PLAN drops the plan's
-  graphs go off: values that keep changing would cost a capture and a sync each).
+  graphs go off: values that keep changing would cost a capture each).
 * Captured on a side stream in thread-local capture mode through the driver API
   (kernels/driver_graph.py: torch's CUDAGraph would tie the process's CUDA generator to each
   graph and refill its state before every replay), with no allocation inside (the workspace is
