@@ -259,7 +259,7 @@ def test_one_tensor_in_two_roles_is_recorded_as_two():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.int64, torch.uint8])
 def test_aligned_like_keeps_the_16_byte_alignment(dtype):
-    """The plan's scratch copies (the direct launches' check, the graphs' buffers) sit at the
+    """The plan's scratch outputs (the direct launches' check, the graphs' check) sit at the
     caller's address mod 16: the recorded launches accept only the alignment Triton compiled for."""
     from tpguard.kernels.renorm_graph import aligned_like
 
