@@ -141,15 +141,12 @@ class DriverGraph:
             _check(lib.cuGraphKernelNodeGetParams_v2(node, ctypes.byref(params)), "kernel node parameters")
             if not params.func or not params.kernelParams or params.extra:
                 raise RuntimeError("a kernel node without a function or a kernelParams array")
-            n = _param_count(params.func)
-            own = (ctypes.c_void_p * max(n, 1))()
+            sizes = _param_sizes(params.func)
+            own = (ctypes.c_void_p * max(len(sizes), 1))()
             hit = False
-            for i in range(n):
+            for i, size in enumerate(sizes):
                 own[i] = params.kernelParams[i]
-                offset, size = ctypes.c_size_t(0), ctypes.c_size_t(0)
-                _check(lib.cuFuncGetParamInfo(params.func, i, ctypes.byref(offset), ctypes.byref(size)),
-                       "parameter size")
-                if size.value == 8:
+                if size == 8:
                     key = addresses.get(ctypes.c_uint64.from_address(own[i]).value)
                     if key is not None:
                         own[i] = ctypes.addressof(holders[key])
@@ -173,12 +170,14 @@ class DriverGraph:
             pass
 
 
-def _param_count(func) -> int:
-    """How many parameters a kernel function takes (cuFuncGetParamInfo answers up to the last)."""
-    lib, n, offset = _cuda(), 0, ctypes.c_size_t(0)
-    while n < _MAX_PARAMS and lib.cuFuncGetParamInfo(func, n, ctypes.byref(offset), None) == 0:
-        n += 1
-    return n
+def _param_sizes(func) -> list:
+    """The byte size of each parameter a kernel function takes (cuFuncGetParamInfo answers up to the last)."""
+    lib, sizes = _cuda(), []
+    offset, size = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    while len(sizes) < _MAX_PARAMS and \
+            lib.cuFuncGetParamInfo(func, len(sizes), ctypes.byref(offset), ctypes.byref(size)) == 0:
+        sizes.append(size.value)
+    return sizes
 
 
 class PointerArgs:

@@ -55,6 +55,7 @@ GRAPHS_PER_PLAN = 4
 PROBS, OUT, K, P, FP, MP, T = ROLES = tuple(range(7))
 PARAMS = (K, P, MP, T)  # a tensor parameter is a pointer argument; a scalar one is baked into a graph
 SLOT = 32  # bytes between two placeholders
+REFUSED = "the driver refused a kernel node's new arguments"
 # (launch variants, tensor roles) of the graphs checked in this process: the binding of the pointer
 # arguments depends on the compiled kernels and the roles, not on the grid or the data, so later
 # graphs of the same launches skip the check and its sync (a plan is made again whenever the batch
@@ -88,9 +89,9 @@ def aligned_like(t: torch.Tensor | None) -> torch.Tensor | None:
 class PlanGraphs:
     """The graphs of one plan: one captured graph per scalar-parameter value, and its placeholders."""
 
-    def __init__(self, op: str, direct: dl.LaunchSet, device: torch.device, out_dtype: torch.dtype | None = None):
-        """`direct`: the plan's validated launches; `out_dtype`: the output's (None: probs')."""
-        self.op, self.direct, self.out_dtype = op, direct, out_dtype
+    def __init__(self, op: str, direct: dl.LaunchSet, device: torch.device):
+        """`direct`: the plan's validated launches."""
+        self.op, self.direct = op, direct
         with torch.inference_mode(False):  # (made under inference mode, used outside it)
             self._scratch = torch.empty(SLOT * (len(ROLES) + 1), dtype=torch.uint8, device=device)
         base = self._scratch.data_ptr()
@@ -107,43 +108,40 @@ class PlanGraphs:
         self.state = "off"
         self.graphs.clear()
 
-    def __call__(self, values: list):
-        """The call's output from a graph replay, or None (the caller launches directly; its
-        values[OUT] then None again)."""
+    def __call__(self, values: list) -> bool:
+        """Replay the call `values` (its output allocated, the whole call accepted by the direct
+        launches); False where no graph ran (the caller launches directly, into the same output)."""
         if self.state != "on":
-            return None
-        probs = values[PROBS]  # (no dtype= keyword where it is None: ~0.2 us per call)
-        values[OUT] = torch.empty_like(probs) if self.out_dtype is None else torch.empty_like(probs, dtype=self.out_dtype)
-        if not self.direct.accepts(values):  # other alignments (or launch hooks): the plan's own path
-            values[OUT] = None
-            return None
+            return False
         key = tuple([None if values[r] is None or isinstance(values[r], torch.Tensor) else values[r] for r in PARAMS])
         entry = self.graphs.get(key)
         if entry is None:
-            if self._capture(key, values):  # the check's replay is this call's
-                return values[OUT]
-            values[OUT] = None
-            return None
+            return self._capture(key, values)  # the check's replay is this call's
         self.graphs.move_to_end(key)
-        graph, args = entry
-        if not args.set(values):
-            values[OUT] = None
-            return self._give_up("the driver refused a kernel node's new arguments")
-        graph.launch(dl.current_stream())
-        return values[OUT]
+        if self._launch(*entry, values):
+            return True
+        self._give_up(REFUSED)
+        return False
 
-    def _give_up(self, why: str):
+    @staticmethod
+    def _launch(graph: DriverGraph, args, values: list) -> bool:
+        """`graph` on the call's tensors; False (nothing launched) where the driver refused them."""
+        if not args.set(values):
+            return False
+        graph.launch(dl.current_stream())
+        return True
+
+    def _give_up(self, why: str) -> None:
         self.refusal = why
         dl.FAILURES[f"renorm graph {self.op}"] = why
         self.release()
-        return None
 
     def _capture(self, key, values: list) -> bool:
-        """Capture the direct launches over the placeholders for this scalar key and bind their
-        pointer arguments (`DriverGraph.pointer_args`), then replay the call (`values`, its output
-        allocated and accepted), checked against a direct run on the same tensors bit for bit (one
-        sync) the first time these launches are captured in this process (CHECKED). False (and the
-        graphs released) on failure; also when scalar values keep changing."""
+        """Capture the direct launches over the placeholders for this scalar key, bind their pointer
+        arguments (`DriverGraph.pointer_args`) and replay the call; the first time a process captures
+        these launches (CHECKED), the replay is checked against a direct run on the same tensors bit
+        for bit (one sync). False (and the graphs released) on failure; also when scalar values keep
+        changing."""
         if self.evictions >= GRAPHS_PER_PLAN:
             self._give_up(f"{self.evictions} graphs dropped for new scalar values: graphs off")
             return False
@@ -156,38 +154,30 @@ class PlanGraphs:
                 graph = DriverGraph.capture(lambda: self.direct(held), side.cuda_stream)
             self.captures += 1
             args = graph.pointer_args({held[r].data_ptr(): r for r in ROLES if self.placeholders[r] is not None})
-            checked = (tuple(launch.variant for launch in self.direct.launches), self.direct.tensor_roles)
-            if checked in CHECKED:
-                if not args.set(values):
-                    raise RuntimeError("the driver refused a kernel node's new arguments")
-                graph.launch(dl.current_stream())
-                self._keep(key, graph, args)
-                return True
-            # the check (no random data: a draw here would move the process's CUDA generator)
+            launches = (tuple(launch.variant for launch in self.direct.launches), self.direct.tensor_roles)
+            check = launches not in CHECKED
             out, fp = values[OUT], values[FP]
-            want = list(values)
-            want[OUT], want[FP] = aligned_like(out), aligned_like(fp)
-            self.direct(want)
-            out.fill_(float("nan"))  # a replay that wrote nothing shows
-            if fp is not None:
-                fp.copy_(want[FP]).bitwise_not_()
-            if not args.set(values):
-                raise RuntimeError("the driver refused a kernel node's new arguments")
-            graph.launch(dl.current_stream())
-            if not (torch.equal(bits(out), bits(want[OUT])) and (fp is None or torch.equal(fp, want[FP]))):
-                raise RuntimeError("a graph replay differs from the direct launches")
-            CHECKED.add(checked)
+            if check:  # (no random data: a draw would move the process's CUDA generator)
+                want = list(values)
+                want[OUT], want[FP] = aligned_like(out), aligned_like(fp)
+                self.direct(want)
+                out.fill_(float("nan"))  # a replay that wrote nothing shows
+                if fp is not None:
+                    fp.copy_(want[FP]).bitwise_not_()
+            if not self._launch(graph, args, values):
+                raise RuntimeError(REFUSED)
+            if check:
+                if not (torch.equal(bits(out), bits(want[OUT])) and (fp is None or torch.equal(fp, want[FP]))):
+                    raise RuntimeError("a graph replay differs from the direct launches")
+                CHECKED.add(launches)
         except Exception as e:  # noqa: BLE001 - any failure: the direct launches, as before
             self._give_up(f"{type(e).__name__}: {e}"[:300])
             return False
-        self._keep(key, graph, args)
-        return True
-
-    def _keep(self, key, graph: DriverGraph, args) -> None:
         self.graphs[key] = (graph, args)
         while len(self.graphs) > GRAPHS_PER_PLAN:
             self.graphs.popitem(last=False)
             self.evictions += 1
+        return True
 
 
 __all__ = ["GRAPHS_PER_PLAN", "GRAPH_MIN_LAUNCHES", "PARAMS", "ROLES", "PlanGraphs", "aligned_like", "aligned_to",

@@ -207,17 +207,15 @@ class RenormPlan:
                 self.graphs_tried = True
                 if renorm_graph.worth_graph(self.rows, len(self.direct.launches)):
                     self._new_graphs(values)
-            if self.graphs is not None:
-                out = self.graphs(values)
-                if out is not None:
-                    return out
-                if self.graphs.state == "off":  # refused for good (renorm_graph.PlanGraphs.refusal)
-                    self.graphs = None
             out_dtype = self.spec.out_dtype  # no dtype= keyword where it is None: ~0.2 us per call
             values[OUT] = torch.empty_like(values[PROBS]) if out_dtype is None else \
                 torch.empty_like(values[PROBS], dtype=out_dtype)
             if self.direct.accepts(values):
-                self.direct(values)
+                graphs = self.graphs
+                if graphs is None or not graphs(values):
+                    if graphs is not None and graphs.state == "off":  # refused for good (PlanGraphs.refusal)
+                        self.graphs = None
+                    self.direct(values)
                 return values[OUT]
             values[OUT] = None
         elif self.state == "untested":
@@ -229,7 +227,7 @@ class RenormPlan:
     def _new_graphs(self, values: list) -> None:
         """The plan's graphs (renorm_graph.py; they hold no buffer of the batch), or none for good."""
         try:
-            self.graphs = renorm_graph.PlanGraphs(self.op, self.direct, values[PROBS].device, self.spec.out_dtype)
+            self.graphs = renorm_graph.PlanGraphs(self.op, self.direct, values[PROBS].device)
         except Exception as e:  # noqa: BLE001 - the direct launches serve
             dl.FAILURES[f"renorm graph {self.op}"] = f"{type(e).__name__}: {e}"[:300]
 

@@ -284,7 +284,7 @@ def test_graph_placeholders_follow_the_recorded_roles():
     from tpguard.kernels import renorm_graph as rg
 
     recorded = dl.LaunchSet([], tensor_roles=((rg.PROBS, 0), (rg.OUT, 0), (rg.K, 4), (rg.P, 4), (rg.T, 8)))
-    graphs = rg.PlanGraphs("target_probs", recorded, torch.device("cpu"), torch.float32)
+    graphs = rg.PlanGraphs("target_probs", recorded, torch.device("cpu"))
     held = graphs.placeholders
     assert [r for r in rg.ROLES if held[r] is not None] == [rg.PROBS, rg.OUT, rg.K, rg.P, rg.T]
     assert [held[r].data_ptr() % 16 for r in (rg.PROBS, rg.OUT, rg.K, rg.P, rg.T)] == [0, 0, 4, 4, 8]
