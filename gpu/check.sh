@@ -9,8 +9,9 @@
 #
 # Phases (PHASES=a,b,...; default: all six in this order). One device call may last 600 s, so run
 # them in groups; the times are what they took on one H200 (two for the NCCL parts):
-#   tests        the whole suite, as on CPU: python -m pytest tests (-n 8 --dist load with pytest-xdist
-#                from .whl); the kernel tests on the GPU, the interpreter's skip, saying why   ~300 s,
+#   tests        the whole suite, as on CPU: python -m pytest tests (pytest-xdist from .whl, --dist load, one
+#                worker per 16 GiB of GPU memory, at most 8); the kernel tests on the GPU, the interpreter's
+#                skip, saying why                                                               ~300 s,
 #                ~510 s with flashinfer's own renorm tests (.gpu/flashinfer/test_sampling.py); on an H100
 #                host over 543 s with a cold Triton cache, 186 s warm (a second call on the same machine);
 #                TESTS="tests/test_a.py ..." runs those files instead of tests/
@@ -86,6 +87,8 @@ try:
     import torch
     env.update(torch=torch.__version__, cuda=torch.version.cuda, gpus=torch.cuda.device_count(),
                gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
+    if torch.cuda.is_available():
+        env["gpu_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
     import triton
     env["triton"] = triton.__version__
 except Exception as e:  # noqa: BLE001
@@ -105,8 +108,12 @@ PY
 say "$(python3 -c "import json; e=json.load(open('$RES/env.json')); print('env:', '; '.join(f'{k} {v}' for k, v in e.items()))" 2>&1)"
 NGPU=$(python3 -c "import json; print(json.load(open('$RES/env.json')).get('gpus', 0))" 2>/dev/null || echo 0)
 # Tests spread one by one (--dist load, not tests/conftest.py's loadfile): a kernel test module
-# compiles hundreds of kernels here, too many for one worker.
-XDIST=; python3 -c "import xdist" 2> /dev/null && XDIST="-n 8 --dist load"
+# compiles hundreds of kernels here, too many for one worker. One worker per 16 GiB of the GPU, at most 8:
+# each holds ~10-13 GiB in torch's caching allocator, and on an 80 GiB H100 eight of them left a
+# flashinfer test's 1.4 GiB batch out of memory.
+GPU_GIB=$(python3 -c "import json; print(int(json.load(open('$RES/env.json')).get('gpu_gib', 0)))" 2>/dev/null || echo 0)
+WORKERS=$(( GPU_GIB / 16 )); (( WORKERS > 8 )) && WORKERS=8; (( WORKERS < 1 )) && WORKERS=1; export WORKERS
+XDIST=; python3 -c "import xdist" 2> /dev/null && XDIST="-n $WORKERS --dist load"
 
 # --- phases ---------------------------------------------------------------------------------------
 tests() {
