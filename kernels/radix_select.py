@@ -359,21 +359,6 @@ def compact_values(src_ptr, gid_ptr, n, vocab, cut_bits, list_ptr, CAP,
 # --- either way ---------------------------------------------------------------------------------
 
 @triton.jit
-def kth_largest_any(src_ptr, gid_ptr, n, vocab, k, thr_bits, scale, first, t0,
-                    GATHER: tl.constexpr, SCALED: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr,
-                    REG: tl.constexpr, LAST: tl.constexpr = 16):
-    """The k-th largest candidate (bits), from registers when n <= REG; rounds first..LAST-1
-    (renorm_config.search_rounds: fewer for a 16-bit input's own entries)."""
-    if n <= REG:
-        v = load_values(src_ptr, gid_ptr, tl.arange(0, REG), n, vocab, thr_bits, scale, GATHER, SCALED, G)
-        t = kth_largest_block(v.to(tl.int32, bitcast=True), k, first, t0, LAST)
-    else:
-        t = kth_largest_bits(src_ptr, gid_ptr, n, vocab, k, 0, thr_bits, scale, first, t0, LAST,
-                             GATHER, SCALED, G, SUB)
-    return t
-
-
-@triton.jit
 def mass_cutoff_any(src_ptr, gid_ptr, n, vocab, target, base_mass, thr_bits, scale, first, t0,
                     GATHER: tl.constexpr, SCALED: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr,
                     REG: tl.constexpr, LAST: tl.constexpr = 16):

@@ -15,13 +15,15 @@ import triton.language as tl
 
 from tpguard.kernels.radix_select import (
     compact_values,
-    kth_largest_any,
+    kth_largest_bits,
     kth_largest_block,
     list_groups_block,
-    mass_cutoff_any,
+    load_values,
+    mass_cutoff_bits,
+    mass_cutoff_block,
     reciprocal_f32,
     search_start,
-    upper_mass_any,
+    upper_mass,
 )
 from tpguard.kernels.renorm_config import RenormConfig, search_rounds, top_p_tau_groups
 from tpguard.kernels.renorm_top_p_select import top_p_plan
@@ -34,33 +36,82 @@ TopP = Union[float, torch.Tensor]
 def _top_k_stages(src, gid, n, vocab, k, first, t0, max_bits, p,
                   WITH_TOP_P: tl.constexpr, GATHER: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr,
                   REG: tl.constexpr, JOINT: tl.constexpr = False, tm_bits=0, ENTRY_ROUNDS: tl.constexpr = 16):
-    """(pivot bits, r1, top-p cutoff bits, r2) from candidates holding every entry >= pivot.
+    """(pivot bits, r1, top-p cutoff bits, r2) from candidates holding every entry >= pivot: from one
+    register block read once when n <= REG, else streamed.
     ENTRY_ROUNDS: the pivot search's rounds (renorm_config.search_rounds: the pivot is an entry; the top-p
     stage searches fp32(x * r1), which is not, in all 16).
     JOINT (the logits-to-probs path, kernels/target_probs.py): no renormalisation between the stages
     (r1 = 1: top-p on the top-k set's own values), then min-p's cutoff `tm_bits` (0: none) raises the
     second cutoff, and r2 renormalises once."""
-    thr1 = kth_largest_any(src, gid, n, vocab, k, 0, 1.0, first, t0, GATHER, False, G, SUB, REG, ENTRY_ROUNDS)
+    if n <= REG:
+        v = load_values(src, gid, tl.arange(0, REG), n, vocab, 0, 1.0, GATHER, False, G)
+        thr1, r1, thr2, r2 = _top_k_stages_block(v, k, first, t0, max_bits, p, WITH_TOP_P, JOINT, tm_bits,
+                                                 ENTRY_ROUNDS)
+    else:
+        thr1, r1, thr2, r2 = _top_k_stages_streamed(src, gid, n, vocab, k, first, t0, max_bits, p, WITH_TOP_P,
+                                                    GATHER, G, SUB, JOINT, tm_bits, ENTRY_ROUNDS)
+    return thr1, r1, thr2, r2
+
+
+@triton.jit
+def _top_k_stages_block(v, k, first, t0, max_bits, p, WITH_TOP_P: tl.constexpr, JOINT: tl.constexpr, tm_bits,
+                        ENTRY_ROUNDS: tl.constexpr):
+    """_top_k_stages on the candidates in one register block v (padding 0). Each stage computes from v what
+    radix_select's register helpers compute from a fresh read of the same block (the same values, block and
+    reductions, so the same bits): one gather of the candidates instead of two (top-k) or four (top-k + top-p),
+    each a dependent global round trip in the per-row select."""
+    b = v.to(tl.int32, bitcast=True)
+    thr1 = kth_largest_block(b, k, first, t0, ENTRY_ROUNDS)
     if JOINT:
         r1 = tl.full((), 1.0, tl.float32)
     else:
-        r1 = reciprocal_f32(upper_mass_any(src, gid, n, vocab, thr1, 0, 1.0, GATHER, False, G, SUB, REG))
+        r1 = reciprocal_f32(tl.sum(tl.where(b >= thr1, v.to(tl.float64), 0.0), axis=0))
     thr2 = tl.full((), 0, tl.int32)
     r2 = tl.full((), 1.0, tl.float32)
     if WITH_TOP_P:
-        # top-p on the top-k output y = fp32(x * r1) (x >= pivot), from the same candidates
-        mass_y = upper_mass_any(src, gid, n, vocab, 0, thr1, r1, GATHER, True, G, SUB, REG)
+        # top-p on the top-k output y = fp32(x * r1) (x >= pivot): load_values' scaled read
+        y = tl.where(b >= thr1, v * r1, 0.0)
+        yb = y.to(tl.int32, bitcast=True)
+        mass_y = tl.sum(tl.where(yb >= 0, y.to(tl.float64), 0.0), axis=0)
         kept_y = mass_y
         if p < 1.0:
             y_lo = (thr1.to(tl.float32, bitcast=True) * r1).to(tl.int32, bitcast=True)
             y_hi = (max_bits.to(tl.float32, bitcast=True) * r1).to(tl.int32, bitcast=True)
             first2, t02 = search_start(y_lo, y_hi)
-            thr2, kept_y = mass_cutoff_any(src, gid, n, vocab, p.to(tl.float64) * mass_y, 0.0, thr1, r1,
-                                           first2, t02, GATHER, True, G, SUB, REG)
+            thr2, kept_y = mass_cutoff_block(y, p.to(tl.float64) * mass_y, 0.0, first2, t02)
         if JOINT:
             if tm_bits > thr2:  # min-p's cutoff above top-p's: it decides the kept set
                 thr2 = tm_bits
-                kept_y = upper_mass_any(src, gid, n, vocab, tm_bits, thr1, r1, GATHER, True, G, SUB, REG)
+                kept_y = tl.sum(tl.where(yb >= tm_bits, y.to(tl.float64), 0.0), axis=0)
+        r2 = reciprocal_f32(kept_y)
+    return thr1, r1, thr2, r2
+
+
+@triton.jit
+def _top_k_stages_streamed(src, gid, n, vocab, k, first, t0, max_bits, p, WITH_TOP_P: tl.constexpr,
+                           GATHER: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr, JOINT: tl.constexpr,
+                           tm_bits, ENTRY_ROUNDS: tl.constexpr):
+    """_top_k_stages on more candidates than a register block holds, SUB at a time from L1 / L2."""
+    thr1 = kth_largest_bits(src, gid, n, vocab, k, 0, 0, 1.0, first, t0, ENTRY_ROUNDS, GATHER, False, G, SUB)
+    if JOINT:
+        r1 = tl.full((), 1.0, tl.float32)
+    else:
+        r1 = reciprocal_f32(upper_mass(src, gid, n, vocab, thr1, 0, 1.0, GATHER, False, G, SUB))
+    thr2 = tl.full((), 0, tl.int32)
+    r2 = tl.full((), 1.0, tl.float32)
+    if WITH_TOP_P:
+        mass_y = upper_mass(src, gid, n, vocab, 0, thr1, r1, GATHER, True, G, SUB)
+        kept_y = mass_y
+        if p < 1.0:
+            y_lo = (thr1.to(tl.float32, bitcast=True) * r1).to(tl.int32, bitcast=True)
+            y_hi = (max_bits.to(tl.float32, bitcast=True) * r1).to(tl.int32, bitcast=True)
+            first2, t02 = search_start(y_lo, y_hi)
+            thr2, kept_y = mass_cutoff_bits(src, gid, n, vocab, p.to(tl.float64) * mass_y, 0.0, thr1, r1,
+                                            first2, t02, GATHER, True, G, SUB)
+        if JOINT:
+            if tm_bits > thr2:
+                thr2 = tm_bits
+                kept_y = upper_mass(src, gid, n, vocab, tm_bits, thr1, r1, GATHER, True, G, SUB)
         r2 = reciprocal_f32(kept_y)
     return thr1, r1, thr2, r2
 
