@@ -75,9 +75,7 @@ def _top_k_stages_block(v, k, first, t0, max_bits, p, WITH_TOP_P: tl.constexpr, 
         mass_y = tl.sum(tl.where(yb >= 0, y.to(tl.float64), 0.0), axis=0)
         kept_y = mass_y
         if p < 1.0:
-            y_lo = (thr1.to(tl.float32, bitcast=True) * r1).to(tl.int32, bitcast=True)
-            y_hi = (max_bits.to(tl.float32, bitcast=True) * r1).to(tl.int32, bitcast=True)
-            first2, t02 = search_start(y_lo, y_hi)
+            first2, t02 = _scaled_search_start(thr1, max_bits, r1)
             thr2, kept_y = mass_cutoff_block(y, p.to(tl.float64) * mass_y, 0.0, first2, t02)
         if JOINT:
             if tm_bits > thr2:  # min-p's cutoff above top-p's: it decides the kept set
@@ -85,6 +83,14 @@ def _top_k_stages_block(v, k, first, t0, max_bits, p, WITH_TOP_P: tl.constexpr, 
                 kept_y = tl.sum(tl.where(yb >= tm_bits, y.to(tl.float64), 0.0), axis=0)
         r2 = reciprocal_f32(kept_y)
     return thr1, r1, thr2, r2
+
+
+@triton.jit
+def _scaled_search_start(thr1, max_bits, r1):
+    """search_start of the top-p stage: its cutoff lies among fp32(x * r1) for pivot <= x <= the row max."""
+    y_lo = (thr1.to(tl.float32, bitcast=True) * r1).to(tl.int32, bitcast=True)
+    y_hi = (max_bits.to(tl.float32, bitcast=True) * r1).to(tl.int32, bitcast=True)
+    return search_start(y_lo, y_hi)
 
 
 @triton.jit
@@ -103,9 +109,7 @@ def _top_k_stages_streamed(src, gid, n, vocab, k, first, t0, max_bits, p, WITH_T
         mass_y = upper_mass(src, gid, n, vocab, 0, thr1, r1, GATHER, True, G, SUB)
         kept_y = mass_y
         if p < 1.0:
-            y_lo = (thr1.to(tl.float32, bitcast=True) * r1).to(tl.int32, bitcast=True)
-            y_hi = (max_bits.to(tl.float32, bitcast=True) * r1).to(tl.int32, bitcast=True)
-            first2, t02 = search_start(y_lo, y_hi)
+            first2, t02 = _scaled_search_start(thr1, max_bits, r1)
             thr2, kept_y = mass_cutoff_bits(src, gid, n, vocab, p.to(tl.float64) * mass_y, 0.0, thr1, r1,
                                             first2, t02, GATHER, True, G, SUB)
         if JOINT:
