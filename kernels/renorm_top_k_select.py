@@ -145,6 +145,11 @@ def top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
     list_row = cand_ptr + row * list_cap
     ch = tl.arange(0, CH_BLOCK)
     chm = ch < n_chunks
+    # the group maxima loaded beside the chunk sums, not after the branch on them: one global round trip
+    # on the row's critical path instead of two (an empty or NaN row does not use them)
+    gidx = tl.arange(0, NG_BLOCK)
+    gb = tl.load(gmax_ptr + row * n_groups + gidx, mask=gidx < n_groups, other=0.0,
+                 cache_modifier=".cg").to(tl.int32, bitcast=True)
     total = tl.sum(tl.load(chunk_sum_ptr + row * n_chunks + ch, mask=chm, other=0.0, cache_modifier=".cg"), axis=0)
     n_bad = tl.sum(tl.load(chunk_bad_ptr + row * n_chunks + ch, mask=chm, other=0, cache_modifier=".cg"), axis=0)
     if HAS_K_ARR:
@@ -176,9 +181,6 @@ def top_k_select_row(row, probs_ptr, vocab, n_chunks, n_groups, n_samples,
     hi = tl.full((), 0, tl.int32)
     target = tl.full((), 0.0, tl.float64)
     if (n_bad == 0) & (total > 0.0):
-        gidx = tl.arange(0, NG_BLOCK)
-        gb = tl.load(gmax_ptr + row * n_groups + gidx, mask=gidx < n_groups, other=0.0,
-                     cache_modifier=".cg").to(tl.int32, bitcast=True)
         max_bits = tl.max(gb, axis=0)
         tm_bits = 0
         if WITH_MIN_P:
