@@ -10,7 +10,7 @@
 # Phases (PHASES=a,b,...; default: all six in this order). One device call may last 600 s, so run
 # them in groups; the times are what they took on one H200 (two for the NCCL parts):
 #   tests        the whole suite, as on CPU: python -m pytest tests (pytest-xdist from .whl, --dist load, one
-#                worker per 16 GiB of GPU memory, at most 8); the kernel tests on the GPU, the interpreter's
+#                worker per 14 GiB of GPU memory, at most 8); the kernel tests on the GPU, the interpreter's
 #                skip, saying why                                                               ~300 s,
 #                ~510 s with flashinfer's own renorm tests (.gpu/flashinfer/test_sampling.py); on an H100
 #                host over 543 s with a cold Triton cache, 186 s warm (a second call on the same machine);
@@ -108,12 +108,13 @@ PY
 say "$(python3 -c "import json; e=json.load(open('$RES/env.json')); print('env:', '; '.join(f'{k} {v}' for k, v in e.items()))" 2>&1)"
 NGPU=$(python3 -c "import json; print(json.load(open('$RES/env.json')).get('gpus', 0))" 2>/dev/null || echo 0)
 # Tests spread one by one (--dist load, not tests/conftest.py's loadfile): a kernel test module
-# compiles hundreds of kernels here, too many for one worker. One worker per 16 GiB of the GPU, at most 8:
-# each holds ~10-13 GiB in torch's caching allocator, and on an 80 GiB H100 eight of them left a
-# flashinfer test's 1.4 GiB batch out of memory.
+# compiles hundreds of kernels here, too many for one worker. One worker per 14 GiB of the GPU, at most 8
+# (8 when the size is unknown): each held 7.7-13.6 GiB in torch's caching allocator, and on an 80 GiB H100
+# eight of them left a flashinfer test's 1.4 GiB batch out of memory.
 GPU_GIB=$(python3 -c "import json; print(int(json.load(open('$RES/env.json')).get('gpu_gib', 0)))" 2>/dev/null || echo 0)
-WORKERS=$(( GPU_GIB / 16 )); (( WORKERS > 8 )) && WORKERS=8; (( WORKERS < 1 )) && WORKERS=1; export WORKERS
+WORKERS=8; (( GPU_GIB > 0 && GPU_GIB / 14 < 8 )) && WORKERS=$(( GPU_GIB / 14 )); (( WORKERS < 1 )) && WORKERS=1
 XDIST=; python3 -c "import xdist" 2> /dev/null && XDIST="-n $WORKERS --dist load"
+export XDIST  # gpu/phase_tables.py writes it into the tests table's command
 
 # --- phases ---------------------------------------------------------------------------------------
 tests() {

@@ -10,16 +10,19 @@ Rules (the same bits by construction; each output is compared with the default's
   nopdl     top_k_pdl_min_rows=0: no PDL below pdl_min_rows on long rows
   graph1    the defaults with a plan graph for one launch too (renorm_graph.GRAPH_MIN_LAUNCHES = 1)
 Per cell, top_k 40, flat and peaky rows: eager us (the median of 3 batches of 20 back-to-back calls, the
-grid's timer) / host us (300 calls, no sync) / graph-replay us (the device's time), the plan's launches and
-graph state.
+grid's timer) / host us (300 calls, no sync) / graph-replay us (the call captured in a torch CUDA graph: the
+device's time of the rule's launches; plans stand aside under capture, so `graph1` equals `default` there), the
+plan's launches and graph state.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import torch
+import triton
 
 from tpguard.bench.kernels import flashinfer_sampling, make_probs
 from tpguard.bench.timing import time_batched, time_graph, time_host
@@ -60,8 +63,10 @@ def main() -> int:
     rules = (sys.argv[1] if len(sys.argv) > 1 else ",".join(RULES)).split(",")
     dtypes = (sys.argv[2] if len(sys.argv) > 2 else "bf16,fp32").split(",")
     fs = flashinfer_sampling()
-    min_launches0 = renorm_graph.GRAPH_MIN_LAUNCHES
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; eager / host / graph us")
+    min_launches0, config0 = renorm_graph.GRAPH_MIN_LAUNCHES, os.environ.get("TPGUARD_RENORM_CONFIG")
+    print(f"# {time.strftime('%Y-%m-%d')}, {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA "
+          f"{torch.version.cuda}, Triton {triton.__version__}, flashinfer "
+          f"{getattr(sys.modules.get('flashinfer'), '__version__', '-')}; eager / host / graph us")
     print("| dtype | vocab | rows | logits | flashinfer eager | " + " | ".join(rules) + " |")
     print("|---|---|---|---|---|" + "---|" * len(rules))
     try:
@@ -79,7 +84,10 @@ def main() -> int:
                     print(f"| {dname} | {vocab} | {rows} | {logits} | {theirs} | " + " | ".join(cells) + " |",
                           flush=True)
     finally:
-        os.environ.pop("TPGUARD_RENORM_CONFIG", None)
+        if config0 is None:
+            os.environ.pop("TPGUARD_RENORM_CONFIG", None)
+        else:
+            os.environ["TPGUARD_RENORM_CONFIG"] = config0
         renorm_graph.GRAPH_MIN_LAUNCHES = min_launches0
         renorm_plan.clear_plans()
     return 0

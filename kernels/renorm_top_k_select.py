@@ -58,8 +58,8 @@ def _top_k_stages_block(v, k, first, t0, max_bits, p, WITH_TOP_P: tl.constexpr, 
                         ENTRY_ROUNDS: tl.constexpr):
     """_top_k_stages on the candidates in one register block v (padding 0). Each stage computes from v what
     radix_select's register helpers compute from a fresh read of the same block (the same values, block and
-    reductions, so the same bits): one gather of the candidates instead of two (top-k) or four (top-k + top-p),
-    each a dependent global round trip in the per-row select."""
+    reductions, so the same bits): one gather of the candidates instead of one per stage (two for top-k, up to four
+    with top-p and min-p), each a dependent global round trip in the per-row select."""
     b = v.to(tl.int32, bitcast=True)
     thr1 = kth_largest_block(b, k, first, t0, ENTRY_ROUNDS)
     if JOINT:
