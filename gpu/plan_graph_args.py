@@ -36,7 +36,11 @@ def ours(op: str):
 
 
 def graph_state() -> str:
-    plan = renorm_plan.plans()[-1][1]
+    """The most recent plan's launches and graph state (gpu/top_k_rules.py prints it too)."""
+    plans = renorm_plan.plans()
+    if not plans:
+        return "no plan"
+    plan = plans[-1][1]
     launches = len(plan.direct.launches) if plan.direct else "?"
     g = plan.graphs
     return f"{launches} launches, " + ("no graph" if g is None else f"graph {g.state} {g.refusal}".strip())

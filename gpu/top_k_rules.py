@@ -30,19 +30,12 @@ from tpguard.kernels import renorm as tk
 from tpguard.kernels import renorm_graph, renorm_plan
 from tpguard.kernels.reference import bits
 
+from plan_graph_args import graph_state  # gpu/, this script's folder
+
 RULES = {"default": ("", 3), "three": ("fused_rows=0", 3), "nopdl": ("top_k_pdl_min_rows=0", 3),
          "graph1": ("", 1)}  # name: (TPGUARD_RENORM_CONFIG, GRAPH_MIN_LAUNCHES)
 CELLS = ((32000, 1), (32000, 64), (128256, 64), (32000, 8), (128256, 8), (32000, 16), (128256, 1), (163840, 64))
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-def plan_state() -> str:
-    plans = renorm_plan.plans()
-    if not plans:
-        return "no plan"
-    plan = plans[-1][1]
-    launches = len(plan.direct.launches) if plan.direct else "?"
-    return f"{launches} launches, " + ("no graph" if plan.graphs is None else f"graph {plan.graphs.state}")
 
 
 def run_rule(rule: str, x: torch.Tensor):
@@ -56,7 +49,7 @@ def run_rule(rule: str, x: torch.Tensor):
     eager = time_batched(fn, 20, rounds=3, warmup=2)
     host = time_host(fn, 300)
     graph = time_graph(fn, 20, strict=False)
-    return out, f"{eager:.1f} / {host:.1f} / {'-' if graph is None else f'{graph:.1f}'} ({plan_state()})"
+    return out, f"{eager:.1f} / {host:.1f} / {'-' if graph is None else f'{graph:.1f}'} ({graph_state()})"
 
 
 def main() -> int:
