@@ -10,9 +10,10 @@ Rules (the same bits by construction; each output is compared with the default's
   nopdl     top_k_pdl_min_rows=0: no PDL below pdl_min_rows on long rows
   graph1    the defaults with a plan graph for one launch too (renorm_graph.GRAPH_MIN_LAUNCHES = 1)
 Per cell, top_k 40, flat and peaky rows: eager us (the median of 3 batches of 20 back-to-back calls, the
-grid's timer) / host us (300 calls, no sync) / graph-replay us (the call captured in a torch CUDA graph: the
-device's time of the rule's launches; plans stand aside under capture, so `graph1` equals `default` there), the
-plan's launches and graph state.
+grid's timer) / host us (300 calls, no sync) / graph-replay us (one call captured in a torch CUDA graph, each
+replay between events: the rule's launches on the device and the replay's launch gap; plans stand aside under
+capture, so `graph1` equals `default` there), the
+plan's launches and graph state after the eager calls. gpu/top_k_device.py gives the device time alone.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ def run_rule(rule: str, x: torch.Tensor):
         out = fn()
     eager = time_batched(fn, 20, rounds=3, warmup=2)
     host = time_host(fn, 300)
+    state = graph_state()  # before time_graph: its warm-up calls on a side stream make a plan of their own
     graph = time_graph(fn, 20, strict=False)
-    return out, f"{eager:.1f} / {host:.1f} / {'-' if graph is None else f'{graph:.1f}'} ({graph_state()})"
+    return out, f"{eager:.1f} / {host:.1f} / {'-' if graph is None else f'{graph:.1f}'} ({state})"
 
 
 def main() -> int:
