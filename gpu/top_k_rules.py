@@ -12,8 +12,8 @@ Rules (the same bits by construction; each output is compared with the default's
 Per cell, top_k 40, flat and peaky rows: eager us (the median of 3 batches of 20 back-to-back calls, the
 grid's timer) / host us (300 calls, no sync) / graph-replay us (one call captured in a torch CUDA graph, each
 replay between events: the rule's launches on the device and the replay's launch gap; plans stand aside under
-capture, so `graph1` equals `default` there), the
-plan's launches and graph state after the eager calls. gpu/top_k_device.py gives the device time alone.
+capture, so `graph1` equals `default` there), the plan's launches and graph state after the eager calls.
+gpu/top_k_device.py gives the device time alone.
 """
 
 from __future__ import annotations
