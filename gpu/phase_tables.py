@@ -60,7 +60,8 @@ def measured_with(env: dict, command: str, gpus: int = 1) -> str:
 def tests(d: Path, env: dict) -> str:
     paths = os.environ.get("TESTS") or "tests"  # gpu/check.sh's TESTS: the files run, when not the whole suite
     xdist = os.environ.get("XDIST", "")  # gpu/check.sh's pytest-xdist options: none when it is not installed
-    out = measured_with(env, f"TPGUARD_RENORM_GPU_TESTS=all python -m pytest {paths} {xdist} (gpu/check.sh)".replace("  ", " "))
+    out = measured_with(env, f"TPGUARD_RENORM_GPU_TESTS=all python -m pytest {paths}{' ' + xdist if xdist else ''} "
+                             "(gpu/check.sh)")
     try:
         root = ET.parse(d / "junit.xml").getroot()
     except (OSError, ET.ParseError):

@@ -186,8 +186,9 @@ class PointerArgs:
     enqueued keeps the values it had)."""
 
     def __init__(self, graph: DriverGraph, patched: list, holders: dict):
-        self._graph = graph  # the nodes' own argument values live as long as the graph
-        self._patched = [(node, ctypes.byref(params), params, own) for node, params, own in patched]
+        self._graph = graph
+        self._keep = patched  # each node's parameters and argument array, alive while the graph may launch
+        self._patched = [(node, ctypes.byref(params)) for node, params, _own in patched]
         self._holders = list(holders.items())
         self._set_params = _lib.cuGraphExecKernelNodeSetParams_v2
 
@@ -198,7 +199,7 @@ class PointerArgs:
             holder.value = values[key].data_ptr()
         fn, exec_ = self._set_params, self._graph._exec
         ok = True
-        for node, ref, _params, _own in self._patched:
+        for node, ref in self._patched:
             ok = fn(exec_, node, ref) == 0 and ok
         return ok
 

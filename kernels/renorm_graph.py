@@ -68,22 +68,17 @@ def worth_graph(rows: int, launches: int) -> bool:
     return rows <= renorm_graph_rows() and launches >= GRAPH_MIN_LAUNCHES
 
 
-def aligned_to(t: torch.Tensor, residue: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """An uninitialised tensor like `t` (shape, device; `dtype`, default t's) at an address = residue
-    mod 16: Triton specialises pointers on 16-byte alignment, and a recorded launch accepts only its own."""
-    dtype = t.dtype if dtype is None else dtype
-    n = t.numel()
-    per = max(1, 16 // dtype.itemsize)
-    buf = torch.empty(n + per, dtype=dtype, device=t.device)
+def aligned_like(t: torch.Tensor | None) -> torch.Tensor | None:
+    """An uninitialised tensor like `t` (shape, dtype, device) at t's own address mod 16, or None:
+    Triton specialises pointers on 16-byte alignment, and a recorded launch accepts only its own."""
+    if t is None:
+        return None
+    n, per, residue = t.numel(), max(1, 16 // t.element_size()), t.data_ptr() % 16
+    buf = torch.empty(n + per, dtype=t.dtype, device=t.device)
     for i in range(per):
         if buf[i:].data_ptr() % 16 == residue:
             return buf[i:i + n].view(t.shape)
     return buf[:n].view(t.shape)
-
-
-def aligned_like(t: torch.Tensor | None) -> torch.Tensor | None:
-    """`aligned_to(t, t's own address mod 16)`, or None."""
-    return None if t is None else aligned_to(t, t.data_ptr() % 16)
 
 
 class PlanGraphs:
@@ -180,5 +175,5 @@ class PlanGraphs:
         return True
 
 
-__all__ = ["GRAPHS_PER_PLAN", "GRAPH_MIN_LAUNCHES", "PARAMS", "ROLES", "PlanGraphs", "aligned_like", "aligned_to",
+__all__ = ["GRAPHS_PER_PLAN", "GRAPH_MIN_LAUNCHES", "PARAMS", "ROLES", "PlanGraphs", "aligned_like",
            "worth_graph"]

@@ -71,8 +71,7 @@ def _top_k_stages_block(v, k, first, t0, max_bits, p, WITH_TOP_P: tl.constexpr, 
     if WITH_TOP_P:
         # top-p on the top-k output y = fp32(x * r1) (x >= pivot): load_values' scaled read
         y = tl.where(b >= thr1, v * r1, 0.0)
-        yb = y.to(tl.int32, bitcast=True)
-        mass_y = tl.sum(tl.where(yb >= 0, y.to(tl.float64), 0.0), axis=0)
+        mass_y = tl.sum(y.to(tl.float64), axis=0)  # upper_mass at 0: every y (>= 0) in the same tree
         kept_y = mass_y
         if p < 1.0:
             first2, t02 = _scaled_search_start(thr1, max_bits, r1)
@@ -80,7 +79,7 @@ def _top_k_stages_block(v, k, first, t0, max_bits, p, WITH_TOP_P: tl.constexpr, 
         if JOINT:
             if tm_bits > thr2:  # min-p's cutoff above top-p's: it decides the kept set
                 thr2 = tm_bits
-                kept_y = tl.sum(tl.where(yb >= tm_bits, y.to(tl.float64), 0.0), axis=0)
+                kept_y = tl.sum(tl.where(y.to(tl.int32, bitcast=True) >= tm_bits, y.to(tl.float64), 0.0), axis=0)
         r2 = reciprocal_f32(kept_y)
     return thr1, r1, thr2, r2
 
