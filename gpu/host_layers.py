@@ -1,5 +1,6 @@
-"""Host time of an eager renorm call, layer by layer (no sync in the loops): the public call, run_op,
-the plan cache (renorm_plan.run), the plan's own call, its direct launches, one launch (and Triton's C
+"""Host time of an eager renorm call, layer by layer (no sync in the loops): the public call (a repeated
+call takes its lane straight to the plan: kernels/renorm_lane.py), run_op (the full way, no lane), the
+plan cache (renorm_plan.run), the plan's own call, its direct launches, one launch (and Triton's C
 launcher alone, its arguments built beforehand: mostly the driver's call), and the pieces
 of the cache lookup; flashinfer's default beside it (docs/design-renorm.md, "Host time").
 
@@ -65,6 +66,7 @@ def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
     type(plan).__call__ = lambda self, v: None if self is plan else real(self, v)
     try:
         out.append(("plan cache lookup alone", python_only(lambda: renorm_plan.run(op, x, k, p))))
+        out.append(("public call's lane alone", python_only(public)))
     finally:
         type(plan).__call__ = real
     if plan.direct is not None:

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tpguard.config import fast_launch, interpreting, launch_trim
+from tpguard.kernels.cuda_state import capturing, current_device, current_stream
 
 try:
     import triton
@@ -86,29 +87,6 @@ def _device_tensor(t) -> bool:
 def enabled() -> bool:
     """Direct launches on: compiled Triton (not the interpreter) and TPGUARD_FAST_LAUNCH not 0."""
     return triton is not None and fast_launch() and not interpreting()
-
-
-# torch's C calls where it has them: torch.cuda.current_device() and is_current_stream_capturing()
-# check lazy initialisation in Python, ~1 us each, several times per eager call
-_GET_DEVICE = getattr(torch._C, "_cuda_getDevice", None)
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-_CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
-
-
-def current_device() -> int:
-    """The current CUDA device's index (CUDA is initialised: a tensor of the call is on it)."""
-    return _GET_DEVICE() if _GET_DEVICE is not None else torch.cuda.current_device()
-
-
-def current_stream() -> int:
-    if _RAW_STREAM is not None:
-        return _RAW_STREAM(current_device())
-    return torch.cuda.current_stream().cuda_stream
-
-
-def capturing() -> bool:
-    """The current stream is capturing a CUDA graph."""
-    return bool(_CAPTURING()) if _CAPTURING is not None else torch.cuda.is_current_stream_capturing()
 
 
 def launch_hooks() -> tuple:
@@ -366,6 +344,14 @@ class DirectLaunch:
             args[i] = values[role].data_ptr() if as_ptr else values[role]
         self.run(*args)
 
+    def launch_resolved(self, stream: int, values, addresses) -> None:
+        """`launch` with the tensor roles' addresses read before (`addresses`, by role)."""
+        args = self.template.copy()
+        args[3] = stream
+        for i, role, as_ptr in self.slots:
+            args[i] = addresses[role] if as_ptr else values[role]
+        self.run(*args)
+
 
 @dataclass
 class LaunchSet:
@@ -403,20 +389,40 @@ class LaunchSet:
         return cls(launches, tuple((r, t.data_ptr() % 16) for r, t in tensors.items()), ints,
                    launches[0].hooks)
 
-    def accepts(self, values) -> bool:
+    def addresses(self, values) -> list | None:
+        """The tensor roles' addresses (by role; None elsewhere) where the set accepts `values`: each
+        at its recorded 16-byte alignment on the GPU, each int of its recorded class, no launch hook
+        added; else None."""
+        addresses = [None] * len(values)
         for r, align in self.tensor_roles:
+            t = values[r]
+            address = addresses[r] = t.data_ptr()
             # is_cuda: Triton's launcher refuses a host tensor; given its address it would not
-            if values[r].data_ptr() % 16 != align or not _device_tensor(values[r]):
-                return False
+            if address % 16 != align or not _device_tensor(t):
+                return None
         for r, cls in self.int_roles:
             if int_class(values[r]) != cls:
-                return False
-        return hooks_idle(*self.hooks)
+                return None
+        return addresses if hooks_idle(*self.hooks) else None
+
+    def accepts(self, values) -> bool:
+        return self.addresses(values) is not None
 
     def __call__(self, values) -> None:
         stream = current_stream()
         for launch in self.launches:
             launch.launch(stream, values)
+
+    def launch_if_accepted(self, values) -> bool:
+        """`accepts`, then the launches, each tensor's address read once (host time of an eager call);
+        False, with nothing launched, where the set does not accept `values`."""
+        addresses = self.addresses(values)
+        if addresses is None:
+            return False
+        stream = current_stream()
+        for launch in self.launches:
+            launch.launch_resolved(stream, values, addresses)
+        return True
 
     @property
     def names(self) -> str:
@@ -527,5 +533,5 @@ def prepare_out_launches(launches: list[OutLaunch], out, rerun) -> bool:
 
 
 __all__ = ["C_LAUNCHER_CALL_SHA256", "Captured", "DirectLaunch", "FAILURES", "LAUNCHERS", "LaunchSet", "OutLaunch",
-           "c_launch", "capture_launches", "current_stream", "device_guard", "enabled", "hooks_idle", "int_class",
-           "prepare_out_launches", "validate_once"]
+           "c_launch", "capture_launches", "capturing", "current_device", "current_stream", "device_guard", "enabled",
+           "hooks_idle", "int_class", "prepare_out_launches", "validate_once"]

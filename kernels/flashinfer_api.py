@@ -45,7 +45,7 @@ from typing import Union
 import torch
 
 from tpguard.config import interpreting
-from tpguard.kernels import renorm
+from tpguard.kernels import renorm, renorm_lane
 from tpguard.kernels.renorm_args import DTYPES, triton_available
 
 TopP = Union[torch.Tensor, float]
@@ -101,6 +101,13 @@ def renorm_probs(kind: str, probs: torch.Tensor, param, *, backend: str | None =
     conversions, on `backend` (the renorm API's: "tpguard", "torch"; None: `backend_for(probs)`)."""
     if kind not in ("top_k", "top_p"):
         raise ValueError(f"kind must be top_k or top_p, got {kind!r}")
+    k, p = (param, None) if kind == "top_k" else (None, param)
+    # backend None runs "tpguard" wherever a plan (and so a lane) can exist: backend_for's other answer is the
+    # torch reference, which makes none
+    lane = renorm_lane.lane_key(kind, probs, k, p, backend or "tpguard", fingerprint_out, False)
+    out = renorm_lane.call(lane, probs, k, p, fingerprint_out)
+    if out is not None:
+        return out
     _check_input(probs, "probs")
     if kind == "top_k":
         _check_dtype(probs, "probs")
@@ -115,9 +122,9 @@ def renorm_probs(kind: str, probs: torch.Tensor, param, *, backend: str | None =
         param = _scalar(param, kind == "top_k", "top_k" if kind == "top_k" else "top_p")
     if kind == "top_k":
         return renorm.run_op("top_k", probs, top_k=param, backend=backend or backend_for(probs),
-                             fingerprint_out=fingerprint_out)
+                             fingerprint_out=fingerprint_out, lane=lane)
     return renorm.run_op("top_p", probs, top_p=param, backend=backend or backend_for(probs),
-                         fingerprint_out=fingerprint_out)
+                         fingerprint_out=fingerprint_out, lane=lane)
 
 
 def top_p_renorm_probs(probs: torch.Tensor, top_p: TopP, is_deterministic: bool = False, *,

@@ -12,7 +12,8 @@ elsewhere), ``"tpguard"`` (the Triton kernels: CUDA, or CPU under ``TRITON_INTER
 ``"torch"`` (the reference, kernels/reference.py). Both give the same kept sets and values within
 2 ulp (in practice the same bits).
 Triton calls go through a small cache of per-shape call plans (kernels/renorm_plan.py: reused
-workspace, direct launches; ``TPGUARD_RENORM_PLANS=0`` turns it off, `clear_plans()` empties it).
+workspace, direct launches; ``TPGUARD_RENORM_PLANS=0`` turns it off, `clear_plans()` empties it),
+a repeated call straight to its plan where it meets its lane's conditions (kernels/renorm_lane.py).
 
 Bad input raises ``ValueError`` with one line: a non-tensor, a dtype other than float32, float16
 or bfloat16, a tensor that is not 2-D, an empty vocabulary, a parameter whose length is neither 1 nor rows,
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from tpguard.kernels import reference
+from tpguard.kernels import reference, renorm_lane
 from tpguard.kernels.renorm_args import (
     DTYPES,
     Param,
@@ -79,18 +80,20 @@ def _renorm_plan():
 
 
 def run_op(op: str, probs: torch.Tensor, top_k: Param | None = None, top_p: Param | None = None, *,
-           backend: str = "deterministic", fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
+           backend: str = "deterministic", fingerprint_out: torch.Tensor | None = None,
+           lane: tuple | None = None) -> torch.Tensor:
     """`op` (top_k, top_p, top_k_top_p or min_p; min-p's parameter is `top_p`) on probabilities and
     parameters already checked (`probs` 2-D float32 / float16 / bfloat16, parameters of 1 or rows
     values): the Triton kernels or the torch reference by `backend`, no value checks (k clamped to
     [1, vocab], p and min_p as documented). The public functions below and the flashinfer-style
-    surface (kernels/flashinfer_api.py) call it after their own checks."""
+    surface (kernels/flashinfer_api.py) call it after their own checks, with the call's lane key
+    (kernels/renorm_lane.py: the plan's call makes the lane a later call of that signature takes)."""
     if fingerprint_out is not None:
         check_fingerprint_slot(fingerprint_out, probs.device)
     if kernel_for(probs, backend) == "tpguard":
         k = device_top_k(top_k, probs) if top_k is not None else None
         p = device_param(top_p, probs, torch.float32) if top_p is not None else None
-        return _renorm_plan().run(op, probs.contiguous(), k, p, fingerprint_out=fingerprint_out)
+        return _renorm_plan().run(op, probs.contiguous(), k, p, fingerprint_out=fingerprint_out, lane=lane)
     out = _REFERENCES[op](probs, top_k, top_p)
     if fingerprint_out is not None:  # the torch path honours it too: fingerprint(out), one extra read
         fill_fingerprint(out, fingerprint_out)
@@ -100,35 +103,51 @@ def run_op(op: str, probs: torch.Tensor, top_k: Param | None = None, top_p: Para
 def top_k_renorm(probs: torch.Tensor, top_k: Param, *, backend: str = "deterministic", validate: bool = True,
                  fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """Keep the entries >= the k-th largest of each row (ties kept), renormalised to sum 1."""
+    lane = renorm_lane.lane_key("top_k", probs, top_k, None, backend, fingerprint_out, validate)
+    out = renorm_lane.call(lane, probs, top_k, None, fingerprint_out)
+    if out is not None:
+        return out
     check_probs(probs)
     check_top_k(top_k, probs.shape[0], validate)
-    return run_op("top_k", probs, top_k, backend=backend, fingerprint_out=fingerprint_out)
+    return run_op("top_k", probs, top_k, backend=backend, fingerprint_out=fingerprint_out, lane=lane)
 
 
 def top_p_renorm(probs: torch.Tensor, top_p: Param, *, backend: str = "deterministic", validate: bool = True,
                  fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """Keep the smallest top set whose mass reaches p * row mass (ties at the cutoff kept), renormalised."""
+    lane = renorm_lane.lane_key("top_p", probs, None, top_p, backend, fingerprint_out, validate)
+    out = renorm_lane.call(lane, probs, None, top_p, fingerprint_out)
+    if out is not None:
+        return out
     check_probs(probs)
     check_top_p(top_p, probs.shape[0], validate)
-    return run_op("top_p", probs, top_p=top_p, backend=backend, fingerprint_out=fingerprint_out)
+    return run_op("top_p", probs, top_p=top_p, backend=backend, fingerprint_out=fingerprint_out, lane=lane)
 
 
 def top_k_top_p_renorm(probs: torch.Tensor, top_k: Param, top_p: Param, *, backend: str = "deterministic",
                        validate: bool = True, fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """top-k renorm, then top-p renorm of the result (SGLang's order); top_k >= vocab skips top-k."""
+    lane = renorm_lane.lane_key("top_k_top_p", probs, top_k, top_p, backend, fingerprint_out, validate)
+    out = renorm_lane.call(lane, probs, top_k, top_p, fingerprint_out)
+    if out is not None:
+        return out
     check_probs(probs)
     check_top_k(top_k, probs.shape[0], validate)
     check_top_p(top_p, probs.shape[0], validate)
-    return run_op("top_k_top_p", probs, top_k, top_p, backend=backend, fingerprint_out=fingerprint_out)
+    return run_op("top_k_top_p", probs, top_k, top_p, backend=backend, fingerprint_out=fingerprint_out, lane=lane)
 
 
 def min_p_renorm(probs: torch.Tensor, min_p: Param, *, backend: str = "deterministic", validate: bool = True,
                  fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """Keep the entries >= fp32(row max * min_p), renormalised."""
+    lane = renorm_lane.lane_key("min_p", probs, None, min_p, backend, fingerprint_out, validate)
+    out = renorm_lane.call(lane, probs, None, min_p, fingerprint_out)
+    if out is not None:
+        return out
     check_probs(probs)
     check_param(min_p, probs.shape[0], "min_p", integer=False)
     check_range(min_p, "min_p", validate, 0.0, 1.0, lo_open=False)
-    return run_op("min_p", probs, top_p=min_p, backend=backend, fingerprint_out=fingerprint_out)
+    return run_op("min_p", probs, top_p=min_p, backend=backend, fingerprint_out=fingerprint_out, lane=lane)
 
 
 def clear_plans() -> None:

@@ -116,7 +116,7 @@ def check_top_k(top_k, rows: int, validate: bool) -> None:
         raise ValueError(f"top_k must be >= 1, got {top_k!r}")
 
 
-def _ready(t: torch.Tensor, probs: torch.Tensor, dtype: torch.dtype) -> bool:
+def tensor_ready(t: torch.Tensor, probs: torch.Tensor, dtype: torch.dtype) -> bool:
     """`t` is already what the kernels take: a contiguous [rows] `dtype` tensor on probs' device (SGLang's
     per-request parameters): passed as it is, with no torch call (each costs host time on every call)."""
     return t.dtype == dtype and t.dim() == 1 and t.shape[0] == probs.shape[0] and t.device == probs.device \
@@ -125,7 +125,7 @@ def _ready(t: torch.Tensor, probs: torch.Tensor, dtype: torch.dtype) -> bool:
 
 def device_param(value: Param, probs: torch.Tensor, dtype: torch.dtype):
     """A scalar stays a Python number; a tensor becomes a contiguous [rows] tensor on probs' device."""
-    if not isinstance(value, torch.Tensor) or _ready(value, probs, dtype):
+    if not isinstance(value, torch.Tensor) or tensor_ready(value, probs, dtype):
         return value
     t = value.detach().reshape(-1).to(device=probs.device, dtype=dtype)
     if t.numel() == 1 and probs.shape[0] != 1:
@@ -136,7 +136,7 @@ def device_param(value: Param, probs: torch.Tensor, dtype: torch.dtype):
 def device_top_k(top_k: Param, probs: torch.Tensor):
     """A scalar k as given (renorm_plan.run clamps it to [1, vocab]), or an int32 [rows] tensor on probs' device
     (no sync), clamped unless it was one already (the kernels clamp what they load)."""
-    if not isinstance(top_k, torch.Tensor) or _ready(top_k, probs, torch.int32):
+    if not isinstance(top_k, torch.Tensor) or tensor_ready(top_k, probs, torch.int32):
         return top_k  # the kernels clamp a loaded k to [1, vocab] themselves (top_k_select_row): no clamp launch
     t = top_k.detach().reshape(-1).to(device=probs.device).clamp(1, probs.shape[1]).to(torch.int32)
     if t.numel() == 1 and probs.shape[0] != 1:
@@ -168,4 +168,4 @@ def fill_fingerprint(out: torch.Tensor, fp_out: torch.Tensor) -> torch.Tensor:
 
 __all__ = ["BACKENDS", "DTYPES", "Param", "check_fingerprint_slot", "check_param", "check_probs", "check_range",
            "check_top_k", "check_top_p", "device_param", "device_top_k", "fill_fingerprint", "kernel_for",
-           "triton_available"]
+           "tensor_ready", "triton_available"]

@@ -43,7 +43,7 @@ import torch
 
 from tpguard.config import renorm_plan_limits
 from tpguard.kernels import direct_launch as dl
-from tpguard.kernels import renorm_graph, renorm_min_p, renorm_top_k, renorm_top_p, row_split
+from tpguard.kernels import renorm_graph, renorm_lane, renorm_min_p, renorm_top_k, renorm_top_p, row_split
 from tpguard.kernels.reference import bits
 from tpguard.kernels.renorm_config import RenormConfig, default_config, op_config
 from tpguard.kernels.renorm_graph import FP, K, OUT, P, PROBS, ROLES
@@ -210,10 +210,13 @@ class RenormPlan:
             out_dtype = self.spec.out_dtype  # no dtype= keyword where it is None: ~0.2 us per call
             values[OUT] = torch.empty_like(values[PROBS]) if out_dtype is None else \
                 torch.empty_like(values[PROBS], dtype=out_dtype)
-            if self.direct.accepts(values):
-                graphs = self.graphs
-                if graphs is None or not graphs(values):
-                    if graphs is not None and graphs.state == "off":  # refused for good (PlanGraphs.refusal)
+            graphs = self.graphs
+            if graphs is None:
+                if self.direct.launch_if_accepted(values):
+                    return values[OUT]
+            elif self.direct.accepts(values):
+                if not graphs(values):
+                    if graphs.state == "off":  # refused for good (PlanGraphs.refusal)
                         self.graphs = None
                     self.direct(values)
                 return values[OUT]
@@ -293,7 +296,9 @@ def distinct_roles(values: list) -> list:
 
 
 def _evict(newest, max_plans: int, max_bytes: int) -> None:
-    """Least recently used plans out until the limits hold; a plan over the byte cap alone goes."""
+    """Least recently used plans out until the limits hold; a plan over the byte cap alone goes (and
+    with any plan, every lane: renorm_lane.py)."""
+    n = len(_PLANS)
     if newest.nbytes > max_bytes:
         for key, plan in list(_PLANS.items()):
             if plan is newest:
@@ -302,6 +307,8 @@ def _evict(newest, max_plans: int, max_bytes: int) -> None:
     while _PLANS and (len(_PLANS) > max_plans or total > max_bytes):
         _, plan = _PLANS.popitem(last=False)
         total -= plan.nbytes
+    if len(_PLANS) != n:
+        renorm_lane.clear()
 
 
 def _scalars(probs: torch.Tensor, top_k, top_p) -> tuple:
@@ -319,26 +326,29 @@ def _float(value):
 
 
 def run(op, probs: torch.Tensor, top_k=None, top_p=None, config: RenormConfig | None = None,
-        fingerprint_out: torch.Tensor | None = None, *, min_p=None, temperature=None) -> torch.Tensor:
+        fingerprint_out: torch.Tensor | None = None, *, min_p=None, temperature=None, lane=None) -> torch.Tensor:
     """The Triton op `op` (a renorm's name, one of OPS, or a `PlanOp`: kernels/target_probs.py's)
     through its cached plan; the fresh-workspace path during CUDA graph capture, with plans off,
     and for empty batches. `top_k`: an int (clamped to [1, vocab]) or an int32 [rows] tensor;
     `top_p` (also min-p's parameter for the renorm min_p), the fused op's `min_p` and `temperature`:
     floats or float32 [rows] tensors; all on probs' device (renorm.py and
-    target_probs.py prepare them)."""
+    target_probs.py prepare them). `lane`: the call's lane key (renorm_lane.lane_key), under which
+    a lane to the plan is made once its launches are settled (with the config read per call only)."""
     spec = RENORM_OPS[op] if isinstance(op, str) else op
-    cfg = config or default_config()
+    base = config or default_config()
+    if config is not None or not isinstance(op, str):
+        lane = None
     guard = dl.device_guard(probs.device)  # the launches, the stream in the key: probs' device
     if not isinstance(guard, torch.cuda.device):  # nothing to switch (entering a no-op guard costs two calls)
-        return _run(spec, probs, top_k, top_p, cfg, fingerprint_out, min_p, temperature)
-    with guard:
-        return _run(spec, probs, top_k, top_p, cfg, fingerprint_out, min_p, temperature)
+        return _run(spec, probs, top_k, top_p, base, fingerprint_out, min_p, temperature, lane)
+    with guard:  # a lane serves only calls on the current device: none made here
+        return _run(spec, probs, top_k, top_p, base, fingerprint_out, min_p, temperature, None)
 
 
-def _run(spec: PlanOp, probs: torch.Tensor, top_k, top_p, cfg: RenormConfig, fingerprint_out, min_p,
-         temperature) -> torch.Tensor:
+def _run(spec: PlanOp, probs: torch.Tensor, top_k, top_p, base: RenormConfig, fingerprint_out, min_p,
+         temperature, lane) -> torch.Tensor:
     rows, vocab = probs.shape
-    cfg = op_config(cfg, spec.name, rows, vocab)
+    cfg = op_config(base, spec.name, rows, vocab)
     top_k, top_p = _scalars(probs, top_k, top_p)  # every path below, plans or not, gets them so
     min_p, temperature = _float(min_p), _float(temperature)
     capturing = _capturing(probs)
@@ -369,6 +379,9 @@ def _run(spec: PlanOp, probs: torch.Tensor, top_k, top_p, cfg: RenormConfig, fin
         out = plan(values)
         if plan.nbytes != nbytes:  # a new plan, or one that just recorded its launches
             _evict(plan, max_plans, max_bytes)
+        if lane is not None and plan.state != "untested" and _PLANS.get(key) is plan:
+            renorm_lane.add(lane, renorm_lane.Lane(plan, key, _PLANS, _LOCK, base, default_config, probs),
+                            probs, top_k, top_p, fingerprint_out)
     return out
 
 
@@ -376,6 +389,7 @@ def clear_plans() -> None:
     """Drop every cached plan (their workspaces go back to torch's caching allocator)."""
     with _LOCK:
         _PLANS.clear()
+        renorm_lane.clear()
 
 
 def plans() -> list:

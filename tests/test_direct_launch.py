@@ -3,7 +3,8 @@ compiled kernel and its launcher: Triton's CUDA launcher cannot be loaded withou
 real one runs only in the GPU tests (tests/test_renorm_plan.py::test_direct_launches_on_gpu, the
 fingerprint GPU check). Checked here: what each template slot holds after recording, the trims
 (addresses for tensors, no hook chains, the C launch's 4 extra leading values), the substitution of
-the roles per call, ``TPGUARD_LAUNCH_TRIM=0``, `c_launch`'s refusals and `LaunchSet.accepts`."""
+the roles per call, ``TPGUARD_LAUNCH_TRIM=0``, `c_launch`'s refusals, `LaunchSet.accepts` and
+`LaunchSet.launch_if_accepted`."""
 
 import inspect
 from types import SimpleNamespace
@@ -125,6 +126,24 @@ def test_accepts_refuses_what_the_launch_was_not_recorded_for(recorded, monkeypa
     assert not launches.accepts([torch.zeros(8), torch.zeros(8), 1])  # k == 1: another specialisation
     monkeypatch.setattr(dl, "_device_tensor", lambda t: t.is_cuda)
     assert not launches.accepts([torch.zeros(8), torch.zeros(8), 40])  # a host tensor: Triton's launch
+
+
+@pytest.mark.parametrize("trim", [True, False])
+def test_launch_if_accepted_is_accepts_then_the_launch(recorded, monkeypatch, trim):
+    # one read of each address for the check and the launch: the same launcher call as `accepts` + `__call__`
+    launches, launcher, ws = recorded(trim=trim, c_launch_ok=True)
+    probs, out = torch.zeros(8), torch.zeros(8)
+    launches([probs, out, 41])
+    expect = launcher.calls.pop()
+    assert launches.launch_if_accepted([probs, out, 41])
+    assert launcher.calls.pop() == expect and not launcher.calls
+    assert launches.addresses([probs, out, 41])[:2] == [probs.data_ptr(), out.data_ptr()]
+    off = torch.zeros(9)[1:]
+    for refused in ([off, out, 41], [probs, off, 41], [probs, out, 1], [probs, out, 32]):
+        assert not launches.accepts(refused)
+        assert not launches.launch_if_accepted(refused) and not launcher.calls
+    monkeypatch.setattr(dl, "_device_tensor", lambda t: t.is_cuda)
+    assert not launches.launch_if_accepted([probs, out, 41]) and not launcher.calls
 
 
 def test_c_launch_only_for_the_launcher_it_was_read_from(monkeypatch):
