@@ -104,8 +104,8 @@ def renorm_probs(kind: str, probs: torch.Tensor, param, *, backend: str | None =
     k, p = (param, None) if kind == "top_k" else (None, param)
     # backend None runs "tpguard" wherever a plan (and so a lane) can exist: backend_for's other answer is the
     # torch reference, which makes none
-    lane = renorm_lane.lane_key(kind, probs, k, p, backend or "tpguard", fingerprint_out, False)
-    out = renorm_lane.call(lane, probs, k, p, fingerprint_out)
+    key = renorm_lane.lane_key(kind, probs, k, p, backend or "tpguard", fingerprint_out, False)
+    out = renorm_lane.call(key, probs, k, p, fingerprint_out)
     if out is not None:
         return out
     _check_input(probs, "probs")
@@ -122,9 +122,9 @@ def renorm_probs(kind: str, probs: torch.Tensor, param, *, backend: str | None =
         param = _scalar(param, kind == "top_k", "top_k" if kind == "top_k" else "top_p")
     if kind == "top_k":
         return renorm.run_op("top_k", probs, top_k=param, backend=backend or backend_for(probs),
-                             fingerprint_out=fingerprint_out, lane=lane)
+                             fingerprint_out=fingerprint_out, lane_key=key)
     return renorm.run_op("top_p", probs, top_p=param, backend=backend or backend_for(probs),
-                         fingerprint_out=fingerprint_out, lane=lane)
+                         fingerprint_out=fingerprint_out, lane_key=key)
 
 
 def top_p_renorm_probs(probs: torch.Tensor, top_p: TopP, is_deterministic: bool = False, *,

@@ -81,7 +81,7 @@ def _renorm_plan():
 
 def run_op(op: str, probs: torch.Tensor, top_k: Param | None = None, top_p: Param | None = None, *,
            backend: str = "deterministic", fingerprint_out: torch.Tensor | None = None,
-           lane: tuple | None = None) -> torch.Tensor:
+           lane_key: tuple | None = None) -> torch.Tensor:
     """`op` (top_k, top_p, top_k_top_p or min_p; min-p's parameter is `top_p`) on probabilities and
     parameters already checked (`probs` 2-D float32 / float16 / bfloat16, parameters of 1 or rows
     values): the Triton kernels or the torch reference by `backend`, no value checks (k clamped to
@@ -93,7 +93,7 @@ def run_op(op: str, probs: torch.Tensor, top_k: Param | None = None, top_p: Para
     if kernel_for(probs, backend) == "tpguard":
         k = device_top_k(top_k, probs) if top_k is not None else None
         p = device_param(top_p, probs, torch.float32) if top_p is not None else None
-        return _renorm_plan().run(op, probs.contiguous(), k, p, fingerprint_out=fingerprint_out, lane=lane)
+        return _renorm_plan().run(op, probs.contiguous(), k, p, fingerprint_out=fingerprint_out, lane_key=lane_key)
     out = _REFERENCES[op](probs, top_k, top_p)
     if fingerprint_out is not None:  # the torch path honours it too: fingerprint(out), one extra read
         fill_fingerprint(out, fingerprint_out)
@@ -103,51 +103,52 @@ def run_op(op: str, probs: torch.Tensor, top_k: Param | None = None, top_p: Para
 def top_k_renorm(probs: torch.Tensor, top_k: Param, *, backend: str = "deterministic", validate: bool = True,
                  fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """Keep the entries >= the k-th largest of each row (ties kept), renormalised to sum 1."""
-    lane = renorm_lane.lane_key("top_k", probs, top_k, None, backend, fingerprint_out, validate)
-    out = renorm_lane.call(lane, probs, top_k, None, fingerprint_out)
+    key = renorm_lane.lane_key("top_k", probs, top_k, None, backend, fingerprint_out, validate)
+    out = renorm_lane.call(key, probs, top_k, None, fingerprint_out)
     if out is not None:
         return out
     check_probs(probs)
     check_top_k(top_k, probs.shape[0], validate)
-    return run_op("top_k", probs, top_k, backend=backend, fingerprint_out=fingerprint_out, lane=lane)
+    return run_op("top_k", probs, top_k, backend=backend, fingerprint_out=fingerprint_out, lane_key=key)
 
 
 def top_p_renorm(probs: torch.Tensor, top_p: Param, *, backend: str = "deterministic", validate: bool = True,
                  fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """Keep the smallest top set whose mass reaches p * row mass (ties at the cutoff kept), renormalised."""
-    lane = renorm_lane.lane_key("top_p", probs, None, top_p, backend, fingerprint_out, validate)
-    out = renorm_lane.call(lane, probs, None, top_p, fingerprint_out)
+    key = renorm_lane.lane_key("top_p", probs, None, top_p, backend, fingerprint_out, validate)
+    out = renorm_lane.call(key, probs, None, top_p, fingerprint_out)
     if out is not None:
         return out
     check_probs(probs)
     check_top_p(top_p, probs.shape[0], validate)
-    return run_op("top_p", probs, top_p=top_p, backend=backend, fingerprint_out=fingerprint_out, lane=lane)
+    return run_op("top_p", probs, top_p=top_p, backend=backend, fingerprint_out=fingerprint_out, lane_key=key)
 
 
 def top_k_top_p_renorm(probs: torch.Tensor, top_k: Param, top_p: Param, *, backend: str = "deterministic",
                        validate: bool = True, fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """top-k renorm, then top-p renorm of the result (SGLang's order); top_k >= vocab skips top-k."""
-    lane = renorm_lane.lane_key("top_k_top_p", probs, top_k, top_p, backend, fingerprint_out, validate)
-    out = renorm_lane.call(lane, probs, top_k, top_p, fingerprint_out)
+    key = renorm_lane.lane_key("top_k_top_p", probs, top_k, top_p, backend, fingerprint_out, validate)
+    out = renorm_lane.call(key, probs, top_k, top_p, fingerprint_out)
     if out is not None:
         return out
     check_probs(probs)
     check_top_k(top_k, probs.shape[0], validate)
     check_top_p(top_p, probs.shape[0], validate)
-    return run_op("top_k_top_p", probs, top_k, top_p, backend=backend, fingerprint_out=fingerprint_out, lane=lane)
+    return run_op("top_k_top_p", probs, top_k, top_p, backend=backend, fingerprint_out=fingerprint_out,
+                  lane_key=key)
 
 
 def min_p_renorm(probs: torch.Tensor, min_p: Param, *, backend: str = "deterministic", validate: bool = True,
                  fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """Keep the entries >= fp32(row max * min_p), renormalised."""
-    lane = renorm_lane.lane_key("min_p", probs, None, min_p, backend, fingerprint_out, validate)
-    out = renorm_lane.call(lane, probs, None, min_p, fingerprint_out)
+    key = renorm_lane.lane_key("min_p", probs, None, min_p, backend, fingerprint_out, validate)
+    out = renorm_lane.call(key, probs, None, min_p, fingerprint_out)
     if out is not None:
         return out
     check_probs(probs)
     check_param(min_p, probs.shape[0], "min_p", integer=False)
     check_range(min_p, "min_p", validate, 0.0, 1.0, lo_open=False)
-    return run_op("min_p", probs, top_p=min_p, backend=backend, fingerprint_out=fingerprint_out, lane=lane)
+    return run_op("min_p", probs, top_p=min_p, backend=backend, fingerprint_out=fingerprint_out, lane_key=key)
 
 
 def clear_plans() -> None:

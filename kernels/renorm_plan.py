@@ -326,27 +326,27 @@ def _float(value):
 
 
 def run(op, probs: torch.Tensor, top_k=None, top_p=None, config: RenormConfig | None = None,
-        fingerprint_out: torch.Tensor | None = None, *, min_p=None, temperature=None, lane=None) -> torch.Tensor:
+        fingerprint_out: torch.Tensor | None = None, *, min_p=None, temperature=None, lane_key=None) -> torch.Tensor:
     """The Triton op `op` (a renorm's name, one of OPS, or a `PlanOp`: kernels/target_probs.py's)
     through its cached plan; the fresh-workspace path during CUDA graph capture, with plans off,
     and for empty batches. `top_k`: an int (clamped to [1, vocab]) or an int32 [rows] tensor;
     `top_p` (also min-p's parameter for the renorm min_p), the fused op's `min_p` and `temperature`:
     floats or float32 [rows] tensors; all on probs' device (renorm.py and
-    target_probs.py prepare them). `lane`: the call's lane key (renorm_lane.lane_key), under which
+    target_probs.py prepare them). `lane_key`: the call's (renorm_lane.lane_key), under which
     a lane to the plan is made once its launches are settled (with the config read per call only)."""
     spec = RENORM_OPS[op] if isinstance(op, str) else op
     base = config or default_config()
     if config is not None or not isinstance(op, str):
-        lane = None
+        lane_key = None
     guard = dl.device_guard(probs.device)  # the launches, the stream in the key: probs' device
     if not isinstance(guard, torch.cuda.device):  # nothing to switch (entering a no-op guard costs two calls)
-        return _run(spec, probs, top_k, top_p, base, fingerprint_out, min_p, temperature, lane)
+        return _run(spec, probs, top_k, top_p, base, fingerprint_out, min_p, temperature, lane_key)
     with guard:  # a lane serves only calls on the current device: none made here
         return _run(spec, probs, top_k, top_p, base, fingerprint_out, min_p, temperature, None)
 
 
 def _run(spec: PlanOp, probs: torch.Tensor, top_k, top_p, base: RenormConfig, fingerprint_out, min_p,
-         temperature, lane) -> torch.Tensor:
+         temperature, lane_key) -> torch.Tensor:
     rows, vocab = probs.shape
     cfg = op_config(base, spec.name, rows, vocab)
     top_k, top_p = _scalars(probs, top_k, top_p)  # every path below, plans or not, gets them so
@@ -379,8 +379,8 @@ def _run(spec: PlanOp, probs: torch.Tensor, top_k, top_p, base: RenormConfig, fi
         out = plan(values)
         if plan.nbytes != nbytes:  # a new plan, or one that just recorded its launches
             _evict(plan, max_plans, max_bytes)
-        if lane is not None and plan.state != "untested" and _PLANS.get(key) is plan:
-            renorm_lane.add(lane, renorm_lane.Lane(plan, key, _PLANS, _LOCK, base, default_config, probs),
+        if lane_key is not None and plan.state != "untested" and _PLANS.get(key) is plan:
+            renorm_lane.add(lane_key, renorm_lane.Lane(plan, key, _PLANS, _LOCK, base, default_config, probs),
                             probs, top_k, top_p, fingerprint_out)
     return out
 
