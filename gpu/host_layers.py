@@ -1,5 +1,6 @@
 """Host time of an eager renorm call, layer by layer (no sync in the loops): the public call (a repeated
-call takes its lane straight to the plan: kernels/renorm_lane.py), run_op (the full way, no lane), the
+call takes its lane straight to the plan: kernels/renorm_lane.py; through its compiled entry where it has
+one, kernels/lane_entry.py, and with TPGUARD_LANE_ENTRY=0 in Python), run_op (the full way, no lane), the
 plan cache (renorm_plan.run), the plan's own call, its direct launches, one launch (and Triton's C
 launcher alone, its arguments built beforehand: mostly the driver's call), and the pieces
 of the cache lookup; flashinfer's default beside it (docs/design-renorm.md, "Host time").
@@ -16,6 +17,7 @@ parameter (as the SGLang plugin calls it), run_op, the plan cache and the lookup
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -56,7 +58,13 @@ def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
     kt, pt = torch.full((rows,), 40, dtype=torch.int32, device=x.device), torch.full((rows,), 0.9, device=x.device)
     drop_in = (lambda: flashinfer_api.top_k_renorm_probs(x, kt)) if op == "top_k" else \
         (lambda: flashinfer_api.top_p_renorm_probs(x, pt))
-    out = [("public call", host(public)), ("run_op", host(lambda: tk.run_op(op, x, k, p))),
+    os.environ["TPGUARD_LANE_ENTRY"] = "0"  # read per call: the lane in Python
+    try:
+        python_lane = host(public)
+    finally:
+        del os.environ["TPGUARD_LANE_ENTRY"]
+    out = [("public call", host(public)), ("public call, its lane in Python", python_lane),
+           ("run_op", host(lambda: tk.run_op(op, x, k, p))),
            ("renorm_plan.run", host(lambda: renorm_plan.run(op, x, k, p)))]
     plan = next(plan for key, plan in renorm_plan.plans() if key[0] == op and key[1] == x.shape[0])
     values = [x, None, k, p, None, None, None]

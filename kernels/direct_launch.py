@@ -100,6 +100,12 @@ def launch_hooks() -> tuple:
     return getattr(CompiledKernel, "launch_enter_hook", None), getattr(CompiledKernel, "launch_exit_hook", None)
 
 
+def hook_owner():
+    """The object whose attributes `launch_hooks` reads (Triton 3.4+'s `triton.knobs.runtime`), or None."""
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    return runtime if runtime is not None and hasattr(runtime, "launch_enter_hook") else None
+
+
 def hooks_idle(enter, exit_) -> bool:
     """The recorded hooks are Triton's current ones and call nothing (None or an empty HookChain):
     then the launch metadata recorded with them is never read and a direct launch is Triton's."""
@@ -228,7 +234,7 @@ class DirectLaunch:
     address)] that each call fills from its role values."""
 
     __slots__ = ("kernel", "grid", "args", "meta", "compiled", "run", "template", "slots", "refusal",
-                 "hooks", "keep", "trimmed")
+                 "hooks", "keep", "trimmed", "c_launch")
 
     def __init__(self, kernel, grid: tuple, args: tuple, meta: dict, compiled=None):
         self.kernel, self.grid, self.args, self.meta, self.compiled = kernel, grid, args, meta, compiled
@@ -238,6 +244,7 @@ class DirectLaunch:
         self.hooks: tuple = (None, None)  # Triton's enter / exit hooks at recording (hooks_idle)
         self.keep: list = []  # the tensors whose addresses the template holds (kept alive)
         self.trimmed = False
+        self.c_launch = False  # `run` is Triton's C launch itself (`c_launch`)
 
     @property
     def name(self) -> str:
@@ -335,6 +342,7 @@ class DirectLaunch:
             slots = [(i + len(extra), role, as_ptr) for i, role, as_ptr in slots]
         LAUNCHERS["c" if direct is not None else "triton"] += 1
         self.run, self.template, self.slots, self.keep = run, tmpl, tuple(slots), keep
+        self.c_launch = direct is not None
         return True
 
     def launch(self, stream: int, values) -> None:
@@ -534,4 +542,4 @@ def prepare_out_launches(launches: list[OutLaunch], out, rerun) -> bool:
 
 __all__ = ["C_LAUNCHER_CALL_SHA256", "Captured", "DirectLaunch", "FAILURES", "LAUNCHERS", "LaunchSet", "OutLaunch",
            "c_launch", "capture_launches", "capturing", "current_device", "current_stream", "device_guard", "enabled",
-           "hooks_idle", "int_class", "prepare_out_launches", "validate_once"]
+           "hook_owner", "hooks_idle", "int_class", "prepare_out_launches", "validate_once"]

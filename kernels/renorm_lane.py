@@ -34,6 +34,16 @@ from tpguard.kernels.cuda_state import capturing, current_device, current_stream
 from tpguard.kernels.renorm_args import tensor_ready
 
 _LANES: dict = {}  # lane key -> Lane; written under renorm_plan's lock, read without one
+_ENTRIES: dict = {}  # lane key -> a lane's compiled entry (lane_entry.py), read by the compiled `call`
+
+
+def _no_entry(op, probs, top_k, top_p, fingerprint_out, backend, validate):
+    return None
+
+
+# `compiled_call(op, probs, top_k, top_p, fingerprint_out, backend, validate)`: the call through its lane's
+# compiled entry, or None; the public API asks it first. lane_entry's C function once an entry exists.
+compiled_call = _no_entry
 
 
 def lane_key(op: str, probs, top_k, top_p, backend: str, fingerprint_out, validate: bool) -> tuple | None:
@@ -62,7 +72,7 @@ class Lane:
     """One call signature's way to its plan (`renorm_plan.RenormPlan`)."""
 
     __slots__ = ("plan", "plan_key", "plans", "lock", "config", "default_config", "vocab", "cuda", "device_index",
-                 "stream", "min_p")
+                 "stream", "min_p", "key", "entry_tried")
 
     def __init__(self, plan, plan_key: tuple, plans, lock, config, default_config, probs: torch.Tensor):
         """`plans`, `lock`: renorm_plan's cache and its lock; `config`: the `default_config()` the plan was
@@ -74,6 +84,8 @@ class Lane:
         self.device_index = probs.device.index
         self.stream = plan_key[6]  # renorm_plan.plan_key: the current stream of a CUDA call
         self.min_p = plan.op == "min_p"
+        self.key = None  # its lane key (`add`)
+        self.entry_tried = not self.cuda  # a compiled entry is made once, on the GPU (lane_entry.for_plan)
 
     def admits(self, probs: torch.Tensor, top_k, top_p, fingerprint_out) -> bool:
         """The call meets the lane's conditions (the module's docstring)."""
@@ -111,7 +123,26 @@ class Lane:
                 self.plans.move_to_end(self.plan_key)  # the cache's LRU order, as the full way keeps it
             except KeyError:  # evicted after this call found the lane (evictions drop the lanes)
                 return None
-            return self.plan([probs, None, top_k, top_p, fingerprint_out, None, None])
+            values = [probs, None, top_k, top_p, fingerprint_out, None, None]
+            out = self.plan(values)
+            if not self.entry_tried and self.plan.graphs_tried:  # the plan's graphs decided: it is settled
+                self.entry_tried = True
+                _add_entry(self, values)
+            return out
+
+
+def _add_entry(lane: Lane, values: list) -> None:
+    """The lane's compiled entry where its plan is one direct launch through Triton's C launch."""
+    global compiled_call
+    from tpguard.kernels import lane_entry
+
+    entry = lane_entry.for_plan(lane.plan, lane.plan_key, lane.plans, lane.lock, values[0], values)
+    if entry is None or _LANES.get(lane.key) is not lane:
+        return
+    module = lane_entry.module()
+    module.setup(_ENTRIES, torch.Tensor)
+    _ENTRIES[lane.key] = entry
+    compiled_call = module.call
 
 
 def call(key: tuple | None, probs: torch.Tensor, top_k, top_p, fingerprint_out):
@@ -128,13 +159,16 @@ def add(key: tuple, lane: Lane, probs: torch.Tensor, top_k, top_p, fingerprint_o
     if key[0] != lane.plan.op or key[2:5] != (probs.shape, probs.dtype, probs.device) \
             or not lane.admits(probs, top_k, top_p, fingerprint_out):
         return False
+    lane.key = key
     _LANES[key] = lane
+    _ENTRIES.pop(key, None)  # a compiled entry belongs to the lane it was made for
     return True
 
 
 def clear() -> None:
-    """Drop every lane (renorm_plan: on any eviction and on `clear_plans`)."""
+    """Drop every lane and compiled entry (renorm_plan: on any eviction and on `clear_plans`)."""
     _LANES.clear()
+    _ENTRIES.clear()
 
 
 def lanes() -> dict:
@@ -142,4 +176,9 @@ def lanes() -> dict:
     return dict(_LANES)
 
 
-__all__ = ["Lane", "add", "call", "clear", "lane_key", "lanes"]
+def entries() -> dict:
+    """A copy of the compiled entries by lane key (tests, benchmarks)."""
+    return dict(_ENTRIES)
+
+
+__all__ = ["Lane", "add", "call", "clear", "compiled_call", "entries", "lane_key", "lanes"]

@@ -222,6 +222,10 @@ def test_lanes_on_gpu(full_way):
         assert torch.equal(bits(captured), bits(first)) and len(full_way) == n + 2, name
     plan = next(p for _, p in renorm_plan.plans() if p.op == "top_k")
     assert plan.state == "on", plan.refusal
+    # the one-launch top-k's lanes took compiled entries (kernels/lane_entry.py); top-p's graph did not
+    from tpguard.kernels import lane_entry
+
+    assert sorted(key[0] for key in renorm_lane.entries()) == ["top_k", "top_k"], lane_entry.FAILURE
 
 
 def test_threads_evicting_each_others_plans_keep_their_results(monkeypatch):

@@ -164,6 +164,17 @@ def env_value(name: str, default: str = "") -> str:
     return default if raw is None else os.environ.decodevalue(raw)
 
 
+def env_snapshot(names: tuple[str, ...]):
+    """(os.environ's own dict, the names' keys in it, their values now: None where unset), for a
+    compiled reader that compares the knobs per call (kernels/lane_entry.py); None where os.environ
+    has no such dict."""
+    data = getattr(os.environ, "_data", None)
+    if data is None:
+        return None
+    keys = tuple(os.environ.encodekey(name) for name in names)
+    return data, keys, tuple(data.get(key) for key in keys)
+
+
 def interpreting() -> bool:
     """TRITON_INTERPRET as Triton reads it: 1, true, on or yes."""
     return env_value("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
