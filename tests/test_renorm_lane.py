@@ -197,7 +197,8 @@ def test_a_lane_is_made_only_for_the_values_its_plan_was_handed(full_way):
 
 
 @pytest.mark.skipif(DEVICE != "cuda" or not dl.enabled(), reason="direct launches need CUDA")
-def test_lanes_on_gpu(full_way):
+def test_lanes_on_gpu(full_way, monkeypatch):
+    monkeypatch.setenv("TPGUARD_LANE_ENTRY", "1")  # the compiled entries too (kernels/lane_entry.py)
     x = torch.softmax(torch.randn(8, 32000, device="cuda") * 3, -1)
     ops = (("top_k", lambda: tk.top_k_renorm(x, 40)), ("top_p", lambda: tk.top_p_renorm(x, 0.9)),
            ("drop-in top_k", lambda: fa.top_k_renorm_probs(x, torch.full((8,), 40, dtype=torch.int32,
