@@ -29,6 +29,8 @@ def test_grid_arguments(monkeypatch):
     a = bench_options(monkeypatch, "--grid", "--vocabs", "163840", "--dtypes", "fp32", "--grid-rows", "256",
                       "--no-fused")
     assert a["vocabs"] == (163840,) and a["dtypes"] == ("fp32",) and a["grid_rows"] == (256,) and not a["fused"]
+    a = bench_options(monkeypatch, "--grid", "--ops", "top_k")  # one clear line, not ignored
+    assert bench.bad_argument(a) == "--ops does not apply to --grid (it times top_p, top_k and top_k_top_p)"
     a = bench_options(monkeypatch, "--quick")
     assert "grid" not in a and (a["iters"], a["repeats"], a["vocabs"]) == (10, 20, (128256, 163840))
     assert a["impls"] == bench.IMPLS and a["ops"] == bench.OPS

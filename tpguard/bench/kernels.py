@@ -458,6 +458,8 @@ def run_options(*, quick: bool, grid: bool, grid_rows: tuple | None, dtypes: tup
     if quick:
         opts["iters"], opts["repeats"] = 10, 20
     if grid:
+        if ops is not None:  # the grid's tables have one column set per op: all three, always
+            return {"grid": True, "refused": "--ops does not apply to --grid (it times top_p, top_k and top_k_top_p)"}
         return {"grid": True, "grid_rows": grid_rows if grid_rows is not None else GRID_ROWS,
                 "dtypes": dtypes if dtypes is not None else GRID_DTYPES,
                 "logits": opts["logits"], "vocabs": vocabs if vocabs is not None else GRID_VOCABS,
@@ -475,6 +477,8 @@ def bad_argument(opts: dict) -> str | None:
     from tpguard.kernels.renorm_config import RenormConfig
     from tpguard.kernels.renorm_workspace import shapes_for
 
+    if opts.get("refused"):
+        return opts["refused"]
     for name, known, given in (("implementation", IMPLS, opts.get("impls", ())), ("op", OPS, opts.get("ops", ())),
                                ("dtype", tuple(DTYPES), opts.get("dtypes", ()))):
         bad = [v for v in given if v not in known]
