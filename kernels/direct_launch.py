@@ -89,21 +89,21 @@ def enabled() -> bool:
     return triton is not None and fast_launch() and not interpreting()
 
 
-def launch_hooks() -> tuple:
-    """Triton's current launch enter/exit hooks (3.4+: `triton.knobs.runtime`, HookChain objects
-    that are empty unless a profiler added a hook; older: CompiledKernel class attributes)."""
+def hook_owner():
+    """The object holding Triton's launch hooks as attributes (3.4+: `triton.knobs.runtime`), or None."""
     runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-    if runtime is not None and hasattr(runtime, "launch_enter_hook"):
+    return runtime if runtime is not None and hasattr(runtime, "launch_enter_hook") else None
+
+
+def launch_hooks() -> tuple:
+    """Triton's current launch enter/exit hooks (3.4+: `hook_owner()`'s, HookChain objects that are
+    empty unless a profiler added a hook; older: CompiledKernel class attributes)."""
+    runtime = hook_owner()
+    if runtime is not None:
         return runtime.launch_enter_hook, runtime.launch_exit_hook
     from triton.compiler.compiler import CompiledKernel
 
     return getattr(CompiledKernel, "launch_enter_hook", None), getattr(CompiledKernel, "launch_exit_hook", None)
-
-
-def hook_owner():
-    """The object whose attributes `launch_hooks` reads (Triton 3.4+'s `triton.knobs.runtime`), or None."""
-    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-    return runtime if runtime is not None and hasattr(runtime, "launch_enter_hook") else None
 
 
 def hooks_idle(enter, exit_) -> bool:

@@ -102,13 +102,9 @@ def renorm_probs(kind: str, probs: torch.Tensor, param, *, backend: str | None =
     if kind not in ("top_k", "top_p"):
         raise ValueError(f"kind must be top_k or top_p, got {kind!r}")
     k, p = (param, None) if kind == "top_k" else (None, param)
-    out = renorm_lane.compiled_call(kind, probs, k, p, fingerprint_out, backend or "tpguard", False)
-    if out is not None:
-        return out
     # backend None runs "tpguard" wherever a plan (and so a lane) can exist: backend_for's other answer is the
     # torch reference, which makes none
-    key = renorm_lane.lane_key(kind, probs, k, p, backend or "tpguard", fingerprint_out, False)
-    out = renorm_lane.call(key, probs, k, p, fingerprint_out)
+    out, key = renorm_lane.through_lane(kind, probs, k, p, backend or "tpguard", fingerprint_out, False)
     if out is not None:
         return out
     _check_input(probs, "probs")

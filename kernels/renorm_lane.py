@@ -145,6 +145,16 @@ def _add_entry(lane: Lane, values: list) -> None:
     compiled_call = module.call
 
 
+def through_lane(op: str, probs, top_k, top_p, backend: str, fingerprint_out, validate: bool) -> tuple:
+    """(the output, None) of a call its lane serves (its compiled entry first), else (None, its lane key, for
+    the full way to make the lane under). The public API and the drop-in surface begin with it."""
+    out = compiled_call(op, probs, top_k, top_p, fingerprint_out, backend, validate)
+    if out is not None:
+        return out, None
+    key = lane_key(op, probs, top_k, top_p, backend, fingerprint_out, validate)
+    return call(key, probs, top_k, top_p, fingerprint_out), key
+
+
 def call(key: tuple | None, probs: torch.Tensor, top_k, top_p, fingerprint_out):
     """The call through the lane of `key` (`lane_key`): its output, or None (no lane, or a condition
     not met: take the full way)."""
@@ -181,4 +191,4 @@ def entries() -> dict:
     return dict(_ENTRIES)
 
 
-__all__ = ["Lane", "add", "call", "clear", "compiled_call", "entries", "lane_key", "lanes"]
+__all__ = ["Lane", "add", "call", "clear", "compiled_call", "entries", "lane_key", "lanes", "through_lane"]
