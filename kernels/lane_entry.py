@@ -9,9 +9,8 @@ output with ``torch.empty_like``, keeps the plan cache's LRU order under its loc
 with the recorded arguments, the call's addresses and scalars substituted. Any condition not met: None,
 and the call takes its lane in Python (or the full way) as before.
 
-Off unless ``TPGUARD_LANE_ENTRY=1`` (read when a lane would make its entry, and compared on every call
-through one): the entries are tested on the CPU with stand-ins for the CUDA calls and Triton's launch, not
-yet on a GPU. Built once per process with the C compiler Triton's own launchers need (``cc``, Python's
+On unless ``TPGUARD_LANE_ENTRY=0`` (read when a lane would make its entry, and compared on every call
+through one). Built once per process with the C compiler Triton's own launchers need (``cc``, Python's
 headers), into ``~/.cache/tpguard`` (``TPGUARD_CACHE_DIR``), keyed by the source's hash; no compiler or a
 failed build: no entries (the Python lanes serve). Python 3 ABI only (no torch or CUDA headers):
 a tensor is read through its Python attributes, the current device and stream through torch's C calls.
@@ -369,9 +368,8 @@ def cache_dir() -> str:
 
 
 def enabled() -> bool:
-    """TPGUARD_LANE_ENTRY=1 turns the compiled entries on (off by default: they have not run on a GPU yet;
-    docs/kernels.md, "Call plans")."""
-    return env_value("TPGUARD_LANE_ENTRY", "0").strip() == "1"
+    """TPGUARD_LANE_ENTRY=0 turns the compiled entries off (docs/kernels.md, "Call plans")."""
+    return env_value("TPGUARD_LANE_ENTRY", "1").strip() != "0"
 
 
 def module():

@@ -198,18 +198,38 @@ def test_a_lane_is_made_only_for_the_values_its_plan_was_handed(full_way):
 
 @pytest.mark.skipif(DEVICE != "cuda" or not dl.enabled(), reason="direct launches need CUDA")
 def test_lanes_on_gpu(full_way, monkeypatch):
-    monkeypatch.setenv("TPGUARD_LANE_ENTRY", "1")  # the compiled entries too (kernels/lane_entry.py)
+    from tpguard.kernels import lane_entry
+
+    monkeypatch.delenv("TPGUARD_LANE_ENTRY", raising=False)  # the compiled entries' default: on
+    renorm_plan.clear_plans()  # another test's plans: the limit would evict these (and drop their lanes)
+    in_python = []  # calls a lane served in Python (not its compiled entry)
+    real = renorm_lane.Lane.__call__
+
+    def counted(self, *args):
+        in_python.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(renorm_lane.Lane, "__call__", counted)
     x = torch.softmax(torch.randn(8, 32000, device="cuda") * 3, -1)
-    ops = (("top_k", lambda: tk.top_k_renorm(x, 40)), ("top_p", lambda: tk.top_p_renorm(x, 0.9)),
-           ("drop-in top_k", lambda: fa.top_k_renorm_probs(x, torch.full((8,), 40, dtype=torch.int32,
-                                                                            device="cuda"))))
-    for name, fn in ops:
+    kt = torch.full((8,), 40, dtype=torch.int32, device="cuda")
+    # (name, call, whether its plan is the one-launch top-k, which takes a compiled entry: lane_entry.py)
+    ops = (("top_k", lambda: tk.top_k_renorm(x, 40), True), ("top_p", lambda: tk.top_p_renorm(x, 0.9), False),
+           ("drop-in top_k", lambda: fa.top_k_renorm_probs(x, kt), True))
+    for name, fn, one_launch in ops:
         full_way.clear()
         first = fn()
         for _ in range(3):  # made, recorded, then direct
             assert torch.equal(bits(fn()), bits(first)), name
         n = len(full_way)
+        before = set(renorm_lane.entries())
         assert torch.equal(bits(fn()), bits(first)) and len(full_way) == n, name  # the lane
+        made = set(renorm_lane.entries()) - before
+        assert len(made) == int(one_launch), (name, lane_entry.FAILURE)
+        in_python.clear()
+        for _ in range(2):  # through the entry where one was made: the same bits, a fresh output each call
+            again = fn()
+            assert torch.equal(bits(again), bits(first)) and again.data_ptr() != first.data_ptr(), name
+        assert len(full_way) == n and len(in_python) == (0 if one_launch else 2), name
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # another stream: its own plan, the full way
@@ -221,12 +241,13 @@ def test_lanes_on_gpu(full_way, monkeypatch):
             captured = fn()
         graph.replay()
         assert torch.equal(bits(captured), bits(first)) and len(full_way) == n + 2, name
+        if one_launch:  # the knob off: the entry refuses, the call takes its lane in Python
+            monkeypatch.setenv("TPGUARD_LANE_ENTRY", "0")
+            in_python.clear()
+            assert torch.equal(bits(fn()), bits(first)) and len(full_way) == n + 2 and in_python, name
+            monkeypatch.delenv("TPGUARD_LANE_ENTRY")
     plan = next(p for _, p in renorm_plan.plans() if p.op == "top_k")
     assert plan.state == "on", plan.refusal
-    # the one-launch top-k's lanes took compiled entries (kernels/lane_entry.py); top-p's graph did not
-    from tpguard.kernels import lane_entry
-
-    assert sorted(key[0] for key in renorm_lane.entries()) == ["top_k", "top_k"], lane_entry.FAILURE
 
 
 def test_threads_evicting_each_others_plans_keep_their_results(monkeypatch):
