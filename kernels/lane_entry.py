@@ -5,8 +5,9 @@ time per call on an H100 host. For the lanes whose plan is one direct launch thr
 (the one-launch top-k at small batches: renorm_top_k_fused.py), `Entry` holds the same conditions in C:
 a call of the public API or the drop-in surface first asks `call` (a C function), which builds the lane
 key as `renorm_lane.lane_key` does, finds the entry, checks every condition of the lane, allocates the
-output with ``torch.empty_like``, keeps the plan cache's LRU order under its lock and calls the launcher
-with the recorded arguments, the call's addresses and scalars substituted. Any condition not met: None,
+output with ``torch.empty_like`` and, under the plan cache's lock, checks that the cache still holds the plan,
+keeps its LRU order and calls the launcher with the recorded arguments, the call's addresses and scalars
+substituted. Any condition not met: None,
 and the call takes its lane in Python (or the full way) as before.
 
 On unless ``TPGUARD_LANE_ENTRY=0`` (read when a lane would make its entry, and compared on every call
@@ -53,7 +54,7 @@ typedef struct {
     int min_p;
     PyObject *env, *env_keys, *env_values;                /* os.environ's dict, the knobs, their values */
     PyObject *hook_owner, *hook_enter, *hook_exit;        /* triton.knobs.runtime and its recorded hooks */
-    PyObject *plans, *plan_key, *lock;
+    PyObject *plans, *plan_key, *lock, *plan;            /* the cache, the plan's key, their lock, the plan */
 } Entry;
 
 static PyObject *s_shape, *s_dtype, *s_device, *s_is_contiguous, *s_data_ptr, *s_numel, *s_move_to_end,
@@ -66,7 +67,7 @@ static void entry_free(PyObject *capsule) {
     PyObject **refs[] = {&e->shape, &e->dtype, &e->device, &e->param_shape, &e->k_dtype, &e->p_dtype,
                          &e->fp_dtype, &e->get_device, &e->get_stream, &e->capturing, &e->empty_like,
                          &e->launcher, &e->args, &e->env, &e->env_keys, &e->env_values, &e->hook_owner,
-                         &e->hook_enter, &e->hook_exit, &e->plans, &e->plan_key, &e->lock};
+                         &e->hook_enter, &e->hook_exit, &e->plans, &e->plan_key, &e->lock, &e->plan};
     for (size_t i = 0; i < sizeof(refs) / sizeof(refs[0]); i++) Py_XDECREF(*refs[i]);
     PyMem_Free(e);
 }
@@ -250,25 +251,34 @@ static PyObject *call(PyObject *self, PyObject *const *a, Py_ssize_t n) {
         PyTuple_SET_ITEM(args, e->slot[role], put);
         Py_DECREF(old);
     }
+    /* Under the cache's lock, as the Python lane calls its plan: the plan still cached under its key (not
+       evicted, nor replaced by a new plan whose workspace the recorded arguments do not name), its LRU
+       order kept, and the launch issued before another thread can evict it. The entry holds the plan, so
+       its workspace outlives the launch whatever happens after. */
     r = PyObject_CallMethodNoArgs(e->lock, s_acquire);
     if (!r) goto fail;
     Py_DECREF(r);
-    r = PyObject_CallMethodOneArg(e->plans, s_move_to_end, e->plan_key);  /* the LRU order, as the lane keeps it */
-    int evicted = 0;
+    int stale = 0;
     PyObject *et = NULL, *ev = NULL, *tb = NULL;
-    if (!r) {
-        if (PyErr_ExceptionMatches(PyExc_KeyError)) { PyErr_Clear(); evicted = 1; }  /* the Python lane decides */
+    PyObject *cached = PyObject_GetItem(e->plans, e->plan_key);
+    if (!cached) {
+        if (PyErr_ExceptionMatches(PyExc_KeyError)) { PyErr_Clear(); stale = 1; }  /* the Python lane decides */
+        else PyErr_Fetch(&et, &ev, &tb);
+    } else {
+        stale = cached != e->plan;
+        Py_DECREF(cached);
+    }
+    if (!stale && !et) {
+        r = PyObject_CallMethodOneArg(e->plans, s_move_to_end, e->plan_key);  /* the LRU order, as the lane keeps it */
+        if (r) { Py_DECREF(r); r = PyObject_Call(e->launcher, args, NULL); }
+        if (r) Py_DECREF(r);
         else PyErr_Fetch(&et, &ev, &tb);
     }
-    Py_XDECREF(r);
     PyObject *unlocked = PyObject_CallMethodNoArgs(e->lock, s_release);
     if (!unlocked) { Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb); goto fail; }
     Py_DECREF(unlocked);
     if (et) { PyErr_Restore(et, ev, tb); goto fail; }
-    if (evicted) goto done;
-    r = PyObject_Call(e->launcher, args, NULL);
-    if (!r) goto fail;
-    Py_DECREF(r);
+    if (stale) goto done;
     result = out;
     goto done;
 fail:
@@ -299,7 +309,7 @@ static PyObject *entry(PyObject *self, PyObject *d) {
 #define OBJ(f) if (!(e->f = get_obj(d, #f))) goto bad;
     OBJ(shape) OBJ(dtype) OBJ(device) OBJ(param_shape) OBJ(k_dtype) OBJ(p_dtype) OBJ(fp_dtype)
     OBJ(get_device) OBJ(get_stream) OBJ(capturing) OBJ(empty_like) OBJ(launcher) OBJ(args)
-    OBJ(env_keys) OBJ(env_values) OBJ(hook_owner) OBJ(hook_enter) OBJ(hook_exit) OBJ(plans) OBJ(plan_key) OBJ(lock)
+    OBJ(env_keys) OBJ(env_values) OBJ(hook_owner) OBJ(hook_enter) OBJ(hook_exit) OBJ(plans) OBJ(plan_key) OBJ(lock) OBJ(plan)
 #undef OBJ
     e->env = PyDict_GetItemString(d, "env");
     if (e->env == Py_None) e->env = NULL;
@@ -415,11 +425,13 @@ def _build():
 
 
 def fields(*, probs, op: str, args: tuple, slots: dict, aligns: dict, kinds: dict, launcher,
-           cuda_calls: tuple, stream: int, hook_owner, hooks: tuple, plans, plan_key: tuple, lock) -> dict:
+           cuda_calls: tuple, stream: int, hook_owner, hooks: tuple, plans, plan_key: tuple, lock, plan) -> dict:
     """An entry's fields (`entry`): `args` the launcher's arguments with the stream set (None in the
     substituted slots), `slots` / `aligns` role -> argument index / recorded address % 16, `kinds` K and P
     -> 0 absent, 1 scalar, 2 tensor, `cuda_calls` the current
-    device, stream and capture state's calls, `hooks` Triton's launch hooks at the recording."""
+    device, stream and capture state's calls, `hooks` Triton's launch hooks at the recording; `plans`,
+    `plan_key`, `lock`: renorm_plan's cache, the plan's key and the cache's lock, `plan` the plan (held, so
+    its workspace outlives any launch through the entry)."""
     env = env_snapshot(KNOBS)
     rows, vocab = probs.shape
     return dict(
@@ -430,6 +442,7 @@ def fields(*, probs, op: str, args: tuple, slots: dict, aligns: dict, kinds: dic
         env=None if env is None else env[0], env_keys=() if env is None else env[1],
         env_values=() if env is None else env[2],
         hook_owner=hook_owner, hook_enter=hooks[0], hook_exit=hooks[1], plans=plans, plan_key=plan_key, lock=lock,
+        plan=plan,
         ints=(probs.device.index if probs.device.index is not None else -1, stream, 1, vocab, op == "min_p"),
         roles=tuple((slots.get(r, -1), aligns.get(r, 0), kinds.get(r, 0)) for r in range(5)))
 
@@ -466,7 +479,7 @@ def for_plan(plan, plan_key: tuple, plans, lock, probs, values: list):
     return m.entry(fields(probs=probs, op=plan.op, args=tuple(args), slots=slots, aligns=dict(direct.tensor_roles),
                           kinds=kinds, launcher=launch.run, cuda_calls=cuda_calls,
                           stream=plan_key[6], hook_owner=owner, hooks=launch.hooks, plans=plans, plan_key=plan_key,
-                          lock=lock))
+                          lock=lock, plan=plan))
 
 
 __all__ = ["FAILURE", "KNOBS", "SOURCE", "cache_dir", "enabled", "fields", "for_plan", "module"]

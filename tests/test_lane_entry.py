@@ -35,19 +35,26 @@ class Stand:
 
     def __init__(self):
         self.device, self.stream, self.capture, self.launched = -1, 77, False, []
+        self.lock, self.locked, self.fail = None, [], None  # the cache's lock (`make`), held at each launch
+
+    def launch(self, *args):
+        self.locked.append(self.lock.locked())
+        if self.fail is not None:
+            raise self.fail
+        self.launched.append(args)
 
     def calls(self):
         return (lambda: self.device), (lambda index: self.stream), (lambda: self.capture)
 
-    def launch(self, *args):
-        self.launched.append(args)
 
 
 def make(m, stand, op="top_k", k=40, p=None, fp=False, backend="tpguard", table=None):
     """An entry for calls like (probs [4, VOCAB], k, p), put in `table` under the Python lane key."""
     probs = torch.rand(4, VOCAB)
     table = {} if table is None else table
-    plans, lock = OrderedDict(a=1, plan=2, b=3), threading.Lock()
+    plan = object()  # the plan the entry serves: the cache must still hold this one
+    plans, lock = OrderedDict(a=1, plan=plan, b=3), threading.Lock()
+    stand.lock = lock
     slots = {PROBS: 12, OUT: 14}
     kinds = {K: 0, P: 0}
     if k is not None:
@@ -62,7 +69,7 @@ def make(m, stand, op="top_k", k=40, p=None, fp=False, backend="tpguard", table=
     fields = lane_entry.fields(probs=probs, op=op, args=args, slots=slots, aligns={PROBS: 0, OUT: 0, K: 0, P: 0, FP: 0},
                                kinds=kinds, launcher=stand.launch, cuda_calls=stand.calls(),
                                stream=77, hook_owner=dl.hook_owner(), hooks=(enter, exit_), plans=plans,
-                               plan_key="plan", lock=lock)
+                               plan_key="plan", lock=lock, plan=plan)
     key = renorm_lane.lane_key(op, probs, k, p, backend, fps, False)
     table[key] = m.entry(fields)
     m.setup(table, torch.Tensor)
@@ -82,6 +89,11 @@ def test_the_entry_launches_with_the_calls_addresses_and_scalars(m):
     assert args[12] == probs.data_ptr() and args[14] == out.data_ptr() and args[15] == 41
     assert all(args[i] == f"arg{i}" for i in range(20) if i not in (12, 14, 15))
     assert list(plans) == ["a", "b", "plan"]  # the LRU order: the plan is the most recent
+    assert stand.locked == [True] and not stand.lock.locked()  # launched under the cache's lock, released after
+    stand.fail = RuntimeError("launch failed")
+    with pytest.raises(RuntimeError, match="launch failed"):  # the launcher's error, the lock released
+        call(m, "top_k", probs, 41, None)
+    assert not stand.lock.locked()
 
 
 def test_tensor_parameters_and_a_slot(m):
@@ -139,10 +151,13 @@ def test_every_lane_condition_sends_the_call_back(m, monkeypatch):
     finally:
         enter.calls.clear()
     assert not stand.launched
-    del plans["plan"]  # evicted
+    plan = plans.pop("plan")  # evicted
     assert call(m, "top_k", probs, 40, None) is None and not stand.launched
-    plans["plan"] = 2
+    plans["plan"] = object()  # a new plan under the key: another workspace than the recorded arguments name
+    assert call(m, "top_k", probs, 40, None) is None and not stand.launched
+    plans["plan"] = plan
     assert call(m, "top_k", probs, 40, None) is not None and len(stand.launched) == 1
+    assert not stand.lock.locked()
 
 
 def test_min_p_range_and_float_parameters(m):
