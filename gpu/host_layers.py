@@ -1,6 +1,6 @@
 """Host time of an eager renorm call, layer by layer (no sync in the loops): the public call (a repeated
-call takes its lane straight to the plan, kernels/renorm_lane.py, through its compiled entry where it has
-one, kernels/lane_entry.py; TPGUARD_LANE_ENTRY=0: the lane in Python), run_op (the full way, no lane), the
+call takes its lane straight to the plan: kernels/renorm_lane.py; with TPGUARD_LANE_ENTRY=1 through its
+compiled entry where it has one, kernels/lane_entry.py), run_op (the full way, no lane), the
 plan cache (renorm_plan.run), the plan's own call, its direct launches, one launch (and Triton's C
 launcher alone, its arguments built beforehand: mostly the driver's call), and the pieces
 of the cache lookup; flashinfer's default beside it (docs/design-renorm.md, "Host time").
@@ -58,21 +58,21 @@ def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
     kt, pt = torch.full((rows,), 40, dtype=torch.int32, device=x.device), torch.full((rows,), 0.9, device=x.device)
     drop_in = (lambda: flashinfer_api.top_k_renorm_probs(x, kt)) if op == "top_k" else \
         (lambda: flashinfer_api.top_p_renorm_probs(x, pt))
-    compiled = host(public)  # through the lane's compiled entry where its plan has one (lane_entry.py)
-    # the lane in Python: an entry is made by a lane once, so new plans without entries, and new plans again
-    # after them (an entry made under the knob refuses every call once it changes)
+    python_lane = host(public)
+    # the lane's compiled entry where its plan has one (lane_entry.py): an entry is made by a lane once, so new
+    # plans for it, and new plans again after them (an entry made under the knob refuses every call once it changes)
     renorm_plan.clear_plans()
     before = os.environ.get("TPGUARD_LANE_ENTRY")
-    os.environ["TPGUARD_LANE_ENTRY"] = "0"
+    os.environ["TPGUARD_LANE_ENTRY"] = "1"
     try:
-        python_lane = host(public)
+        compiled = host(public)
     finally:
         if before is None:
             del os.environ["TPGUARD_LANE_ENTRY"]
         else:
             os.environ["TPGUARD_LANE_ENTRY"] = before
         renorm_plan.clear_plans()
-    out = [("public call", compiled), ("public call, TPGUARD_LANE_ENTRY=0", python_lane),
+    out = [("public call", python_lane), ("public call, TPGUARD_LANE_ENTRY=1", compiled),
            ("run_op", host(lambda: tk.run_op(op, x, k, p))),
            ("renorm_plan.run", host(lambda: renorm_plan.run(op, x, k, p)))]
     plan = next(plan for key, plan in renorm_plan.plans() if key[0] == op and key[1] == x.shape[0])
