@@ -47,7 +47,6 @@ class Stand:
         return (lambda: self.device), (lambda index: self.stream), (lambda: self.capture)
 
 
-
 def make(m, stand, op="top_k", k=40, p=None, fp=False, backend="tpguard", table=None):
     """An entry for calls like (probs [4, VOCAB], k, p), put in `table` under the Python lane key."""
     probs = torch.rand(4, VOCAB)
