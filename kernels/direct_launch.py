@@ -345,19 +345,16 @@ class DirectLaunch:
         self.c_launch = direct is not None
         return True
 
-    def launch(self, stream: int, values) -> None:
+    def launch(self, stream: int, values, addresses=None) -> None:
+        """The launch with the call's role values; `addresses`: the tensor roles' addresses read before (by
+        role: LaunchSet.addresses), else read here."""
         args = self.template.copy()
         args[3] = stream
         for i, role, as_ptr in self.slots:
-            args[i] = values[role].data_ptr() if as_ptr else values[role]
-        self.run(*args)
-
-    def launch_resolved(self, stream: int, values, addresses) -> None:
-        """`launch` with the tensor roles' addresses read before (`addresses`, by role)."""
-        args = self.template.copy()
-        args[3] = stream
-        for i, role, as_ptr in self.slots:
-            args[i] = addresses[role] if as_ptr else values[role]
+            if as_ptr:
+                args[i] = values[role].data_ptr() if addresses is None else addresses[role]
+            else:
+                args[i] = values[role]
         self.run(*args)
 
 
@@ -429,7 +426,7 @@ class LaunchSet:
             return False
         stream = current_stream()
         for launch in self.launches:
-            launch.launch_resolved(stream, values, addresses)
+            launch.launch(stream, values, addresses)
         return True
 
     @property

@@ -450,13 +450,13 @@ def fields(*, probs, op: str, args: tuple, slots: dict, aligns: dict, kinds: dic
         roles=tuple((slots.get(r, -1), aligns.get(r, 0), kinds.get(r, 0)) for r in range(5)))
 
 
-def for_plan(plan, plan_key: tuple, plans, lock, probs, values: list):
+def for_plan(plan, plan_key: tuple, plans, lock, values: list):
     """A compiled entry to `plan` for calls like this one (`values`: its roles, as the plan got them), or
     None where the plan is not one direct launch through Triton's C launch, or there is no compiled module."""
     from tpguard.kernels import cuda_state
     from tpguard.kernels import direct_launch as dl
 
-    direct = plan.direct
+    direct, probs = plan.direct, values[PROBS]
     if not enabled() or plan.state != "on" or plan.graphs is not None or not plan.graphs_tried or direct is None \
             or len(direct.launches) != 1 or plan.spec.out_dtype is not None or not probs.is_cuda:
         return None

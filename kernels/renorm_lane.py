@@ -136,7 +136,7 @@ def _add_entry(lane: Lane, values: list) -> None:
     global compiled_call
     from tpguard.kernels import lane_entry
 
-    entry = lane_entry.for_plan(lane.plan, lane.plan_key, lane.plans, lane.lock, values[0], values)
+    entry = lane_entry.for_plan(lane.plan, lane.plan_key, lane.plans, lane.lock, values)
     if entry is None or _LANES.get(lane.key) is not lane:
         return
     module = lane_entry.module()

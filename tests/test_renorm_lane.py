@@ -201,7 +201,8 @@ def test_lanes_on_gpu(full_way, monkeypatch):
     from tpguard.kernels import lane_entry
 
     monkeypatch.setenv("TPGUARD_LANE_ENTRY", "1")  # the compiled entries too (kernels/lane_entry.py)
-    renorm_plan.clear_plans()  # another test's plans: the limit would evict these (and drop their lanes)
+    # room for every plan below (two per op: its stream's and the side stream's): an eviction drops every lane
+    monkeypatch.setenv("TPGUARD_RENORM_PLANS", "16")
     in_python = []  # calls a lane served in Python (not its compiled entry)
     real = renorm_lane.Lane.__call__
 
