@@ -1,6 +1,6 @@
 """Host time of an eager renorm call, layer by layer (no sync in the loops): the public call (a repeated
-call takes its lane straight to the plan: kernels/renorm_lane.py; with TPGUARD_LANE_ENTRY=1 through its
-compiled entry where it has one, kernels/lane_entry.py), run_op (the full way, no lane), the
+call takes its lane straight to the plan: kernels/renorm_lane.py, through its compiled entry where it has
+one, kernels/lane_entry.py; TPGUARD_LANE_ENTRY=0: the lane in Python), run_op (the full way, no lane), the
 plan cache (renorm_plan.run), the plan's own call, its direct launches, one launch (and Triton's C
 launcher alone, its arguments built beforehand: mostly the driver's call), and the pieces
 of the cache lookup; flashinfer's default beside it (docs/design-renorm.md, "Host time").
@@ -17,6 +17,7 @@ parameter (as the SGLang plugin calls it), run_op, the plan cache and the lookup
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -50,6 +51,20 @@ def python_only(fn, n: int = N) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
+@contextlib.contextmanager
+def entries_off():
+    """TPGUARD_LANE_ENTRY=0 inside: every call takes its lane in Python (kernels/lane_entry.py)."""
+    before = os.environ.get("TPGUARD_LANE_ENTRY")
+    os.environ["TPGUARD_LANE_ENTRY"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TPGUARD_LANE_ENTRY"]
+        else:
+            os.environ["TPGUARD_LANE_ENTRY"] = before
+
+
 def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
     k, p = (40, None) if op == "top_k" else (None, 0.9)
     public = (lambda: tk.top_k_renorm(x, 40, validate=False)) if op == "top_k" else \
@@ -58,21 +73,13 @@ def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
     kt, pt = torch.full((rows,), 40, dtype=torch.int32, device=x.device), torch.full((rows,), 0.9, device=x.device)
     drop_in = (lambda: flashinfer_api.top_k_renorm_probs(x, kt)) if op == "top_k" else \
         (lambda: flashinfer_api.top_p_renorm_probs(x, pt))
-    python_lane = host(public)
-    # the lane's compiled entry where its plan has one (lane_entry.py): an entry is made by a lane once, so new
-    # plans for it, and new plans again after them (an entry made under the knob refuses every call once it changes)
+    # the lane in Python alone: the compiled entries off (an entry is made by a lane once, so new plans
+    # for it: an entry made under one value of the knob refuses every call once it changes)
     renorm_plan.clear_plans()
-    before = os.environ.get("TPGUARD_LANE_ENTRY")
-    os.environ["TPGUARD_LANE_ENTRY"] = "1"
-    try:
-        compiled = host(public)
-    finally:
-        if before is None:
-            del os.environ["TPGUARD_LANE_ENTRY"]
-        else:
-            os.environ["TPGUARD_LANE_ENTRY"] = before
-        renorm_plan.clear_plans()
-    out = [("public call", python_lane), ("public call, TPGUARD_LANE_ENTRY=1", compiled),
+    with entries_off():
+        python_lane = host(public)
+    renorm_plan.clear_plans()
+    out = [("public call", host(public)), ("public call, TPGUARD_LANE_ENTRY=0", python_lane),
            ("run_op", host(lambda: tk.run_op(op, x, k, p))),
            ("renorm_plan.run", host(lambda: renorm_plan.run(op, x, k, p)))]
     plan = next(plan for key, plan in renorm_plan.plans() if key[0] == op and key[1] == x.shape[0])
@@ -84,7 +91,8 @@ def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
     type(plan).__call__ = lambda self, v: v[0] if self is plan else real(self, v)
     try:
         out.append(("plan cache lookup alone", python_only(lambda: renorm_plan.run(op, x, k, p))))
-        out.append(("public call's lane alone", python_only(public)))
+        with entries_off():  # the lane's Python (an entry would launch the real kernel)
+            out.append(("public call's lane alone", python_only(public)))
     finally:
         type(plan).__call__ = real
     if plan.direct is not None:
@@ -109,6 +117,8 @@ def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
             ("plan_key", python_only(lambda: renorm_plan.plan_key(op, x, k, p, cfg, None)))]
     # last: its plan (a tensor parameter's) must not be the one the layers above pick
     out.append(("drop-in surface, a tensor parameter", host(drop_in)))
+    with entries_off():
+        out.append(("drop-in surface, TPGUARD_LANE_ENTRY=0", host(drop_in)))
     if fs is not None:
         theirs = (lambda: fs.top_k_renorm_probs(x, 40)) if op == "top_k" else (lambda: fs.top_p_renorm_probs(x, 0.9))
         out.append(("flashinfer default", host(theirs)))

@@ -122,6 +122,9 @@ class RenormConfig:
     # chunks per CTA of the one-launch kernel (same chunk sums); 0: the fewest that fit the grid on the GPU
     # at one CTA per SM (renorm_top_k_fused.chunks_per_cta)
     fused_per_cta: int = 0
+    # (0 = off) the one-launch kernel loads a CTA's next chunk while it reduces or writes the one before, and its
+    # first output chunk's input before it waits for the row's select; the same code on the same values: same bits
+    fused_prefetch: int = 1
     # (0 = off) the searches skip rounds that cannot set a bit of their answer (`search_rounds`): the float32
     # patterns of float16 / bfloat16 entries end in 13 / 16 zero bits, so a search whose answer is one of the
     # row's own entries (top-k's pivot, top-p's cutoffs: among its largest groups, in bracket_select) stops after

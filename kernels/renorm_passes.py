@@ -58,11 +58,25 @@ def row_stats_chunk(probs_ptr, row, chunk, vocab, n_chunks, n_groups, n_samples,
                     chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr,
                     CHUNK: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, WRITE_SAMPLE: tl.constexpr):
     """One chunk of one row: its float64 sum, non-finite count, group maxima and samples."""
-    src = probs_ptr + row * vocab
+    row_stats_loaded(load_chunk(probs_ptr, row, chunk, vocab, CHUNK, G), row, chunk, n_chunks, n_groups, n_samples,
+                     chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, WRITE_SAMPLE)
+
+
+@triton.jit
+def load_chunk(probs_ptr, row, chunk, vocab, CHUNK: tl.constexpr, G: tl.constexpr):
+    """One chunk of one row as a [CHUNK // G, G] block in the input's dtype (padding 0); `row_stats_loaded`
+    takes it, so a caller can load the next chunk before it reduces this one (renorm_top_k_fused.py)."""
+    offs = chunk * CHUNK + tl.arange(0, CHUNK // G)[:, None] * G + tl.arange(0, G)[None, :]
+    return tl.load(probs_ptr + row * vocab + offs, mask=offs < vocab, other=0.0)
+
+
+@triton.jit
+def row_stats_loaded(raw, row, chunk, n_chunks, n_groups, n_samples, chunk_sum_ptr, chunk_bad_ptr, gmax_ptr,
+                     gsamp_ptr, CHUNK: tl.constexpr, G: tl.constexpr, SG: tl.constexpr, WRITE_SAMPLE: tl.constexpr):
+    """`row_stats_chunk` of a chunk already loaded (`load_chunk`)."""
     gi = tl.arange(0, CHUNK // G)
     col = tl.arange(0, G)
-    offs = chunk * CHUNK + gi[:, None] * G + col[None, :]
-    x = tl.load(src + offs, mask=offs < vocab, other=0.0).to(tl.float32)  # fp16 / bf16: exact
+    x = raw.to(tl.float32)  # fp16 / bf16: exact
     bad = (x != x) | (tl.abs(x) == float("inf"))
     n_bad = tl.sum(tl.sum(bad.to(tl.int32), axis=1), axis=0)
     x = tl.maximum(x, 0.0)

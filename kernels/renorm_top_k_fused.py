@@ -40,7 +40,8 @@ import triton.language as tl
 
 from tpguard.kernels.direct_launch import sm_count as _device_sms
 from tpguard.kernels.renorm_config import RenormConfig, reg_cap, top_k_fused_rows
-from tpguard.kernels.renorm_passes import load_write_params, row_stats_chunk, store_probs, write_value
+from tpguard.kernels.renorm_passes import (load_chunk, load_write_params, row_stats_chunk, row_stats_loaded, store_probs,
+                                           write_value)
 from tpguard.kernels.renorm_top_k_select import top_k_select_row, workspace_flags
 
 @triton.jit
@@ -52,7 +53,7 @@ def _top_k_fused_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                         NS_BLOCK: tl.constexpr, SUB: tl.constexpr, REG: tl.constexpr,
                         TAU_GROUPS: tl.constexpr, CSUB: tl.constexpr,
                         STAGES: tl.constexpr, PER_CTA: tl.constexpr, SHORT: tl.constexpr = False,
-                        ENTRY_ROUNDS: tl.constexpr = 16):
+                        ENTRY_ROUNDS: tl.constexpr = 16, PREFETCH: tl.constexpr = True):
     """One CTA per PER_CTA consecutive chunks of a row (module doc); the select kernel's arguments
     (renorm_top_k.select_launch_args), then the output and the sync words."""
     cta = tl.program_id(0)
@@ -60,11 +61,22 @@ def _top_k_fused_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
     n_ctas = tl.cdiv(n_chunks, PER_CTA)
     sync = sync_ptr + row * 4  # SYNC_WORDS
     if (STAGES & 1) != 0:
-        for j in tl.static_range(PER_CTA):
-            chunk = cta * PER_CTA + j
-            if chunk < n_chunks:
-                row_stats_chunk(probs_ptr, row, chunk, vocab, n_chunks, n_groups, n_samples,
-                                chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, False)
+        if PREFETCH:  # the next chunk's load in flight while this one reduces: the same sums
+            ahead = load_chunk(probs_ptr, row, cta * PER_CTA, vocab, CHUNK, G)
+            for j in tl.static_range(PER_CTA):
+                chunk = cta * PER_CTA + j
+                held = ahead
+                if j + 1 < PER_CTA:
+                    ahead = load_chunk(probs_ptr, row, chunk + 1, vocab, CHUNK, G)
+                if chunk < n_chunks:
+                    row_stats_loaded(held, row, chunk, n_chunks, n_groups, n_samples,
+                                     chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, False)
+        else:
+            for j in tl.static_range(PER_CTA):
+                chunk = cta * PER_CTA + j
+                if chunk < n_chunks:
+                    row_stats_chunk(probs_ptr, row, chunk, vocab, n_chunks, n_groups, n_samples,
+                                    chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, False)
         tl.debug_barrier()  # every thread's stats stored before the release below
         arrived = tl.atomic_add(sync, 1, sem="acq_rel", scope="gpu")
         if arrived == n_ctas - 1:  # the row's last CTA: the others' stats are visible (acquire)
@@ -78,6 +90,10 @@ def _top_k_fused_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
             tl.debug_barrier()  # the row's params stored before the flag
             tl.atomic_xchg(sync + 1, 1, sem="release", scope="gpu")
     if (STAGES & 2) != 0:
+        src = probs_ptr + row * vocab
+        first = (cta * PER_CTA) * CHUNK + tl.arange(0, CHUNK)
+        if PREFETCH:  # the first chunk loaded before the wait (no CTA writes the input)
+            ahead = tl.load(src + first, mask=first < vocab, other=0.0)
         # volatile loads while waiting (atomic reads of one word by every waiting CTA queue up at its L2
         # slice: 4 rows 36.3 -> 27.5 us on an H200), then one acquire
         while tl.load(sync + 1, volatile=True) == 0:
@@ -86,10 +102,16 @@ def _top_k_fused_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
         tl.debug_barrier()  # no thread reads the params before the flag was seen
         thr1, r1, thr2, r2, live, fill = load_write_params(params_ptr, flag_ptr, row)
         for j in tl.static_range(PER_CTA):
-            offs = (cta * PER_CTA + j) * CHUNK + tl.arange(0, CHUNK)
+            offs = first + j * CHUNK
             mask = offs < vocab
-            x = tl.load(probs_ptr + row * vocab + offs, mask=mask, other=0.0).to(tl.float32)
-            store_probs(out_ptr + row * vocab + offs, write_value(x, thr1, r1, thr2, r2, live, fill), mask)
+            if PREFETCH:  # and each next chunk's load in flight while this one is written
+                held = ahead
+                if j + 1 < PER_CTA:
+                    ahead = tl.load(src + offs + CHUNK, mask=offs + CHUNK < vocab, other=0.0)
+            else:
+                held = tl.load(src + offs, mask=mask, other=0.0)
+            store_probs(out_ptr + row * vocab + offs,
+                        write_value(held.to(tl.float32), thr1, r1, thr2, r2, live, fill), mask)
         done = tl.atomic_add(sync + 2, 1, sem="relaxed", scope="gpu")
         if done == n_ctas - 1:  # every CTA of the row is past its wait
             tl.atomic_xchg(sync + 1, 0, sem="relaxed", scope="gpu")
@@ -138,7 +160,7 @@ def launch_fused(select_args: tuple, blocks: dict, out: torch.Tensor, s, ws, cfg
     grid = (triton.cdiv(s.n_chunks, per), s.rows)
     for stages in ((3,) if probs.is_cuda else (1, 2)):
         _top_k_fused_kernel[grid](*select_args, out, ws.sync, **blocks, CHUNK=s.chunk, STAGES=stages, PER_CTA=per,
-                                  num_warps=warps, **reg_cap(cfg.select_maxnreg, warps))
+                                  PREFETCH=bool(cfg.fused_prefetch), num_warps=warps, **reg_cap(cfg.select_maxnreg, warps))
 
 
 __all__ = ["chunks_per_cta", "fused_fits", "launch_fused", "sm_count"]

@@ -177,3 +177,11 @@ def test_no_table_no_entries(m):
         m.call("top_k")
     with pytest.raises(KeyError):
         m.entry({})
+
+
+def test_entries_are_on_unless_the_knob_says_0(monkeypatch):
+    monkeypatch.delenv("TPGUARD_LANE_ENTRY", raising=False)
+    assert lane_entry.enabled()
+    for value, on in (("0", False), (" 0 ", False), ("1", True), ("", True)):
+        monkeypatch.setenv("TPGUARD_LANE_ENTRY", value)
+        assert lane_entry.enabled() == on, value

@@ -200,7 +200,7 @@ def test_a_lane_is_made_only_for_the_values_its_plan_was_handed(full_way):
 def test_lanes_on_gpu(full_way, monkeypatch):
     from tpguard.kernels import lane_entry
 
-    monkeypatch.setenv("TPGUARD_LANE_ENTRY", "1")  # the compiled entries too (kernels/lane_entry.py)
+    monkeypatch.delenv("TPGUARD_LANE_ENTRY", raising=False)  # the compiled entries too: on by default
     # room for every plan below (two per op: its stream's and the side stream's): an eviction drops every lane
     monkeypatch.setenv("TPGUARD_RENORM_PLANS", "16")
     in_python = []  # calls a lane served in Python (not its compiled entry)
@@ -246,7 +246,7 @@ def test_lanes_on_gpu(full_way, monkeypatch):
             monkeypatch.setenv("TPGUARD_LANE_ENTRY", "0")
             in_python.clear()
             assert torch.equal(bits(fn()), bits(first)) and len(full_way) == n + 2 and in_python, name
-            monkeypatch.setenv("TPGUARD_LANE_ENTRY", "1")
+            monkeypatch.delenv("TPGUARD_LANE_ENTRY")
     plan = next(p for _, p in renorm_plan.plans() if p.op == "top_k")
     assert plan.state == "on", plan.refusal
 

@@ -176,6 +176,21 @@ def test_chunks_per_cta():
         assert torch.equal(bits(out), bits(expect)), per
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefetch_same_bits(dtype):
+    """fused_prefetch (the next chunk's load in flight, the first output chunk's input loaded before the
+    wait): the same bits as without, at 1 and 4 chunks per CTA (a CTA past the row's end), scalar and per-row k."""
+    x = torch.cat([make_rows(2, 4096 * 5 + 100, "flat", seed=5), make_rows(2, 4096 * 5 + 100, "peaky", seed=6)])
+    x = x.to(dtype)
+    k_rows = torch.tensor([40, 1, 4096 * 5 + 100, 300], dtype=torch.int32, device=x.device)
+    view = torch.int32 if dtype == torch.float32 else torch.int16
+    for per, k in ((1, k_rows), (4, 40)):  # (few: each is two more compiled variants on a GPU)
+        cfg = DEFAULT_CONFIG.replace(fused_per_cta=per)
+        on = top_k_renorm_triton(x, k, cfg.replace(fused_prefetch=1))
+        off = top_k_renorm_triton(x, k, cfg.replace(fused_prefetch=0))
+        assert on.dtype == dtype and torch.equal(on.view(view), off.view(view)), per
+        assert torch.equal(on.view(view), top_k_renorm_triton(x, k, cfg.replace(fused_rows=0)).view(view)), per
+
 def test_one_launch_on_short_rows_up_to_fused_rows_short():
     """Top-k alone on short rows at fused_rows_short rows: one launch (the sync words in its workspace,
     zero again after the call), the three launches' bits, scalar and per-row k."""
