@@ -1,6 +1,6 @@
 """Host time of an eager renorm call, layer by layer (no sync in the loops): the public call (a repeated
-call takes its lane straight to the plan: kernels/renorm_lane.py, through its compiled entry where it has
-one, kernels/lane_entry.py; TPGUARD_LANE_ENTRY=0: the lane in Python), run_op (the full way, no lane), the
+call takes its lane straight to the plan, kernels/renorm_lane.py: in Python, and with TPGUARD_LANE_ENTRY=1
+through its compiled entry where it has one, kernels/lane_entry.py), run_op (the full way, no lane), the
 plan cache (renorm_plan.run), the plan's own call, its direct launches, one launch (and Triton's C
 launcher alone, its arguments built beforehand: mostly the driver's call), and the pieces
 of the cache lookup; flashinfer's default beside it (docs/design-renorm.md, "Host time").
@@ -52,10 +52,11 @@ def python_only(fn, n: int = N) -> float:
 
 
 @contextlib.contextmanager
-def entries_off():
-    """TPGUARD_LANE_ENTRY=0 inside: every call takes its lane in Python (kernels/lane_entry.py)."""
+def entry_knob(value: str):
+    """TPGUARD_LANE_ENTRY=`value` inside: "1" the compiled entries on, "0" every call through its lane in Python
+    (kernels/lane_entry.py)."""
     before = os.environ.get("TPGUARD_LANE_ENTRY")
-    os.environ["TPGUARD_LANE_ENTRY"] = "0"
+    os.environ["TPGUARD_LANE_ENTRY"] = value
     try:
         yield
     finally:
@@ -73,13 +74,16 @@ def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
     kt, pt = torch.full((rows,), 40, dtype=torch.int32, device=x.device), torch.full((rows,), 0.9, device=x.device)
     drop_in = (lambda: flashinfer_api.top_k_renorm_probs(x, kt)) if op == "top_k" else \
         (lambda: flashinfer_api.top_p_renorm_probs(x, pt))
-    # the lane in Python alone: the compiled entries off (an entry is made by a lane once, so new plans
-    # for it: an entry made under one value of the knob refuses every call once it changes)
+    # the lane in Python, then through the compiled entry where its plan has one: new plans for each (an entry
+    # is made by a lane once, and one made under a value of the knob refuses every call once it changes)
     renorm_plan.clear_plans()
-    with entries_off():
+    with entry_knob("0"):
         python_lane = host(public)
     renorm_plan.clear_plans()
-    out = [("public call", host(public)), ("public call, TPGUARD_LANE_ENTRY=0", python_lane),
+    with entry_knob("1"):
+        compiled = host(public)
+    renorm_plan.clear_plans()
+    out = [("public call, TPGUARD_LANE_ENTRY=0", python_lane), ("public call, TPGUARD_LANE_ENTRY=1", compiled),
            ("run_op", host(lambda: tk.run_op(op, x, k, p))),
            ("renorm_plan.run", host(lambda: renorm_plan.run(op, x, k, p)))]
     plan = next(plan for key, plan in renorm_plan.plans() if key[0] == op and key[1] == x.shape[0])
@@ -91,7 +95,7 @@ def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
     type(plan).__call__ = lambda self, v: v[0] if self is plan else real(self, v)
     try:
         out.append(("plan cache lookup alone", python_only(lambda: renorm_plan.run(op, x, k, p))))
-        with entries_off():  # the lane's Python (an entry would launch the real kernel)
+        with entry_knob("0"):  # the lane's Python (an entry would launch the real kernel)
             out.append(("public call's lane alone", python_only(public)))
     finally:
         type(plan).__call__ = real
@@ -116,9 +120,10 @@ def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
             ("device_guard", python_only(lambda: dl.device_guard(x.device))),
             ("plan_key", python_only(lambda: renorm_plan.plan_key(op, x, k, p, cfg, None)))]
     # last: its plan (a tensor parameter's) must not be the one the layers above pick
-    out.append(("drop-in surface, a tensor parameter", host(drop_in)))
-    with entries_off():
-        out.append(("drop-in surface, TPGUARD_LANE_ENTRY=0", host(drop_in)))
+    for knob in ("0", "1"):  # new plans for each (above)
+        renorm_plan.clear_plans()
+        with entry_knob(knob):
+            out.append((f"drop-in surface, a tensor parameter, TPGUARD_LANE_ENTRY={knob}", host(drop_in)))
     if fs is not None:
         theirs = (lambda: fs.top_k_renorm_probs(x, 40)) if op == "top_k" else (lambda: fs.top_p_renorm_probs(x, 0.9))
         out.append(("flashinfer default", host(theirs)))

@@ -10,12 +10,14 @@ keeps its LRU order and calls the launcher with the recorded arguments, the call
 substituted. Any condition not met: None,
 and the call takes its lane in Python (or the full way) as before.
 
-On by default; ``TPGUARD_LANE_ENTRY=0`` turns them off (read when a lane would make its entry, and compared
-on every call through one). On an H100 host they took a top-k call at 1-64 x 32000 from 19 to 13 us of host
-time; `tests/test_renorm_lane.py::test_lanes_on_gpu` compares what they serve with the full way's bits. Built once per process with the C compiler Triton's own launchers need (``cc``, Python's
-headers), into ``~/.cache/tpguard`` (``TPGUARD_CACHE_DIR``), keyed by the source's hash; no compiler or a
-failed build: no entries (the Python lanes serve). Python 3 ABI only (no torch or CUDA headers):
-a tensor is read through its Python attributes, the current device and stream through torch's C calls.
+Off unless ``TPGUARD_LANE_ENTRY=1`` (read when a lane would make its entry, and compared on every call
+through one): on an H100 host the entries took a top-k call at 1-64 x 32000 from 19-25 to 13-17 us of host
+time, below flashinfer's, but `tests/test_renorm_lane.py::test_lanes_on_gpu`, which compares what they serve with
+the full way's bits, has not passed on a GPU yet (docs/benchmarks.md, "Compiled lane entries"). Built once
+per process with the C compiler Triton's own launchers need (``cc``, Python's headers), into
+``~/.cache/tpguard`` (``TPGUARD_CACHE_DIR``), keyed by the source's hash; no compiler or a failed build: no
+entries (the Python lanes serve). Python 3 ABI only (no torch or CUDA headers): a tensor is read through its
+Python attributes, the current device and stream through torch's C calls.
 """
 
 from __future__ import annotations
@@ -379,8 +381,9 @@ def cache_dir() -> str:
 
 
 def enabled() -> bool:
-    """The compiled entries are on unless TPGUARD_LANE_ENTRY=0 (docs/kernels.md, "Call plans")."""
-    return env_value("TPGUARD_LANE_ENTRY", "1").strip() != "0"
+    """TPGUARD_LANE_ENTRY=1 turns the compiled entries on (off by default until their GPU test has passed:
+    the module doc; docs/kernels.md, "Call plans")."""
+    return env_value("TPGUARD_LANE_ENTRY", "0").strip() == "1"
 
 
 def module():

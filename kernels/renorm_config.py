@@ -123,7 +123,8 @@ class RenormConfig:
     # at one CTA per SM (renorm_top_k_fused.chunks_per_cta)
     fused_per_cta: int = 0
     # (0 = off) the one-launch kernel loads a CTA's next chunk while it reduces or writes the one before, and its
-    # first output chunk's input before it waits for the row's select; the same code on the same values: same bits
+    # first output chunk's input before it waits for the row's select; the same code on the same values: same bits.
+    # H100, graph: 15 of 24 top-k cells at 1-64 x 32000-163840 faster, 8 slower, 668 against 682 us summed
     fused_prefetch: int = 1
     # (0 = off) the searches skip rounds that cannot set a bit of their answer (`search_rounds`): the float32
     # patterns of float16 / bfloat16 entries end in 13 / 16 zero bits, so a search whose answer is one of the

@@ -14,6 +14,10 @@ Here the three run in one grid (CTAs per row, rows), each CTA on a run of consec
    select kernel's) and raises the row's ready flag;
 3. every CTA waits for its row's flag, then writes its chunks of the output (`write_value`).
 
+With `RenormConfig.fused_prefetch` a CTA loads its next chunk while it reduces or writes the one before, and
+its first output chunk's input before the wait (H100, graph: 15 of 24 top-k cells at 1-64 x 32000-163840
+faster, 8 slower, 2% summed; docs/benchmarks.md, "The entries on"). Same values into the same code: same bits.
+
 Same bits as the three launches: the stats and the select are the same code at the same warps and
 block shapes (renorm_top_k.py runs the row stats of top-k alone at the select's warps for this: a
 float64 sum's order follows the warps), so a row's chunk sums, total and select sums are the same.

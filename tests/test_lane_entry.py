@@ -179,9 +179,9 @@ def test_no_table_no_entries(m):
         m.entry({})
 
 
-def test_entries_are_on_unless_the_knob_says_0(monkeypatch):
+def test_entries_are_off_unless_the_knob_says_1(monkeypatch):
     monkeypatch.delenv("TPGUARD_LANE_ENTRY", raising=False)
-    assert lane_entry.enabled()
-    for value, on in (("0", False), (" 0 ", False), ("1", True), ("", True)):
+    assert not lane_entry.enabled()
+    for value, on in (("1", True), (" 1 ", True), ("0", False), ("", False), ("yes", False)):
         monkeypatch.setenv("TPGUARD_LANE_ENTRY", value)
         assert lane_entry.enabled() == on, value
