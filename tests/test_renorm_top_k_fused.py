@@ -191,6 +191,7 @@ def test_prefetch_same_bits(dtype):
         assert on.dtype == dtype and torch.equal(on.view(view), off.view(view)), per
         assert torch.equal(on.view(view), top_k_renorm_triton(x, k, cfg.replace(fused_rows=0)).view(view)), per
 
+
 def test_one_launch_on_short_rows_up_to_fused_rows_short():
     """Top-k alone on short rows at fused_rows_short rows: one launch (the sync words in its workspace,
     zero again after the call), the three launches' bits, scalar and per-row k."""
