@@ -26,7 +26,7 @@ import torch
 from tpguard.kernels import direct_launch as dl
 from tpguard.kernels import flashinfer_api
 from tpguard.kernels import renorm as tk
-from tpguard.kernels import renorm_plan
+from tpguard.kernels import renorm_lane, renorm_plan
 from tpguard.kernels.renorm_config import default_config
 
 from tpguard.bench.kernels import flashinfer_sampling
@@ -64,6 +64,18 @@ def entry_knob(value: str):
             del os.environ["TPGUARD_LANE_ENTRY"]
         else:
             os.environ["TPGUARD_LANE_ENTRY"] = before
+
+
+def served_by() -> str:
+    """Whether the one plan's lane has a compiled entry, and if not what its plan is (the drop-in's rows)."""
+    if renorm_lane.entries():
+        return " (its entry)"
+    plans = renorm_plan.plans()
+    if len(plans) != 1:
+        return f" (no entry; {len(plans)} plans)"
+    plan = plans[0][1]
+    launches = None if plan.direct is None else len(plan.direct.launches)
+    return f" (no entry; plan {plan.state} {plan.refusal[:60]}, graphs {plan.graphs is not None}, launches {launches})"
 
 
 def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
@@ -123,7 +135,8 @@ def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
     for knob in ("0", "1"):  # new plans for each (above)
         renorm_plan.clear_plans()
         with entry_knob(knob):
-            out.append((f"drop-in surface, a tensor parameter, TPGUARD_LANE_ENTRY={knob}", host(drop_in)))
+            us = host(drop_in)
+        out.append((f"drop-in surface, a tensor parameter, TPGUARD_LANE_ENTRY={knob}{served_by()}", us))
     if fs is not None:
         theirs = (lambda: fs.top_k_renorm_probs(x, 40)) if op == "top_k" else (lambda: fs.top_p_renorm_probs(x, 0.9))
         out.append(("flashinfer default", host(theirs)))
