@@ -103,8 +103,7 @@ def run_op(op: str, probs: torch.Tensor, top_k: Param | None = None, top_p: Para
 def top_k_renorm(probs: torch.Tensor, top_k: Param, *, backend: str = "deterministic", validate: bool = True,
                  fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """Keep the entries >= the k-th largest of each row (ties kept), renormalised to sum 1."""
-    out, key = renorm_lane.through_lane("top_k", probs, top_k, None, backend, fingerprint_out,
-                                        validate)
+    out, key = renorm_lane.through_lane("top_k", probs, top_k, None, backend, fingerprint_out, validate)
     if out is not None:
         return out
     check_probs(probs)
@@ -115,8 +114,7 @@ def top_k_renorm(probs: torch.Tensor, top_k: Param, *, backend: str = "determini
 def top_p_renorm(probs: torch.Tensor, top_p: Param, *, backend: str = "deterministic", validate: bool = True,
                  fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """Keep the smallest top set whose mass reaches p * row mass (ties at the cutoff kept), renormalised."""
-    out, key = renorm_lane.through_lane("top_p", probs, None, top_p, backend, fingerprint_out,
-                                        validate)
+    out, key = renorm_lane.through_lane("top_p", probs, None, top_p, backend, fingerprint_out, validate)
     if out is not None:
         return out
     check_probs(probs)
@@ -127,8 +125,7 @@ def top_p_renorm(probs: torch.Tensor, top_p: Param, *, backend: str = "determini
 def top_k_top_p_renorm(probs: torch.Tensor, top_k: Param, top_p: Param, *, backend: str = "deterministic",
                        validate: bool = True, fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """top-k renorm, then top-p renorm of the result (SGLang's order); top_k >= vocab skips top-k."""
-    out, key = renorm_lane.through_lane("top_k_top_p", probs, top_k, top_p, backend, fingerprint_out,
-                                        validate)
+    out, key = renorm_lane.through_lane("top_k_top_p", probs, top_k, top_p, backend, fingerprint_out, validate)
     if out is not None:
         return out
     check_probs(probs)
@@ -141,8 +138,7 @@ def top_k_top_p_renorm(probs: torch.Tensor, top_k: Param, top_p: Param, *, backe
 def min_p_renorm(probs: torch.Tensor, min_p: Param, *, backend: str = "deterministic", validate: bool = True,
                  fingerprint_out: torch.Tensor | None = None) -> torch.Tensor:
     """Keep the entries >= fp32(row max * min_p), renormalised."""
-    out, key = renorm_lane.through_lane("min_p", probs, None, min_p, backend, fingerprint_out,
-                                        validate)
+    out, key = renorm_lane.through_lane("min_p", probs, None, min_p, backend, fingerprint_out, validate)
     if out is not None:
         return out
     check_probs(probs)

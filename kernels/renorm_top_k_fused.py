@@ -8,7 +8,7 @@ work) and an eager call's time is the host's time to issue them (docs/design-ren
 Here the three run in one grid (CTAs per row, rows), each CTA on a run of consecutive chunks of its row
 (`chunks_per_cta`: the whole grid at one CTA per SM):
 
-1. every CTA writes its chunks' row stats (`row_stats_chunk`, the pass-1 code) and arrives on its
+1. every CTA writes its chunks' row stats (`row_stats_loaded`, the pass-1 code) and arrives on its
    row's counter (an integer atomic: no float is ever added atomically);
 2. the row's last CTA to arrive runs the row's select (`top_k_select_row`, the same code as the
    select kernel's) and raises the row's ready flag;
@@ -44,8 +44,7 @@ import triton.language as tl
 
 from tpguard.kernels.direct_launch import sm_count as _device_sms
 from tpguard.kernels.renorm_config import RenormConfig, reg_cap, top_k_fused_rows
-from tpguard.kernels.renorm_passes import (load_chunk, load_write_params, row_stats_chunk, row_stats_loaded, store_probs,
-                                           write_value)
+from tpguard.kernels.renorm_passes import load_chunk, load_write_params, row_stats_loaded, store_probs, write_value
 from tpguard.kernels.renorm_top_k_select import top_k_select_row, workspace_flags
 
 @triton.jit
@@ -65,22 +64,19 @@ def _top_k_fused_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
     n_ctas = tl.cdiv(n_chunks, PER_CTA)
     sync = sync_ptr + row * 4  # SYNC_WORDS
     if (STAGES & 1) != 0:
-        if PREFETCH:  # the next chunk's load in flight while this one reduces: the same sums
+        if PREFETCH:
             ahead = load_chunk(probs_ptr, row, cta * PER_CTA, vocab, CHUNK, G)
-            for j in tl.static_range(PER_CTA):
-                chunk = cta * PER_CTA + j
+        for j in tl.static_range(PER_CTA):
+            chunk = cta * PER_CTA + j
+            if PREFETCH:  # the next chunk's load in flight while this one reduces: the same sums
                 held = ahead
                 if j + 1 < PER_CTA:
                     ahead = load_chunk(probs_ptr, row, chunk + 1, vocab, CHUNK, G)
-                if chunk < n_chunks:
-                    row_stats_loaded(held, row, chunk, n_chunks, n_groups, n_samples,
-                                     chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, False)
-        else:
-            for j in tl.static_range(PER_CTA):
-                chunk = cta * PER_CTA + j
-                if chunk < n_chunks:
-                    row_stats_chunk(probs_ptr, row, chunk, vocab, n_chunks, n_groups, n_samples,
-                                    chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, False)
+            else:
+                held = load_chunk(probs_ptr, row, chunk, vocab, CHUNK, G)
+            if chunk < n_chunks:
+                row_stats_loaded(held, row, chunk, n_chunks, n_groups, n_samples,
+                                 chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, False)
         tl.debug_barrier()  # every thread's stats stored before the release below
         arrived = tl.atomic_add(sync, 1, sem="acq_rel", scope="gpu")
         if arrived == n_ctas - 1:  # the row's last CTA: the others' stats are visible (acquire)
