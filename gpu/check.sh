@@ -28,6 +28,8 @@
 #   speed        the harness's steady-state time per step without the guard, per renorm (one GPU) ~200 s
 #   fix          policy fix with flashinfer's default renorm (one GPU): switched once, clean after ~60 s
 #   replay       tpguard replay on a flashinfer run's dumps (gpu/replay_check.sh)                ~200 s
+#   host         host time of an eager call, layer by layer, flashinfer's beside it (gpu/host_layers.py;
+#                $OUT/host.txt)                                                                 ~100 s
 # Groups that fit: nvidia-h200: PHASES=tests, PHASES=kernels, PHASES=fingerprint,guard;
 #                  nvidia-h200-x2: PHASES=guard,harness, PHASES=sglang.
 # LIMIT (default 580 s from the start): every command is cut so the call ends before it, and one
@@ -248,6 +250,13 @@ fix() {  # policy fix with flashinfer's default renorm: healed once, switched, c
   rm -rf $d/trace
 }
 
+host() {  # host time of an eager call, layer by layer, flashinfer's beside it (gpu/host_layers.py), as $OUT/host.txt
+  local d=$RES/host; mkdir -p $d
+  within ${HOST_LIMIT:-200} python3 gpu/host_layers.py > $d/host_layers.txt 2>&1
+  say "host rc=$? $(grep -cE '^  ' $d/host_layers.txt) rows"
+  cp $d/host_layers.txt "$OUT/host.txt"; cat $d/host_layers.txt
+}
+
 replay() {  # tpguard replay on the dumps of a flashinfer run (gpu/replay_check.sh)
   local d=$RES/replay; mkdir -p $d
   OUT=$d PYTHON=python3 within ${REPLAY_LIMIT:-300} bash gpu/replay_check.sh > $d/log.txt 2>&1
@@ -257,8 +266,8 @@ replay() {  # tpguard replay on the dumps of a flashinfer run (gpu/replay_check.
 PHASE_LIST=${PHASES:-tests,kernels,fingerprint,guard,harness,sglang}
 for p in ${PHASE_LIST//,/ }; do
   case $p in
-    tests|kernels|fingerprint|guard|harness|sglang|speed|fix|replay) say "phase $p"; $p ;;
-    *) say "unknown phase '$p' (tests, kernels, fingerprint, guard, harness, sglang, speed, fix, replay)" ;;
+    tests|kernels|fingerprint|guard|harness|sglang|speed|fix|replay|host) say "phase $p"; $p ;;
+    *) say "unknown phase '$p' (tests, kernels, fingerprint, guard, harness, sglang, speed, fix, replay, host)" ;;
   esac
 done
 

@@ -173,6 +173,10 @@ def main() -> int:
             for name, us in cpu_layers(op):
                 print(f"  {name:45s} {us:6.2f}")
         return 0
+    if not torch.cuda.is_available():
+        print("host_layers: no CUDA device here (on the CPU: TRITON_INTERPRET=1 python gpu/host_layers.py --cpu)",
+              file=sys.stderr)
+        return 2
     fs = flashinfer_sampling()
     for rows, vocab, op in CELLS:
         print(f"\n{op} {rows} x {vocab}, us per call")

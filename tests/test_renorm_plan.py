@@ -456,3 +456,7 @@ def test_host_layers_cpu_mode_prints_its_layers():
     for layer in ("  public call", "  drop-in surface, a tensor parameter"):
         lines = [line.split() for line in run.stdout.splitlines() if line.startswith(layer)]
         assert len(lines) == 2 and all(0 < float(line[-1]) < 1000 for line in lines), run.stdout
+    if not torch.cuda.is_available():  # its GPU mode says in one line where to go instead
+        run = subprocess.run([sys.executable, str(root / "gpu" / "host_layers.py")], capture_output=True,
+                             text=True, env=env, timeout=300, cwd=root)
+        assert run.returncode == 2 and run.stderr.count("\n") == 1 and "--cpu" in run.stderr, run.stderr[-2000:]
