@@ -2,7 +2,8 @@
 # tpguard's GPU check: the GPU tests and the benchmarks behind docs/benchmarks.md, in named phases.
 # Each phase prints its numbers and writes its tables of docs/benchmarks.md as markdown to
 # $OUT/<phase>.md (gpu/phase_tables.py); $OUT/summary.txt gathers every phase's short lines and
-# $OUT/logs.tgz every log and JSON file. At most 8 files come back from $OUT: 6 phases + these 2.
+# $OUT/logs.tgz every log and JSON file (the host phase writes $OUT/host.txt, its raw output). At most 8
+# files come back from $OUT: 6 phases + these 2; run the other phases in calls of their own.
 #
 #   bash gpu/fetch_wheels.sh                                  # once, on a machine with network
 #   device run, carry [".whl", ".gpu"]:   PHASES=kernels bash gpu/check.sh

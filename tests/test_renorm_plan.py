@@ -443,7 +443,8 @@ def test_plan_made_under_inference_mode_is_used_outside_it():
 
 
 def test_host_layers_cpu_mode_prints_its_layers():
-    """`TRITON_INTERPRET=1 python gpu/host_layers.py --cpu` (docs/benchmarks.md, "Small vocabularies")."""
+    """`TRITON_INTERPRET=1 python gpu/host_layers.py --cpu` (docs/benchmarks.md, "Small vocabularies"); without
+    ``--cpu`` on a machine without CUDA, one line and exit 2."""
     if not INTERPRET:
         pytest.skip("the script's CPU mode runs under the interpreter")
     root = Path(__file__).resolve().parents[1]
