@@ -17,12 +17,11 @@ parameter (as the SGLang plugin calls it), run_op, the plan cache and the lookup
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 import time
 
 import torch
+from tpguard.config import env_set
 from tpguard.kernels import direct_launch as dl
 from tpguard.kernels import flashinfer_api
 from tpguard.kernels import renorm as tk
@@ -51,21 +50,6 @@ def python_only(fn, n: int = N) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-@contextlib.contextmanager
-def entry_knob(value: str):
-    """TPGUARD_LANE_ENTRY=`value` inside: "1" the compiled entries on, "0" every call through its lane in Python
-    (kernels/lane_entry.py)."""
-    before = os.environ.get("TPGUARD_LANE_ENTRY")
-    os.environ["TPGUARD_LANE_ENTRY"] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["TPGUARD_LANE_ENTRY"]
-        else:
-            os.environ["TPGUARD_LANE_ENTRY"] = before
-
-
 def served_by() -> str:
     """Whether the one plan's lane has a compiled entry, and if not what its plan is (the drop-in's rows)."""
     if renorm_lane.entries():
@@ -89,10 +73,10 @@ def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
     # the lane in Python, then through the compiled entry where its plan has one: new plans for each (an entry
     # is made by a lane once, and one made under a value of the knob refuses every call once it changes)
     renorm_plan.clear_plans()
-    with entry_knob("0"):
+    with env_set("TPGUARD_LANE_ENTRY", "0"):
         python_lane = host(public)
     renorm_plan.clear_plans()
-    with entry_knob("1"):
+    with env_set("TPGUARD_LANE_ENTRY", "1"):
         compiled = host(public)
     renorm_plan.clear_plans()
     out = [("public call, TPGUARD_LANE_ENTRY=0", python_lane), ("public call, TPGUARD_LANE_ENTRY=1", compiled),
@@ -107,7 +91,7 @@ def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
     type(plan).__call__ = lambda self, v: v[0] if self is plan else real(self, v)
     try:
         out.append(("plan cache lookup alone", python_only(lambda: renorm_plan.run(op, x, k, p))))
-        with entry_knob("0"):  # the lane's Python (an entry would launch the real kernel)
+        with env_set("TPGUARD_LANE_ENTRY", "0"):  # the lane's Python (an entry would launch the real kernel)
             out.append(("public call's lane alone", python_only(public)))
     finally:
         type(plan).__call__ = real
@@ -134,7 +118,7 @@ def layers(x: torch.Tensor, op: str, fs) -> list[tuple[str, float]]:
     # last: its plan (a tensor parameter's) must not be the one the layers above pick
     for knob in ("0", "1"):  # new plans for each (above)
         renorm_plan.clear_plans()
-        with entry_knob(knob):
+        with env_set("TPGUARD_LANE_ENTRY", knob):
             us = host(drop_in)
         out.append((f"drop-in surface, a tensor parameter, TPGUARD_LANE_ENTRY={knob}{served_by()}", us))
     if fs is not None:

@@ -12,7 +12,6 @@ probs (`clone`: a floor of one read and one write).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -21,6 +20,7 @@ import triton
 
 from tpguard.bench.kernels import flashinfer_sampling, make_probs
 from tpguard.bench.timing import time_batched, time_graph
+from tpguard.config import env_set
 from tpguard.kernels import renorm as tk
 from tpguard.kernels import renorm_plan
 
@@ -35,17 +35,12 @@ def device_us(fn) -> float | None:
 
 def with_config(config: str, fn) -> float | None:
     """device_us of fn under TPGUARD_RENORM_CONFIG=config (plans made again under it)."""
-    before = os.environ.get("TPGUARD_RENORM_CONFIG")
-    os.environ["TPGUARD_RENORM_CONFIG"] = config
-    renorm_plan.clear_plans()
-    try:
-        return device_us(fn)
-    finally:
-        if before is None:
-            os.environ.pop("TPGUARD_RENORM_CONFIG", None)
-        else:
-            os.environ["TPGUARD_RENORM_CONFIG"] = before
+    with env_set("TPGUARD_RENORM_CONFIG", config):
         renorm_plan.clear_plans()
+        try:
+            return device_us(fn)
+        finally:
+            renorm_plan.clear_plans()
 
 
 def main() -> int:

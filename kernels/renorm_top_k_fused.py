@@ -72,9 +72,9 @@ def _top_k_fused_kernel(probs_ptr, vocab, n_chunks, n_groups, n_samples,
                 held = ahead
                 if j + 1 < PER_CTA:
                     ahead = load_chunk(probs_ptr, row, chunk + 1, vocab, CHUNK, G)
-            else:
-                held = load_chunk(probs_ptr, row, chunk, vocab, CHUNK, G)
             if chunk < n_chunks:
+                if not PREFETCH:
+                    held = load_chunk(probs_ptr, row, chunk, vocab, CHUNK, G)
                 row_stats_loaded(held, row, chunk, n_chunks, n_groups, n_samples,
                                  chunk_sum_ptr, chunk_bad_ptr, gmax_ptr, gsamp_ptr, CHUNK, G, SG, False)
         tl.debug_barrier()  # every thread's stats stored before the release below

@@ -202,6 +202,23 @@ def test_empty_environment_values_mean_the_default():
     assert (c.every, c.timeout_s, c.dump) == (1, 60.0, False)
 
 
+def test_env_set_restores_the_knob_as_it_was(monkeypatch):
+    """tpguard.config.env_set: the value inside, the one before (or unset) after, an exception included."""
+    from tpguard.config import env_set, env_value
+
+    name = "TPGUARD_TEST_ENV_SET"
+    monkeypatch.delenv(name, raising=False)
+    with env_set(name, "1"):
+        assert env_value(name) == "1"
+    assert name not in os.environ
+    monkeypatch.setenv(name, "before")
+    with pytest.raises(RuntimeError):
+        with env_set(name, "0"):
+            assert env_value(name) == "0"
+            raise RuntimeError
+    assert os.environ[name] == "before"
+
+
 def test_env_value_reads_what_os_environ_holds_now(monkeypatch):
     """The knobs' fast read (tpguard.config.env_value) sees every change, as os.environ.get does, and
     the renorm plan limits read through it stay per call, with bad values one ValueError."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -162,6 +163,20 @@ def env_value(name: str, default: str = "") -> str:
         key = _ENCODED_KEYS[name] = os.environ.encodekey(name)
     raw = data.get(key)
     return default if raw is None else os.environ.decodevalue(raw)
+
+
+@contextlib.contextmanager
+def env_set(name: str, value: str):
+    """The knob `name` = `value` inside (benchmarks that compare settings in one process), as it was after."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def env_snapshot(names: tuple[str, ...]):
